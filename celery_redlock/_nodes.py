@@ -1,0 +1,209 @@
+"""Redis nodes and the one scatter-gather helper every quorum operation uses.
+
+Each node gets its own connection pool with fail-fast settings: a small
+socket and connect timeout and **no client-side retries** (redis-py 8 retries
+ten times by default, which turns a dead node into a multi-second stall and
+re-sends commands that are not idempotent).
+
+:func:`gather` writes one command to every node, then reads the replies
+against a single deadline: the nodes work in parallel, no thread is created,
+and a hung node costs at most the deadline, never more.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence, Union
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from ._scripts import Script
+from .exceptions import ConfigurationError
+
+__all__ = ["Node", "gather", "run_script", "NodeSpec"]
+
+NodeSpec = Union[str, "redis.Redis"]
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+class Node:
+    """One independent Redis master.
+
+    Args:
+        spec: a URL (``redis://``, ``rediss://``, ``unix://``) or a ``redis.Redis``.
+            A client is used as given: its own timeouts and retries apply.
+        timeout: socket and connect timeout in seconds for a node built from a URL.
+    """
+
+    __slots__ = ("name", "pool", "_identity", "_idle", "_pid")
+
+    def __init__(self, spec: NodeSpec, timeout: float):
+        if isinstance(spec, str):
+            scheme = urlsplit(spec).scheme
+            if scheme not in _SCHEMES:
+                raise ConfigurationError(
+                    f"Redis node URL {_mask(spec)!r} must start with one of "
+                    + ", ".join(f"{s}://" for s in _SCHEMES)
+                )
+            try:
+                client = redis.Redis.from_url(
+                    spec,
+                    socket_timeout=timeout,
+                    socket_connect_timeout=timeout,
+                    retry=None,
+                    health_check_interval=0,
+                    # RESP2 and no CLIENT SETINFO: a new connection costs no
+                    # extra round trip, so a hung node cannot stall a connect.
+                    protocol=2,
+                    driver_info=None,
+                )
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(f"Redis node URL {_mask(spec)!r}: {exc}") from exc
+            self.name = _mask(spec)
+        elif isinstance(spec, redis.Redis):
+            client = spec
+            self.name = _describe(client)
+        else:
+            raise ConfigurationError(
+                f"a Redis node must be a URL or a redis.Redis client, not {type(spec).__name__}"
+            )
+        self.pool = client.connection_pool
+        kw = self.pool.connection_kwargs
+        self._identity = (kw.get("path") or kw.get("host"), kw.get("port"), kw.get("db", 0))
+        if isinstance(spec, redis.Redis) and "server" in kw:  # fakeredis: one server per node
+            self._identity = ("fake", id(kw["server"]), kw.get("db", 0))
+        # Idle connections of this process. A plain list, not the pool's
+        # checkout (its lock and bookkeeping cost more than the round trip on
+        # loopback); list.pop and list.append are atomic, so threads may share it.
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+
+    def connection(self) -> Any:
+        """An idle connection of this process, or a new one (connected on first send)."""
+        if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
+            self._idle = []
+            self._pid = os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self.pool.connection_class(**self.pool.connection_kwargs)
+
+    def put_back(self, conn: Any) -> None:
+        self._idle.append(conn)
+
+    def discard(self, conn: Any) -> None:
+        """Close a connection that may hold an unread or half-read reply: it is never reused."""
+        try:
+            conn.disconnect()
+        except (RedisError, OSError):
+            pass
+
+    def close(self) -> None:
+        """Close this process's idle connections."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            self.discard(conn)
+
+    @property
+    def identity(self) -> tuple:
+        """What makes two nodes the same Redis database (for duplicate detection)."""
+        return self._identity
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name}>"
+
+
+def _mask(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _describe(client: redis.Redis) -> str:
+    kw = client.connection_pool.connection_kwargs
+    if kw.get("path"):
+        return f"unix://{kw['path']}"
+    return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+
+def gather(nodes: Sequence[Node], args: Sequence[Any], timeout: float) -> list[Any]:
+    """Send one command to every node at once and collect the replies.
+
+    Every command is written before any reply is read, so the nodes work in
+    parallel; the replies are then read in turn, each read bounded by what is
+    left of the one deadline. A hung node therefore costs at most ``timeout``
+    in all, and meanwhile the replies of the others wait in socket buffers.
+
+    Args:
+        nodes: where to send it.
+        args: the command, the same for every node (packed once).
+        timeout: one deadline for the whole round, in seconds.
+
+    Returns:
+        One item per node, in order: the reply, or the exception that stands
+        for it (``ResponseError`` from the server, ``ConnectionError`` /
+        ``TimeoutError`` for a node that failed or did not answer in time).
+    """
+    deadline = time.monotonic() + timeout
+    replies: list[Any] = [None] * len(nodes)
+    sent: list[tuple[int, Node, Any]] = []
+    packed = None
+    for i, node in enumerate(nodes):
+        conn = node.connection()
+        try:
+            if packed is None:
+                packed = conn.pack_command(*args)
+            conn.send_packed_command(packed, check_health=False)
+            sent.append((i, node, conn))
+        except (RedisError, OSError) as exc:
+            replies[i] = _as_redis_error(exc)
+            node.discard(conn)
+    for i, node, conn in sent:
+        try:
+            # A reply already buffered is read even past the deadline.
+            replies[i] = conn.read_response(timeout=max(deadline - time.monotonic(), _LAST_LOOK))
+            node.put_back(conn)
+        except ResponseError as exc:  # the server answered: the connection is fine
+            replies[i] = exc
+            node.put_back(conn)
+        except (RedisError, OSError) as exc:
+            replies[i] = _as_redis_error(exc)
+            node.discard(conn)
+    return replies
+
+
+#: Seconds a read may still wait once the deadline has passed.
+_LAST_LOOK = 0.001
+
+
+def _as_redis_error(exc: BaseException) -> RedisError:
+    if isinstance(exc, RedisError):
+        return exc
+    return redis.exceptions.ConnectionError(str(exc) or type(exc).__name__)
+
+
+def run_script(
+    script: Script, nodes: Sequence[Node], keys: Sequence[str], args: Sequence[Any], timeout: float
+) -> list[Any]:
+    """Run a script on every node in one :func:`gather` round.
+
+    Sent as EVALSHA; a node that lost its script cache (restart, SCRIPT FLUSH)
+    gets EVAL in a second round, within the same deadline.
+    """
+    start = time.monotonic()
+    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout)
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        remaining = max(timeout - (time.monotonic() - start), _LAST_LOOK)
+        resent = gather([nodes[i] for i in missing], ("EVAL", script.text, len(keys), *keys, *args), remaining)
+        for i, reply in zip(missing, resent):
+            replies[i] = reply
+    return replies

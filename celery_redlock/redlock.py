@@ -1,0 +1,569 @@
+"""Redlock: a lease on a majority of N independent Redis masters, with fencing tokens.
+
+The guarantee
+=============
+
+While the timing assumptions below hold, at most one owner holds a lease on a
+given name at any moment. When they do not hold, the **fencing token** is what
+keeps the protected resource safe: every grant of a name carries a token
+strictly larger than every earlier grant's, so a resource that remembers the
+largest token it has seen can reject a write from a stale holder.
+
+Assumptions:
+
+* Clocks on the client and the nodes advance at about the same rate: drift is
+  bounded by ``drift_factor`` (1 % of the TTL by default, plus 2 ms).
+* A holder does not pause (GC, SIGSTOP, swap) for longer than the validity it
+  has left. If it does, its lease lapses silently; the token is the backstop.
+* A node that restarts keeps its keys (fsync'd AOF), or stays down for at least
+  the longest TTL before rejoining. Fencing tokens survive even a node that
+  comes back empty, through the time floor described below.
+* Quorum is ``N // 2 + 1`` **of all configured nodes**, never of the reachable
+  ones, so two partitions can never both hold a majority.
+
+Acquire
+=======
+
+One Lua call per node, sent to all nodes at once: if the key holds my owner
+value its TTL is refreshed (so a re-sent acquire is harmless); if it holds
+another, the node reports the holder and its PTTL; otherwise it sets the key
+with the TTL. The lease is granted when a quorum granted it **and** validity
+is left: ``validity = ttl - elapsed - (ttl * drift_factor + 2 ms)``.
+Otherwise the key is released on every node, including the ones that did not
+answer, because their reply may only have been lost.
+
+Fencing tokens, and why two phases
+==================================
+
+Each node keeps a fence value per name. Phase 1 (the acquire call) returns
+it together with the node's ``TIME``. The client computes::
+
+    token = max(largest fence returned + 1, largest node TIME in microseconds)
+
+and phase 2 writes the token back on the nodes that granted the lock, only
+where the node still holds my owner value, and only if it is larger. The lease
+is granted only if phase 2 landed on a quorum within validity.
+
+Any later grant needs a majority, which meets the majority that recorded the
+token, so the later phase 1 sees it and the later token is strictly larger.
+One phase is not enough. With three nodes A, B, C and per-node counters
+incremented inside the acquire (token = the largest increment)::
+
+    t0  client 1 wins A, B       A=1 B=1 C=0    token 1
+    t1  lease 1 lapses; client 2 wins B, C      B=2 C=1    token 2
+    t2  lease 2 lapses; client 3 wins A, C      A=2 C=2    token 2   <- not larger
+
+With the write-back, C records 2 at t1, so client 3 reads it and takes 3.
+
+A node that restarts without its data loses its fence values, and a fence key
+that was not granted for ``fence_retention`` (7 days by default) expires. The
+time floor covers both: a token is never below the microsecond clock of the
+nodes that granted it, which keeps growing across restarts. This relies on the
+nodes' clocks not stepping back by more than the time between two grants.
+
+Lua never does arithmetic on tokens (Lua 5.1 numbers are doubles); tokens
+travel as decimal strings and are compared digit-wise.
+
+Keys
+====
+
+``{prefix}:lock:{name}`` and ``{prefix}:fence:{name}``. A name with no hash tag
+is wrapped in one (``{name}``) so that both keys live in one slot if a node is
+itself a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+
+from redis.exceptions import RedisError
+
+from . import _scripts
+from ._nodes import Node, NodeSpec, run_script
+from .exceptions import (
+    ConfigurationError,
+    LockContended,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+)
+
+__all__ = ["Holder", "Lease", "Redlock", "make_owner", "full_jitter"]
+
+logger = logging.getLogger("celery_redlock.redlock")
+
+#: Fixed part of the drift allowance, in seconds (redis.io distlock).
+DRIFT_FLOOR = 0.002
+#: Owner value separator; the first field is the task id (or "-").
+OWNER_SEP = "|"
+
+_HOST = socket.gethostname()
+
+
+def make_owner(task_id: Optional[str] = None) -> str:
+    """An owner value: ``task_id|host|pid|random``. Ownership is the whole value."""
+    return OWNER_SEP.join((task_id or "-", _HOST, str(os.getpid()), secrets.token_hex(8)))
+
+
+def full_jitter(
+    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Exponential backoff with full jitter: uniform in ``[0, min(cap, base * 2**attempt)]``."""
+    return rng() * min(cap, base * (2 ** min(attempt, 62)))
+
+
+class Holder(NamedTuple):
+    """Who holds a name, as the nodes see it."""
+
+    #: The holder's owner value (``task_id|host|pid|random``), or None if no majority agrees.
+    owner: Optional[str]
+    #: Seconds left on the holder's key (the smallest PTTL among the agreeing nodes).
+    remaining: Optional[float]
+
+    @property
+    def task_id(self) -> Optional[str]:
+        """The holder's task id, if it was taken by a task."""
+        if not self.owner:
+            return None
+        first = self.owner.split(OWNER_SEP, 1)[0]
+        return None if first == "-" else first
+
+
+class Lease:
+    """A granted lock.
+
+    Attributes:
+        name: the lock name.
+        key: the Redis key of the lock.
+        owner: the owner value written on the nodes.
+        ttl: the TTL the nodes were given, in seconds.
+        fencing_token: strictly larger than every earlier grant's (None when
+            fencing is off).
+    """
+
+    __slots__ = ("name", "key", "fence_key", "owner", "ttl", "fencing_token", "_expires", "_lost", "_redlock", "__weakref__")
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        name: str,
+        key: str,
+        fence_key: str,
+        owner: str,
+        ttl: float,
+        fencing_token: Optional[int],
+        expires: float,
+    ):
+        self._redlock = redlock
+        self.name = name
+        self.key = key
+        self.fence_key = fence_key
+        self.owner = owner
+        self.ttl = ttl
+        self.fencing_token = fencing_token
+        self._expires = expires
+        self._lost = threading.Event()
+
+    @property
+    def redlock(self) -> Redlock:
+        return self._redlock
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0 or less once it has lapsed)."""
+        return self._expires - self._redlock.clock()
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal failed to reach a quorum or the validity ran out."""
+        return self._lost.is_set() or self.remaining() <= 0
+
+    def mark_lost(self) -> None:
+        self._lost.set()
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless the lease is still held."""
+        if self.lost:
+            raise LockLost(f"lock {self.name!r} is no longer held", self.name)
+
+    def _renewed(self, expires: float) -> None:
+        self._expires = max(self._expires, expires)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Lease {self.name!r} token={self.fencing_token} "
+            f"remaining={self.remaining():.3f}s{' LOST' if self.lost else ''}>"
+        )
+
+
+class Redlock:
+    """A Redlock client over N independent Redis masters.
+
+    Args:
+        nodes: URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
+            clients; each must be an independent master. One node is allowed
+            (a plain single-node lock).
+        node_timeout: seconds each node gets to answer, per round.
+        drift_factor: clock drift allowed, as a fraction of the TTL.
+        key_prefix: first part of every key written.
+        fencing: hand out fencing tokens (one more round trip per acquire).
+        fence_retention: seconds a fence value is kept after its last grant.
+        clock: monotonic clock, seconds (injectable for tests).
+        sleep: sleep function (injectable for tests).
+        rng: ``random()`` function for jitter.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        node_timeout: float = 0.05,
+        drift_factor: float = 0.01,
+        key_prefix: str = "redlock",
+        fencing: bool = True,
+        fence_retention: float = 7 * 86400,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Callable[[], float] = random.random,
+    ):
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Iterable):
+            raise ConfigurationError("nodes must be a list of Redis URLs or clients")
+        nodes = list(nodes)
+        if not nodes:
+            raise ConfigurationError("Redlock needs at least one Redis node")
+        _positive("node_timeout", node_timeout)
+        _positive("fence_retention", fence_retention)
+        if not isinstance(drift_factor, (int, float)) or not 0 <= drift_factor < 1:
+            raise ConfigurationError(f"drift_factor must be in [0, 1), got {drift_factor!r}")
+        if not isinstance(key_prefix, str) or not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ConfigurationError(
+                f"key_prefix must be a non-empty string without braces, got {key_prefix!r}"
+            )
+        self.nodes = [Node(spec, node_timeout) for spec in nodes]
+        seen: dict[tuple, Node] = {}
+        for node in self.nodes:
+            if node.identity in seen:
+                raise ConfigurationError(
+                    f"Redis node {node.name} is listed twice (same as {seen[node.identity].name}); "
+                    "Redlock nodes must be independent masters"
+                )
+            seen[node.identity] = node
+        if len(self.nodes) > 1 and len(self.nodes) % 2 == 0:
+            warnings.warn(
+                f"{len(self.nodes)} Redlock nodes tolerate no more failures than "
+                f"{len(self.nodes) - 1}; use an odd number",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self.quorum = len(self.nodes) // 2 + 1
+        self.node_timeout = float(node_timeout)
+        self.drift_factor = float(drift_factor)
+        self.key_prefix = key_prefix
+        self.fencing = bool(fencing)
+        self.fence_retention = float(fence_retention)
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng
+
+    def __repr__(self) -> str:
+        return f"<Redlock {len(self.nodes)} nodes quorum={self.quorum} prefix={self.key_prefix!r}>"
+
+    # -- keys ---------------------------------------------------------------
+
+    def keys(self, name: str) -> tuple[str, str]:
+        """The lock key and the fence key of a name."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a lock name must be a non-empty string, got {name!r}")
+        tagged = name if ("{" in name and "}" in name.split("{", 1)[1]) else f"{{{name}}}"
+        return f"{self.key_prefix}:lock:{tagged}", f"{self.key_prefix}:fence:{tagged}"
+
+    # -- acquire ------------------------------------------------------------
+
+    def try_acquire(self, name: str, *, ttl: float, owner: Optional[str] = None) -> Lease | Holder:
+        """One attempt: the :class:`Lease`, or the :class:`Holder` in the way.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        _positive("ttl", ttl)
+        key, fence_key = self.keys(name)
+        owner = owner or make_owner()
+        ttl_ms = _ms(ttl)
+        start = self.clock()
+        replies = run_script(
+            _scripts.ACQUIRE,
+            self.nodes,
+            (key, fence_key),
+            (owner, ttl_ms, "1" if self.fencing else "0"),
+            self.node_timeout,
+        )
+        errors = self._errors(replies)
+        granted = [i for i, r in enumerate(replies) if _is_list(r) and int(r[0]) == 1]
+        expires = start + ttl - (ttl * self.drift_factor + DRIFT_FLOOR)
+        token = None
+        if len(granted) >= self.quorum and self.clock() < expires:
+            if self.fencing:
+                token = self._fence(granted, replies, key, fence_key, owner, expires)
+            if not self.fencing or token is not None:
+                return Lease(self, name, key, fence_key, owner, ttl, token, expires)
+        self._release_everywhere(key, owner)
+        if len(self.nodes) - len(errors) < self.quorum:
+            raise QuorumUnavailable(errors, self.quorum, len(self.nodes))
+        return _holder([(_text(r[1]), int(r[2])) for r in replies if _is_list(r) and int(r[0]) == 0])
+
+    def _fence(
+        self, granted: list[int], replies: list[Any], key: str, fence_key: str, owner: str, expires: float
+    ) -> Optional[int]:
+        """Phase 2: compute the token and write it back; None if it did not land on a quorum."""
+        token = 0
+        for i in granted:
+            _, fence, seconds, micros = replies[i]
+            token = max(token, int(fence) + 1, int(seconds) * 1_000_000 + int(micros))
+        remaining = expires - self.clock()
+        if remaining <= 0:
+            return None
+        written = run_script(
+            _scripts.FENCE,
+            [self.nodes[i] for i in granted],
+            (key, fence_key),
+            (owner, str(token), _ms(self.fence_retention)),
+            min(self.node_timeout, remaining),
+        )
+        landed = sum(1 for r in written if r == 1)
+        if landed >= self.quorum and self.clock() < expires:
+            return token
+        logger.info("fencing token for %r landed on %d nodes, %d needed", key, landed, self.quorum)
+        return None
+
+    def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        blocking: bool = False,
+        timeout: Optional[float] = None,
+        owner: Optional[str] = None,
+        retry_delay: float = 0.05,
+        retry_delay_max: float = 1.0,
+    ) -> Optional[Lease]:
+        """Take the lock on a quorum.
+
+        Args:
+            name: the lock name.
+            ttl: lease time in seconds; the lock frees itself after it.
+            blocking: keep trying (exponential backoff, full jitter) while contended.
+            timeout: with ``blocking``, give up after this many seconds (None: never).
+            owner: the owner value to write (default: :func:`make_owner`).
+
+        Returns:
+            The :class:`Lease`, or None if another owner holds the lock.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered (on the
+                last attempt, when blocking).
+        """
+        if timeout is not None:
+            _positive("timeout", timeout, zero_ok=True)
+        _positive("ttl", ttl)
+        start = self.clock()
+        attempt = 0
+        while True:
+            try:
+                result = self.try_acquire(name, ttl=ttl, owner=owner)
+            except QuorumUnavailable:
+                if not blocking or (timeout is not None and self.clock() - start >= timeout):
+                    raise
+                result = None
+            if isinstance(result, Lease):
+                return result
+            if not blocking:
+                return None
+            delay = full_jitter(attempt, retry_delay, retry_delay_max, self.rng)
+            if timeout is not None:
+                left = timeout - (self.clock() - start)
+                if left <= 0:
+                    return None
+                delay = min(delay, left)
+            self.sleep(delay)
+            attempt += 1
+
+    @contextmanager
+    def lock(self, name: str, *, ttl: float, timeout: Optional[float] = None) -> Iterator[Lease]:
+        """Hold the lock for the ``with`` block (blocking; :class:`LockNotAcquired` on timeout)."""
+        lease = self.acquire(name, ttl=ttl, blocking=True, timeout=timeout)
+        if lease is None:
+            holder = self.holder(name)
+            if holder.owner:
+                raise LockContended(
+                    f"lock {name!r} is held by {holder.owner}", name, holder.owner, holder.remaining
+                )
+            raise LockNotAcquired(f"lock {name!r} not acquired within {timeout}s", name)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    # -- extend and release -------------------------------------------------
+
+    def extend(self, lease: Lease, ttl: Optional[float] = None) -> bool:
+        """Set the lease's TTL to ``ttl`` (default: its own) on every node; never adds.
+
+        Returns False, and marks the lease lost, when it had already lapsed or
+        fewer than a quorum of nodes still hold it.
+        """
+        return self.extend_many([lease], ttl)[0]
+
+    def extend_many(self, leases: Sequence[Lease], ttl: Optional[float] = None) -> list[bool]:
+        """Renew several leases of this client: one call per node, whatever their number."""
+        if ttl is not None:
+            _positive("ttl", ttl)
+        live = [lease for lease in leases if not lease.lost]
+        results = {id(lease): False for lease in leases}
+        if live:
+            keys = [lease.key for lease in live]
+            args: list[Any] = []
+            for lease in live:
+                args += (lease.owner, _ms(ttl or lease.ttl))
+            start = self.clock()
+            replies = run_script(_scripts.EXTEND, self.nodes, keys, args, self.node_timeout)
+            for j, lease in enumerate(live):
+                votes = sum(1 for r in replies if _is_list(r) and int(r[j]) == 1)
+                lease_ttl = ttl or lease.ttl
+                expires = start + lease_ttl - (lease_ttl * self.drift_factor + DRIFT_FLOOR)
+                if votes >= self.quorum and self.clock() < expires:
+                    lease._renewed(expires)
+                    results[id(lease)] = True
+        for lease in leases:
+            if not results[id(lease)]:
+                lease.mark_lost()
+        return [results[id(lease)] for lease in leases]
+
+    def release(self, lease: Lease) -> None:
+        """Delete the lock on every node where it still holds the lease's owner. Never raises."""
+        lease.mark_lost()
+        self._release_everywhere(lease.key, lease.owner)
+
+    def release_owned_by(self, name: str, task_id: str) -> int:
+        """Free ``name`` if its holder is the task ``task_id``, whatever its random part.
+
+        For a parent process cleaning up after a child that died mid-task.
+        Returns how many nodes deleted the key. Never raises.
+        """
+        key, _ = self.keys(name)
+        prefix = task_id + OWNER_SEP
+        try:
+            replies = run_script(
+                _scripts.RELEASE_PREFIX, self.nodes, (key,), (prefix,), self.node_timeout
+            )
+        except (RedisError, OSError):  # pragma: no cover - gather returns errors, never raises them
+            return 0
+        return sum(1 for r in replies if r == 1)
+
+    def _release_everywhere(self, key: str, owner: str) -> None:
+        try:
+            replies = run_script(
+                _scripts.RELEASE, self.nodes, (key,), (owner,), self.node_timeout
+            )
+        except (RedisError, OSError) as exc:  # pragma: no cover - defensive: release never raises
+            logger.warning("release of %r failed: %s", key, exc)
+            return
+        failed = [node.name for node, r in zip(self.nodes, replies) if isinstance(r, Exception)]
+        if failed:
+            logger.info("release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed))
+
+    # -- inspection and one-shot claims ---------------------------------------
+
+    def holder(self, name: str) -> Holder:
+        """The owner a quorum of nodes agrees on, and its remaining TTL.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        key, fence_key = self.keys(name)
+        replies = run_script(
+            _scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout
+        )
+        errors = self._errors(replies)
+        if len(self.nodes) - len(errors) < self.quorum:
+            raise QuorumUnavailable(errors, self.quorum, len(self.nodes))
+        return _holder([(_text(r[0]), int(r[1])) for r in replies if _is_list(r) and r[0]], self.quorum)
+
+    def inspect(self, name: str) -> list[dict[str, Any]]:
+        """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
+        key, fence_key = self.keys(name)
+        replies = run_script(
+            _scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout
+        )
+        out = []
+        for node, r in zip(self.nodes, replies):
+            if isinstance(r, Exception):
+                out.append({"node": node.name, "error": str(r)})
+            else:
+                out.append({"node": node.name, "holder": _text(r[0]), "pttl_ms": int(r[1]), "fence": _text(r[2])})
+        return out
+
+    def claim(self, key: str, value: str, *, ttl: float) -> bool:
+        """Set ``{prefix}:{key}`` to ``value`` on a quorum if no other value is there; never released.
+
+        Used for one-shot decisions such as "this beat slot was sent". Returns
+        True if the claim is ours (also when re-sent), False if another value
+        won. A claim that fell short of a quorum is withdrawn everywhere.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        _positive("ttl", ttl)
+        full_key = f"{self.key_prefix}:{key}"
+        replies = run_script(
+            _scripts.CLAIM, self.nodes, (full_key,), (value, _ms(ttl)), self.node_timeout
+        )
+        errors = self._errors(replies)
+        if sum(1 for r in replies if r == 1) >= self.quorum:
+            return True
+        self._release_everywhere(full_key, value)
+        if len(self.nodes) - len(errors) < self.quorum:
+            raise QuorumUnavailable(errors, self.quorum, len(self.nodes))
+        return False
+
+    def _errors(self, replies: list[Any]) -> dict[str, BaseException]:
+        return {node.name: r for node, r in zip(self.nodes, replies) if isinstance(r, Exception)}
+
+
+def _holder(seen: list[tuple[Optional[str], int]], quorum: int = 1) -> Holder:
+    """The most common holder among node answers, if at least ``quorum`` agree."""
+    if not seen:
+        return Holder(None, None)
+    owner, votes = Counter(owner for owner, _ in seen).most_common(1)[0]
+    if votes < quorum:
+        return Holder(None, None)
+    pttls = [pttl for o, pttl in seen if o == owner and pttl >= 0]
+    return Holder(owner, min(pttls) / 1000.0 if pttls else None)
+
+
+def _positive(name: str, value: Any, zero_ok: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        raise ConfigurationError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} number of seconds, got {value!r}")
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _is_list(reply: Any) -> bool:
+    return isinstance(reply, list)
+
+
+def _text(value: Any) -> Optional[str]:
+    if value is None or value is False:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
