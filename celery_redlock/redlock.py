@@ -110,9 +110,15 @@ OWNER_SEP = "|"
 _HOST = socket.gethostname()
 
 
-def make_owner(task_id: Optional[str] = None) -> str:
-    """An owner value: ``task_id|host|pid|random``. Ownership is the whole value."""
-    return OWNER_SEP.join((task_id or "-", _HOST, str(os.getpid()), secrets.token_hex(8)))
+def make_owner(task_id: Optional[str] = None, retries: Optional[int] = None) -> str:
+    """An owner value: ``task_id|retries|host|pid|random``. Ownership is the whole value.
+
+    The task id comes first so a parent process can free a dead child's lock by
+    prefix; ``retries`` tells a redelivered message from a retry of the same task.
+    """
+    return OWNER_SEP.join(
+        (task_id or "-", "-" if retries is None else str(retries), _HOST, str(os.getpid()), secrets.token_hex(8))
+    )
 
 
 def full_jitter(
@@ -125,7 +131,7 @@ def full_jitter(
 class Holder(NamedTuple):
     """Who holds a name, as the nodes see it."""
 
-    #: The holder's owner value (``task_id|host|pid|random``), or None if no majority agrees.
+    #: The holder's owner value (``task_id|retries|host|pid|random``), or None if no majority agrees.
     owner: Optional[str]
     #: Seconds left on the holder's key (the smallest PTTL among the agreeing nodes).
     remaining: Optional[float]
@@ -137,6 +143,12 @@ class Holder(NamedTuple):
             return None
         first = self.owner.split(OWNER_SEP, 1)[0]
         return None if first == "-" else first
+
+    @property
+    def retries(self) -> Optional[int]:
+        """How many times the holder's task had been retried when it took the lock."""
+        fields = (self.owner or "").split(OWNER_SEP)
+        return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
 class Lease:

@@ -1,0 +1,190 @@
+"""Lock adapters with one interface, shared by ``benchmarks/locks.py`` and the
+shared anchors harness (``bench/anchors_bench.py --candidate adapters:adapters``).
+
+The adapter protocol (``bench/README.md`` section 4): an adapter has
+
+``label``       human-readable name for the tables
+``key``         unique id (used in spec strings such as ``cand:adapters:adapters:KEY``)
+``n_nodes``     how many Redis nodes it locks on
+``new(key)``    -> a handle for the lock called ``key`` (one handle may be re-used)
+``acquire(handle, timeout=None)`` -> bool, blocking; ``timeout`` in seconds (None: no limit)
+``release(handle)``
+``extend(handle)``  reset the lease to its full TTL (or ``extend = None``)
+
+:func:`adapters` gives celery_redlock at 1, 3 and 5 nodes (as many as it is
+handed), with fencing on and with fencing off. :func:`reference_adapters`
+gives the libraries ``locks.py`` compares against (redis-py ``Lock``, pottery
+``Redlock``); their construction mirrors ``anchors_bench.py`` so that the two
+scripts measure the same thing.
+
+This module must stay importable in spawned child processes and without
+Celery being set up: it imports only redis, celery_redlock.redlock and, lazily,
+pottery. (``celery_task(app, body)`` for the harness's ``--celery-candidate``
+is not provided yet: the Celery task layer is not ready.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+#: Lease TTL in seconds, as in anchors_bench.py.
+TTL = 10.0
+#: Node counts measured for celery_redlock, when that many nodes are given.
+NODE_COUNTS = (1, 3, 5)
+
+
+def _plural(n: int) -> str:
+    return f"{n} node{'s' if n != 1 else ''}"
+
+
+class _Handle:
+    """A celery_redlock lock handle: the name, and the lease while held."""
+
+    __slots__ = ("name", "lease")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lease: Any = None
+
+
+class CeleryRedlockAdapter:
+    """celery_redlock ``Redlock`` over the given nodes.
+
+    Args:
+        nodes: ``(host, port)`` pairs (or Redis URLs).
+        fencing: hand out fencing tokens (one more round trip per acquire).
+        ttl: lease TTL in seconds.
+        retry_delay: base of the blocking back-off (full jitter), seconds.
+        key_prefix: Redis key prefix (``{prefix}:lock:{name}``).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        *,
+        fencing: bool = True,
+        ttl: float = TTL,
+        retry_delay: float = 0.05,
+        key_prefix: str = "anchors",
+    ) -> None:
+        from celery_redlock.redlock import Redlock
+
+        urls = [n if isinstance(n, str) else f"redis://{n[0]}:{n[1]}/0" for n in nodes]
+        self.redlock = Redlock(urls, fencing=fencing, key_prefix=key_prefix)
+        self.ttl = ttl
+        self.retry_delay = retry_delay
+        self.fencing = fencing
+        self.n_nodes = len(urls)
+        self.key = f"celery_redlock-{self.n_nodes}" + ("" if fencing else "-nofence")
+        self.label = f"celery_redlock ({_plural(self.n_nodes)}, fencing {'on' if fencing else 'off'})"
+
+    def new(self, key: str) -> _Handle:
+        return _Handle("cr:" + key)
+
+    def acquire(self, h: _Handle, timeout: Optional[float] = None) -> bool:
+        h.lease = self.redlock.acquire(
+            h.name, ttl=self.ttl, blocking=True, timeout=timeout, retry_delay=self.retry_delay
+        )
+        return h.lease is not None
+
+    def release(self, h: _Handle) -> None:
+        lease, h.lease = h.lease, None
+        if lease is not None:
+            self.redlock.release(lease)
+
+    def extend(self, h: _Handle) -> None:
+        if not self.redlock.extend(h.lease, self.ttl):
+            raise RuntimeError(f"{self.label}: extend lost the lease {h.name!r}")
+
+    def close(self) -> None:
+        for node in self.redlock.nodes:
+            node.close()
+
+
+def adapters(nodes: Sequence[tuple[str, int]]) -> list[CeleryRedlockAdapter]:
+    """The ``--candidate`` entry point: celery_redlock at 1/3/5 nodes, fencing on and off."""
+    out = []
+    for n in NODE_COUNTS:
+        if n <= len(nodes):
+            for fencing in (True, False):
+                out.append(CeleryRedlockAdapter(list(nodes[:n]), fencing=fencing))
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# reference libraries (same construction as bench/anchors_bench.py)
+# --------------------------------------------------------------------------- #
+class RedisPyLockAdapter:
+    """redis-py ``Lock`` on one node, default client and default ``sleep`` (0.1 s)."""
+
+    extend_kind = "Lock.extend(ttl, replace_ttl=True)"
+
+    def __init__(self, node: tuple[str, int], *, ttl: float = TTL) -> None:
+        import redis
+
+        self.r = redis.Redis(host=node[0], port=node[1])
+        self.ttl = ttl
+        self.n_nodes = 1
+        self.key = "redispy"
+        self.label = "redis-py Lock (1 node)"
+
+    def new(self, key: str) -> Any:
+        return self.r.lock("anchors:redispy:" + key, timeout=self.ttl)
+
+    def acquire(self, h: Any, timeout: Optional[float] = None) -> bool:
+        return h.acquire(blocking=True, blocking_timeout=timeout)
+
+    def release(self, h: Any) -> None:
+        h.release()
+
+    def extend(self, h: Any) -> None:
+        # redis-py ADDS to the remaining TTL unless replace_ttl=True.
+        h.extend(self.ttl, replace_ttl=True)
+
+    def close(self) -> None:
+        self.r.close()
+
+
+class PotteryRedlockAdapter:
+    """pottery ``Redlock`` (default clients, ``num_extensions`` lifted as in the harness)."""
+
+    def __init__(self, nodes: Sequence[tuple[str, int]], *, ttl: float = TTL) -> None:
+        import redis
+        from pottery import Redlock
+
+        self.cls = Redlock
+        self.masters = frozenset(redis.Redis(host=h, port=p) for h, p in nodes)
+        self.ttl = ttl
+        self.n_nodes = len(nodes)
+        self.key = f"pottery-{self.n_nodes}"
+        self.label = f"pottery Redlock ({_plural(self.n_nodes)})"
+
+    def new(self, key: str) -> Any:
+        return self.cls(
+            key="anchors:pottery:" + key,
+            masters=self.masters,
+            auto_release_time=self.ttl,
+            num_extensions=10**9,
+        )
+
+    def acquire(self, h: Any, timeout: Optional[float] = None) -> bool:
+        return h.acquire(blocking=True, timeout=-1 if timeout is None else timeout)
+
+    def release(self, h: Any) -> None:
+        h.release()
+
+    def extend(self, h: Any) -> None:
+        h.extend()
+
+    def close(self) -> None:
+        for m in self.masters:
+            m.close()
+
+
+def reference_adapters(nodes: Sequence[tuple[str, int]]) -> list[Any]:
+    """redis-py Lock (first node), pottery Redlock on 3 and 5 nodes (if given)."""
+    out: list[Any] = [RedisPyLockAdapter(nodes[0])]
+    for n in (3, 5):
+        if n <= len(nodes):
+            out.append(PotteryRedlockAdapter(list(nodes[:n])))
+    return out

@@ -1,0 +1,175 @@
+"""What an execution does when it cannot take its lock.
+
+Contention (another holder has the key), by ``lock_on_duplicate``:
+
+``drop`` (default)
+    The duplicate does not run. Its result is stored as ``REVOKED`` with a
+    reason naming the holder task, so ``AsyncResult.get()`` raises
+    ``TaskRevokedError`` at once instead of waiting for ever, chains stop and
+    chords see the failure. Logged at INFO and counted.
+``retry``
+    The message is published again with a countdown of
+    ``min(lock_retry_backoff_max, lock_retry_backoff * 2**n)`` with full jitter.
+    It does **not** use the task's own ``max_retries``: the attempt number
+    travels in the ``redlock_attempt`` header. After
+    ``lock_retry_max_attempts`` it gives up as ``lock_on_exhausted`` says.
+``raise``
+    The task fails with :class:`~celery_redlock.exceptions.LockContended`
+    (holder, seconds left on its lease).
+``wait``
+    The worker polls, with jittered backoff, for up to ``lock_wait_timeout``
+    seconds, then gives up as ``lock_on_exhausted`` says. It keeps a worker
+    slot busy meanwhile; prefer ``retry`` for long waits.
+
+A redelivered message (same task id, same retry count) while the first
+delivery still holds the key is always dropped: the work is already running.
+
+An outage (fewer than a quorum of nodes answer) is never mistaken for
+contention and never drops work: the task is retried with the same backoff,
+and fails with :class:`~celery_redlock.exceptions.QuorumUnavailable` only once
+its attempts are spent.
+
+In eager mode (``task_always_eager`` or ``.apply()``) nothing can be
+published, so ``retry`` waits like ``wait`` does, and an outage raises at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, NoReturn, Union
+
+from celery.exceptions import Ignore, Retry
+
+from . import metrics
+from .exceptions import LockContended, QuorumUnavailable
+from .redlock import Holder, Lease, full_jitter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .task import LockPlan
+
+__all__ = ["take", "ATTEMPT_HEADER"]
+
+logger = logging.getLogger("celery_redlock.policies")
+
+#: Message header carrying the lock attempt number of a re-published task.
+ATTEMPT_HEADER = "redlock_attempt"
+
+
+def take(task: Any, plan: LockPlan, name: str) -> Lease:
+    """Take ``name`` for the running execution of ``task``, or apply the policy.
+
+    Returns the lease, or raises ``Ignore`` (dropped), ``Retry`` (re-published),
+    :class:`LockContended` or :class:`QuorumUnavailable`.
+    """
+    request = task.request
+    result = _attempt(task, plan, name)
+    if isinstance(result, Lease):
+        return result
+    metrics.count("contended", plan.lock_name)
+    if result.task_id == request.id and (result.retries or 0) >= (request.retries or 0):
+        _drop(task, plan, name, result, why="is a redelivery of the running task")
+    if result.task_id == request.id:
+        # The earlier run of this very task (which called retry()) is letting go.
+        return _wait(task, plan, name, result)
+    policy = plan.settings.on_duplicate
+    if policy == "retry" and not request.is_eager:
+        _retry(task, plan, name, result)
+    if policy in ("wait", "retry"):
+        return _wait(task, plan, name, result)
+    if policy == "raise":
+        _raise(plan, name, result)
+    _drop(task, plan, name, result)
+
+
+def _attempt(task: Any, plan: LockPlan, name: str) -> Union[Lease, Holder]:
+    """One try; an outage becomes a retry (or, once attempts are spent, the error)."""
+    try:
+        return plan.redlock.try_acquire(name, ttl=plan.settings.ttl, owner=plan.owner(task.request))
+    except QuorumUnavailable as exc:
+        metrics.count("outage", plan.lock_name)
+        attempt = attempt_of(task.request)
+        if task.request.is_eager or attempt >= plan.settings.retry_max_attempts:
+            logger.error("%s[%s]: lock service unavailable, giving up: %s", task.name, task.request.id, exc)
+            raise
+        logger.warning("%s[%s]: lock service unavailable, retrying: %s", task.name, task.request.id, exc)
+        _republish(task, plan, attempt, reason=f"lock service unavailable: {exc}")
+
+
+def _drop(task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "") -> NoReturn:
+    request = task.request
+    reason = f"duplicate of {plan.lock_name!r}: lock held by task {holder.task_id or holder.owner}"
+    if why:
+        reason += f" ({why})"
+    logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
+    metrics.count("dropped", plan.lock_name)
+    if not request.is_eager and not request.ignore_result:
+        task.backend.mark_as_revoked(request.id, reason, request=request)
+    raise Ignore(reason)
+
+
+def _raise(plan: LockPlan, name: str, holder: Holder) -> NoReturn:
+    metrics.count("raised", plan.lock_name)
+    raise LockContended(
+        f"lock {name!r} is held by task {holder.task_id or holder.owner}"
+        + (f" for {holder.remaining:.1f}s more" if holder.remaining is not None else ""),
+        name,
+        holder.owner,
+        holder.remaining,
+    )
+
+
+def _retry(task: Any, plan: LockPlan, name: str, holder: Holder) -> NoReturn:
+    attempt = attempt_of(task.request)
+    if attempt >= plan.settings.retry_max_attempts:
+        _exhausted(task, plan, name, holder, f"after {attempt} retries")
+    metrics.count("retried", plan.lock_name)
+    _republish(task, plan, attempt, reason=f"lock {name!r} held by task {holder.task_id or holder.owner}")
+
+
+def _republish(task: Any, plan: LockPlan, attempt: int, reason: str) -> NoReturn:
+    """Publish the same message again later, without using the task's own retries."""
+    settings = plan.settings
+    countdown = full_jitter(attempt, settings.retry_backoff, settings.retry_backoff_max, plan.redlock.rng)
+    request = task.request
+    headers = {**(request.headers or {}), ATTEMPT_HEADER: attempt + 1}
+    sig = task.signature_from_request(request, countdown=countdown, retries=request.retries, headers=headers)
+    sig.apply_async()
+    raise Retry(reason, when=countdown, sig=sig)
+
+
+def _wait(task: Any, plan: LockPlan, name: str, holder: Holder) -> Lease:
+    redlock = plan.redlock
+    settings = plan.settings
+    metrics.count("waited", plan.lock_name)
+    deadline = redlock.clock() + settings.wait_timeout
+    attempt = 0
+    while True:
+        delay = full_jitter(attempt, min(0.05, settings.retry_backoff), settings.retry_backoff_max, redlock.rng)
+        left = deadline - redlock.clock()
+        if left <= 0:
+            break
+        redlock.sleep(min(delay, left))
+        result = _attempt(task, plan, name)
+        if isinstance(result, Lease):
+            return result
+        holder = result
+        attempt += 1
+    _exhausted(task, plan, name, holder, f"after waiting {settings.wait_timeout}s")
+
+
+def _exhausted(task: Any, plan: LockPlan, name: str, holder: Holder, after: str) -> NoReturn:
+    metrics.count("exhausted", plan.lock_name)
+    if plan.settings.on_exhausted == "raise":
+        _raise(plan, name, holder)
+    _drop(task, plan, name, holder, why=f"gave up {after}")
+
+
+def attempt_of(request: Any) -> int:
+    """The lock attempt number carried by the message (0 for a first delivery)."""
+    value = getattr(request, ATTEMPT_HEADER, None)
+    if value is None:
+        value = (request.headers or {}).get(ATTEMPT_HEADER, 0)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,304 @@
+"""Redlock validity, drift, expiry and extension, on fakeredis nodes with a fake clock.
+
+One ``fakeredis.FakeServer`` per node stands for one independent Redis master.
+The client's clock is injected (``clock=`` / ``sleep=``) wherever only the
+client's view of time matters; freezegun is used where the nodes' TTLs must
+move too, since fakeredis expires keys by reading ``time.time()``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import fakeredis
+import pytest
+from freezegun import freeze_time
+
+from celery_redlock import _scripts
+from celery_redlock import redlock as redlock_module
+from celery_redlock.exceptions import LockLost, QuorumUnavailable
+from celery_redlock.redlock import DRIFT_FLOOR, Holder, Lease, Redlock, full_jitter, make_owner
+
+TTL = 10.0
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to (or when slept on)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def servers() -> list[fakeredis.FakeServer]:
+    return [fakeredis.FakeServer() for _ in range(3)]
+
+
+def clients(servers, **kwargs):
+    return [fakeredis.FakeRedis(server=server, **kwargs) for server in servers]
+
+
+def peek(servers) -> list[fakeredis.FakeRedis]:
+    """Decoded clients that look at the nodes behind the Redlock's back."""
+    return clients(servers, decode_responses=True)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def rl(servers, clock) -> Redlock:
+    return Redlock(clients(servers), clock=clock, sleep=clock.sleep)
+
+
+def test_fakeredis_clients_are_accepted_as_independent_nodes(servers, rl):
+    assert len(rl.nodes) == 3 and rl.quorum == 2
+    assert len({node.identity for node in rl.nodes}) == 3
+    lease = rl.acquire("job", ttl=TTL)
+    assert isinstance(lease, Lease)
+    for client in peek(servers):
+        assert client.get(lease.key) == lease.owner
+        assert 0 < client.pttl(lease.key) <= TTL * 1000
+
+
+def test_remaining_right_after_acquire_is_ttl_minus_drift(rl, clock):
+    lease = rl.acquire("job", ttl=TTL)
+    assert lease.remaining() == pytest.approx(TTL - TTL * 0.01 - DRIFT_FLOOR, abs=1e-9)
+    assert lease.remaining() == pytest.approx(9.898, abs=1e-9)
+    clock.advance(1.5)
+    assert lease.remaining() == pytest.approx(9.898 - 1.5, abs=1e-9)
+    assert not lease.lost
+
+
+@pytest.mark.parametrize("drift_factor", [0.0, 0.1, 0.25])
+def test_custom_drift_factor_changes_the_validity(servers, clock, drift_factor):
+    rl = Redlock(clients(servers), clock=clock, drift_factor=drift_factor)
+    lease = rl.acquire("job", ttl=TTL)
+    assert lease.remaining() == pytest.approx(TTL - TTL * drift_factor - DRIFT_FLOOR, abs=1e-9)
+
+
+def test_lease_past_its_validity_reports_lost(rl, clock):
+    lease = rl.acquire("job", ttl=TTL)
+    clock.advance(TTL - TTL * 0.01 - DRIFT_FLOOR - 0.001)
+    assert lease.remaining() > 0 and not lease.lost
+    lease.check()
+    clock.advance(0.002)
+    assert lease.remaining() <= 0
+    assert lease.lost
+    with pytest.raises(LockLost, match="job"):
+        lease.check()
+    # the drift margin: the nodes still hold the key, but the client no longer trusts it
+    assert rl.holder("job").owner == lease.owner
+
+
+def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatch):
+    """Elapsed time during phase 1 is taken off the validity."""
+    real = redlock_module.run_script
+
+    def slow_nodes(script, *args, **kwargs):
+        replies = real(script, *args, **kwargs)
+        if script is _scripts.ACQUIRE:
+            clock.advance(3.0)  # the acquire round took 3 s by the client's clock
+        return replies
+
+    monkeypatch.setattr(redlock_module, "run_script", slow_nodes)
+    rl = Redlock(clients(servers), clock=clock)
+    lease = rl.acquire("job", ttl=TTL)
+    assert lease.remaining() == pytest.approx(TTL - 3.0 - TTL * 0.01 - DRIFT_FLOOR, abs=1e-9)
+
+
+@pytest.mark.parametrize("slow_script", ["acquire", "fence"])
+def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
+    servers, clock, monkeypatch, slow_script
+):
+    """A quorum granted, but the validity ran out (in phase 1, or in the fence phase)."""
+    real = redlock_module.run_script
+
+    def slow_nodes(script, *args, **kwargs):
+        replies = real(script, *args, **kwargs)
+        if script.name == slow_script:
+            clock.advance(TTL)
+        return replies
+
+    monkeypatch.setattr(redlock_module, "run_script", slow_nodes)
+    rl = Redlock(clients(servers), clock=clock)
+    assert rl.acquire("job", ttl=TTL) is None
+    lock_key, fence_key = rl.keys("job")
+    for client in peek(servers):
+        assert client.exists(lock_key) == 0  # withdrawn from every node
+        if slow_script == "acquire":  # no token was computed: no fence written either
+            assert client.exists(fence_key) == 0
+
+
+def test_expired_lease_frees_the_nodes_and_the_next_token_is_larger(servers):
+    with freeze_time("2030-01-01 00:00:00") as frozen:
+        rl = Redlock(clients(servers), clock=time.monotonic, sleep=frozen.tick)
+        first = rl.acquire("job", ttl=5)
+        other = Redlock(clients(servers), clock=time.monotonic)
+        assert other.acquire("job", ttl=5) is None
+        frozen.tick(4.9)
+        assert not first.lost
+        assert other.acquire("job", ttl=5) is None
+        frozen.tick(0.2)  # past the TTL on the nodes, and past the validity
+        assert first.lost and first.remaining() <= 0
+        for client in peek(servers):
+            assert client.get(first.key) is None
+        second = other.acquire("job", ttl=5)
+        assert second is not None
+        assert second.fencing_token > first.fencing_token
+        assert rl.extend(first) is False
+
+
+def test_tokens_grow_under_a_frozen_node_clock(servers):
+    """With TIME frozen, the fence value written back is what makes tokens grow."""
+    with freeze_time("2030-01-01 00:00:00"):
+        rl = Redlock(clients(servers), clock=time.monotonic)
+        tokens = []
+        for _ in range(5):
+            lease = rl.acquire("job", ttl=TTL)
+            tokens.append(lease.fencing_token)
+            rl.release(lease)
+    floor = 1_893_456_000 * 1_000_000  # 2030-01-01 in microseconds: the time floor
+    assert tokens == [floor, floor + 1, floor + 2, floor + 3, floor + 4]
+
+
+def test_extend_sets_the_ttl_and_never_adds(servers):
+    with freeze_time("2030-01-01 00:00:00") as frozen:
+        rl = Redlock(clients(servers), clock=time.monotonic)
+        lease = rl.acquire("job", ttl=TTL)
+        frozen.tick(4)
+        assert [c.pttl(lease.key) for c in peek(servers)] == [6000] * 3
+        assert rl.extend(lease) is True
+        assert [c.pttl(lease.key) for c in peek(servers)] == [10000] * 3  # not 16000
+        assert lease.remaining() == pytest.approx(TTL - TTL * 0.01 - DRIFT_FLOOR, abs=1e-6)
+        frozen.tick(4)
+        assert rl.extend(lease, ttl=3) is True  # shorter than the 6 s left: set, not add
+        assert [c.pttl(lease.key) for c in peek(servers)] == [3000] * 3
+        # the client's validity never goes backwards on a shorter renewal
+        assert lease.remaining() == pytest.approx(6 - 0.1 - DRIFT_FLOOR, abs=1e-6)
+
+
+def test_extend_on_a_lapsed_lease_returns_false_and_marks_it_lost(rl, clock, servers):
+    lease = rl.acquire("job", ttl=TTL)
+    clock.advance(TTL)
+    assert rl.extend(lease) is False
+    assert lease.lost
+    # a lapsed lease is not renewed on the nodes either
+    assert [c.pttl(lease.key) for c in peek(servers)] == [pytest.approx(10000, abs=50)] * 3
+
+
+def test_extend_after_the_key_was_lost_on_a_majority_marks_it_lost(rl, servers):
+    lease = rl.acquire("job", ttl=TTL)
+    for client in peek(servers)[:2]:
+        client.set(lease.key, make_owner())  # taken over (e.g. expired and re-acquired)
+    assert lease.remaining() > 0
+    assert rl.extend(lease) is False
+    assert lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+
+
+def test_extend_with_a_minority_gone_keeps_the_lease(rl, servers):
+    lease = rl.acquire("job", ttl=TTL)
+    peek(servers)[0].delete(lease.key)
+    assert rl.extend(lease) is True
+    assert not lease.lost
+
+
+def test_extend_many_renews_each_lease_on_its_own(rl, servers):
+    a = rl.acquire("a", ttl=TTL)
+    b = rl.acquire("b", ttl=TTL)
+    for client in peek(servers)[:2]:
+        client.delete(b.key)
+    assert rl.extend_many([a, b]) == [True, False]
+    assert not a.lost and b.lost
+
+
+def test_disconnected_server_counts_as_an_error(rl, servers):
+    servers[0].connected = False
+    lease = rl.acquire("job", ttl=TTL)  # 2 of 3 is a quorum
+    assert lease is not None
+    report = rl.inspect("job")
+    assert "error" in report[0] and report[0]["node"] == rl.nodes[0].name
+    assert report[1]["holder"] == report[2]["holder"] == lease.owner
+    assert rl.extend(lease) is True
+
+    servers[1].connected = False
+    assert rl.extend(lease) is False and lease.lost
+    rl.release(lease)  # never raises
+    with pytest.raises(QuorumUnavailable) as info:
+        rl.acquire("other", ttl=TTL)
+    assert set(info.value.errors) == {rl.nodes[0].name, rl.nodes[1].name}
+    assert rl.nodes[0].name in str(info.value) and rl.nodes[1].name in str(info.value)
+    assert rl.nodes[2].name not in str(info.value)
+    # the one grant that happened (node 2) was withdrawn
+    assert peek(servers)[2].exists(rl.keys("other")[0]) == 0
+    with pytest.raises(QuorumUnavailable):
+        rl.holder("job")
+    with pytest.raises(QuorumUnavailable):
+        rl.claim("slot", "v", ttl=TTL)
+
+
+def test_disconnected_node_is_used_again_when_it_comes_back(rl, servers):
+    servers[0].connected = False
+    rl.release(rl.acquire("job", ttl=TTL))
+    servers[0].connected = True
+    lease = rl.acquire("job", ttl=TTL)
+    assert peek(servers)[0].get(lease.key) == lease.owner
+
+
+def test_blocking_acquire_gives_up_after_the_timeout(servers, clock):
+    holder = Redlock(clients(servers), clock=clock)
+    holder.acquire("job", ttl=60)
+    waiter = Redlock(clients(servers), clock=clock, sleep=clock.sleep, rng=lambda: 1.0)
+    assert waiter.acquire("job", ttl=TTL, blocking=True, timeout=1.0) is None
+    # full jitter with rng=1: base * 2**n, cut to what is left of the timeout
+    assert clock.sleeps == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.25])
+    assert sum(clock.sleeps) == pytest.approx(1.0)
+
+
+def test_blocking_acquire_gets_the_lock_when_the_holder_expires(servers):
+    with freeze_time("2030-01-01 00:00:00") as frozen:
+        holder = Redlock(clients(servers), clock=time.monotonic)
+        held = holder.acquire("job", ttl=2)
+        start = time.monotonic()
+        waiter = Redlock(clients(servers), clock=time.monotonic, sleep=frozen.tick)
+        lease = waiter.acquire("job", ttl=TTL, blocking=True, timeout=30, retry_delay_max=0.5)
+        waited = time.monotonic() - start
+    assert lease is not None and lease.fencing_token > held.fencing_token
+    assert 2.0 <= waited <= 2.6
+
+
+def test_holder_reports_owner_and_remaining(rl, clock, servers):
+    assert rl.holder("job") == Holder(None, None)
+    owner = make_owner("task-42")
+    lease = rl.acquire("job", ttl=TTL, owner=owner)
+    found = rl.holder("job")
+    assert found.owner == owner and found.task_id == "task-42"
+    assert 9.9 <= found.remaining <= TTL
+    # no majority agrees on one owner: nobody is reported
+    a, b, c = peek(servers)
+    b.set(lease.key, "other|h|1|x")
+    c.delete(lease.key)
+    assert rl.holder("job") == Holder(None, None)
+
+
+def test_full_jitter_is_uniform_up_to_the_capped_exponential():
+    assert full_jitter(0, 0.05, 1.0, rng=lambda: 1.0) == pytest.approx(0.05)
+    assert full_jitter(3, 0.05, 1.0, rng=lambda: 1.0) == pytest.approx(0.4)
+    assert full_jitter(10, 0.05, 1.0, rng=lambda: 1.0) == pytest.approx(1.0)
+    assert full_jitter(10_000, 0.05, 1.0, rng=lambda: 0.5) == pytest.approx(0.5)
+    assert full_jitter(5, 0.05, 1.0, rng=lambda: 0.0) == 0.0
