@@ -30,7 +30,8 @@ and fails with :class:`~celery_redlock.exceptions.QuorumUnavailable` only once
 its attempts are spent.
 
 In eager mode (``task_always_eager`` or ``.apply()``) nothing can be
-published, so ``retry`` waits like ``wait`` does, and an outage raises at once.
+published, so ``retry`` waits like ``wait`` does, an outage raises at once, and
+a dropped duplicate fails with ``TaskRevokedError`` (there is no stored state).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, NoReturn, Union
 
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Retry, TaskRevokedError
 
 from . import metrics
 from .exceptions import LockContended, QuorumUnavailable
@@ -102,7 +103,9 @@ def _drop(task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "") -
         reason += f" ({why})"
     logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
     metrics.count("dropped", plan.lock_name)
-    if not request.is_eager and not request.ignore_result:
+    if request.is_eager:  # no message to ack and no stored state: the caller sees the error
+        raise TaskRevokedError(reason)
+    if not request.ignore_result:
         task.backend.mark_as_revoked(request.id, reason, request=request)
     raise Ignore(reason)
 

@@ -156,9 +156,9 @@ class LockedTask(Task):
         lease = policies.take(self, plan, name)
         metrics.observe(plan.redlock.clock() - started, plan.lock_name)
         metrics.count("acquired", plan.lock_name)
-        request.redlock = lease
-        heartbeat.hold(lease, plan.settings.heartbeat_interval, on_lost=functools.partial(_lost, self))
         try:
+            request.redlock = lease
+            heartbeat.hold(lease, plan.settings.heartbeat_interval, on_lost=functools.partial(_lost, self))
             if plan.token_arg is not None:
                 kwargs = {**kwargs, plan.token_arg: lease.fencing_token}
             return self.run(*args, **kwargs)
