@@ -73,7 +73,13 @@ class Node:
             )
         self.pool = client.connection_pool
         kw = self.pool.connection_kwargs
-        self._identity = (kw.get("path") or kw.get("host"), kw.get("port"), kw.get("db", 0))
+        # redis-py's defaults (localhost:6379) filled in, so "redis://h" and
+        # "redis://h:6379/0" are seen as the same server.
+        if kw.get("path"):
+            self._identity = (kw["path"], None, kw.get("db", 0))
+        else:
+            host, port = kw.get("host") or "localhost", int(kw.get("port") or 6379)
+            self._identity = (host, port, kw.get("db", 0))
         if isinstance(spec, redis.Redis) and "server" in kw:  # fakeredis: one server per node
             self._identity = ("fake", id(kw["server"]), kw.get("db", 0))
         # Idle connections of this process. A plain list, not the pool's
@@ -87,10 +93,22 @@ class Node:
         if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
             self._idle = []
             self._pid = os.getpid()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.pool.connection_class(**self.pool.connection_kwargs)
+        while self._idle:
+            try:
+                conn = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            # An idle connection has nothing to read; if it has, the server
+            # closed it (restart) and the next command would fail: drop it, as
+            # redis-py's own pool does.
+            try:
+                stale = conn.can_read(timeout=0)
+            except (RedisError, OSError):
+                stale = True
+            if not stale:
+                return conn
+            self.discard(conn)
+        return self.pool.connection_class(**self.pool.connection_kwargs)
 
     def put_back(self, conn: Any) -> None:
         self._idle.append(conn)

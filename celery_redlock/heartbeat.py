@@ -126,9 +126,12 @@ class Heartbeat:
             raise TypeError(f"on_lost must be callable, got {on_lost!r}")
         now = self.clock()
         with self._lock:
-            old = self._entries.get(id(lease))
-            last = old.due - old.interval if old is not None and old.ref() is lease else now
-            self._entries[id(lease)] = _Entry(lease, float(interval), on_lost, last + interval)
+            entry = self._entries.get(id(lease))
+            if entry is not None and entry.ref() is lease:  # updated in place: a round may be
+                entry.due += interval - entry.interval  # in flight with this very entry
+                entry.interval, entry.on_lost = float(interval), on_lost
+            else:
+                self._entries[id(lease)] = _Entry(lease, float(interval), on_lost, now + interval)
             if self.autostart:
                 self._ensure_thread()
         self._wake.set()  # the new lease may be due before the thread's next wake-up
@@ -167,10 +170,13 @@ class Heartbeat:
             for lease, entry in items:
                 try:
                     lapsed = lease.lost  # marked lost elsewhere, or validity <= 0
+                    reason = (
+                        "its validity ran out before it was renewed"
+                        if lease.remaining() <= 0
+                        else "it was marked lost elsewhere"
+                    )
                 except Exception as exc:  # a broken clock: treat as lost
                     lapsed, reason = True, f"its validity could not be read ({exc!r})"
-                else:
-                    reason = "its validity ran out before it was renewed"
                 if lapsed:
                     lost.append((lease, entry, reason))
                 else:

@@ -208,7 +208,9 @@ class Lease:
             raise LockLost(f"lock {self.name!r} is no longer held", self.name)
 
     def _renewed(self, expires: float) -> None:
-        self._expires = max(self._expires, expires)
+        # Set, not max: a renewal to a shorter TTL shortens the keys on the
+        # nodes, so the validity the client trusts must shrink with them.
+        self._expires = expires
 
     def __repr__(self) -> str:
         return (
@@ -562,7 +564,12 @@ def _holder(seen: list[tuple[Optional[str], int]], quorum: int = 1) -> Holder:
 
 
 def _positive(name: str, value: Any, zero_ok: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if zero_ok else value > 0)
+    # Durations must be finite (they become PX milliseconds); a timeout may be inf (no limit).
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value >= 0 if zero_ok else 0 < value < float("inf"))
+    )
     if not ok:
         raise ConfigurationError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} number of seconds, got {value!r}")
 

@@ -1,0 +1,145 @@
+"""Helpers for the fencing tests: a history checker, the grant loop run by worker
+processes, and the two weakened token schemes the tests compare against.
+
+* :func:`first_non_increase` finds where a history of tokens (in grant order)
+  stops growing.
+* :func:`grant_loop` takes a lock again and again and, while holding it, appends
+  the token to a list on a recorder node outside the quorum: the lock orders the
+  appends, so the list is the grant order.
+* :func:`one_phase_grant` is the scheme the docstring of ``celery_redlock.redlock``
+  warns against: each granting node INCRs a counter inside the acquire and the
+  token is the largest increment (no write-back, no time floor).
+* :class:`NoTimeFloorRedlock` is the real client with the nodes' TIME ignored, so
+  only the fence value written back in phase 2 can make tokens grow.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import redis
+
+from celery_redlock import _scripts
+from celery_redlock._nodes import run_script
+from celery_redlock.exceptions import QuorumUnavailable
+from celery_redlock.redlock import Redlock, make_owner
+
+__all__ = [
+    "NoTimeFloorRedlock",
+    "assert_strictly_increasing",
+    "first_non_increase",
+    "grant_loop",
+    "one_phase_grant",
+]
+
+
+def first_non_increase(tokens: Sequence[int]) -> tuple[int, int, int] | None:
+    """``(index, previous, token)`` of the first token not larger than the one before it."""
+    for i in range(1, len(tokens)):
+        if tokens[i] <= tokens[i - 1]:
+            return i, tokens[i - 1], tokens[i]
+    return None
+
+
+def assert_strictly_increasing(tokens: Sequence[int]) -> None:
+    bad = first_non_increase(tokens)
+    assert bad is None, (
+        f"grant #{bad[0]} got token {bad[2]}, not larger than the previous grant's {bad[1]}"
+        if bad
+        else ""
+    )
+
+
+# -- the grant loop (runs in worker processes) ------------------------------------------
+
+
+def grant_loop(
+    urls: Sequence[str],
+    recorder_url: str,
+    name: str,
+    target: int,
+    ttl: float,
+    seconds: float,
+) -> None:
+    """Take ``name`` until the recorder holds ``target`` tokens (or ``seconds`` pass).
+
+    Recorder keys: ``tokens`` (grant order), ``who`` (pid per grant),
+    ``occupancy`` / ``overlaps`` (another holder was inside), ``late`` (the
+    lease had lapsed by the end of the critical section, so the order of that
+    append is not guaranteed), ``quorum_errors``.
+    """
+    rl = Redlock(urls)
+    rec = redis.Redis.from_url(recorder_url, socket_timeout=5, retry=None)
+    pid = str(os.getpid())
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            lease = rl.acquire(
+                name, ttl=ttl, blocking=True, timeout=0.5, retry_delay=0.003, retry_delay_max=0.012
+            )
+        except QuorumUnavailable:
+            rec.incr("quorum_errors")
+            continue
+        if lease is None:
+            if rec.llen("tokens") >= target:
+                return
+            continue
+        try:
+            pipe = rec.pipeline(transaction=False)
+            pipe.incr("occupancy").rpush("tokens", lease.fencing_token).rpush("who", pid)
+            inside, count, _ = pipe.execute()
+            if inside != 1:
+                rec.incr("overlaps")
+            if lease.remaining() <= 0:
+                rec.incr("late")
+            rec.decr("occupancy")
+        finally:
+            rl.release(lease)
+        if count >= target:
+            return
+
+
+# -- the one-phase scheme ------------------------------------------------------------
+
+# KEYS[1] lock key, KEYS[2] counter key; ARGV[1] owner, ARGV[2] ttl ms.
+# Returns {1, increment} when granted, {0} when another owner holds the key.
+ONE_PHASE_ACQUIRE = _scripts.Script(
+    "one_phase_acquire",
+    """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return {0} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, redis.call('INCR', KEYS[2])}
+""",
+)
+
+
+def one_phase_grant(rl: Redlock, name: str, ttl: float = 10.0) -> int | None:
+    """Acquire ``name`` on ``rl``'s nodes with one-phase tokens, release it, return the token.
+
+    token = the largest per-node INCR among the granting nodes; None when no quorum granted.
+    """
+    key, _ = rl.keys(name)
+    counter = f"{rl.key_prefix}:one-phase-counter:{{{name}}}"
+    owner = make_owner()
+    replies = run_script(
+        ONE_PHASE_ACQUIRE, rl.nodes, (key, counter), (owner, int(ttl * 1000)), rl.node_timeout
+    )
+    grants = [int(r[1]) for r in replies if isinstance(r, list) and int(r[0]) == 1]
+    run_script(_scripts.RELEASE, rl.nodes, (key,), (owner,), rl.node_timeout)
+    return max(grants) if len(grants) >= rl.quorum else None
+
+
+# -- the real client without its time floor -------------------------------------------
+
+
+class NoTimeFloorRedlock(Redlock):
+    """The real two-phase client, but phase 2 sees every node's TIME as 0."""
+
+    def _fence(self, granted, replies, *args, **kwargs):
+        replies = list(replies)
+        for i in granted:
+            replies[i] = [replies[i][0], replies[i][1], b"0", b"0"]
+        return super()._fence(granted, replies, *args, **kwargs)

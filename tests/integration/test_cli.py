@@ -1,0 +1,360 @@
+"""``celery redlock ...`` against real redis-server nodes.
+
+Most tests call the click group in process through ``CliRunner`` with the
+``CLIContext`` Celery itself would build; two run ``python -m celery -A
+tests.integration.cli_app redlock nodes`` in a subprocess to prove the
+``celery.commands`` entry point and the exit codes through Celery's own main.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cli_app
+import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
+
+from celery_redlock.cli import mask_url, redlock
+from celery_redlock.redlock import Lease, make_owner
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def invoke(app: Any, *args: str, input: str | None = None) -> Result:
+    """Run ``celery redlock ARGS`` on ``app``; a traceback fails the test."""
+    result = CliRunner().invoke(
+        redlock, list(args), obj=CLIContext(app=app, no_color=True, workdir=None), input=input
+    )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def hold(app: Any, account_id: int, task_id: str, ttl: float = 60) -> Lease:
+    """Take cli.settle's lock for ``account_id`` as task ``task_id``, as a worker would."""
+    plan = app.tasks[cli_app.SETTLE]._lock_plan
+    lease = plan.redlock.acquire(
+        plan.keys.build([account_id], {}), ttl=ttl, owner=make_owner(task_id, 0)
+    )
+    assert lease is not None
+    return lease
+
+
+@pytest.fixture
+def app(redis_nodes3):
+    return cli_app.make_app(redis_nodes3.urls)
+
+
+# -- nodes ---------------------------------------------------------------------
+
+
+def test_nodes_all_up(app, redis_nodes3):
+    result = invoke(app, "nodes")
+    assert result.exit_code == 0, result.output
+    for url in redis_nodes3.urls:
+        assert url in result.output
+    assert "noeviction" in result.output
+    assert "UNSAFE" not in result.output
+    assert "Quorum: reachable (3 of 3 nodes answered, 2 needed)" in result.output
+
+
+def test_nodes_majority_down_exits_2_and_names_them(app, redis_nodes3):
+    redis_nodes3.kill(1)
+    redis_nodes3.kill(2)
+    result = invoke(app, "nodes")
+    assert result.exit_code == 2, result.output
+    assert "Quorum: UNREACHABLE (1 of 3 nodes answered, 2 needed)" in result.stdout
+    for url in redis_nodes3.urls[1:]:
+        assert url in result.stderr
+    assert redis_nodes3.urls[0] not in result.stderr
+
+
+def test_nodes_a_hung_node_costs_one_timeout(app, redis_nodes3):
+    redis_nodes3.pause(0)
+    started = time.monotonic()
+    result = invoke(app, "nodes", "--timeout", "0.2")
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 2
+    assert f"DOWN    {redis_nodes3.urls[0]}" in result.output
+
+
+@pytest.mark.parametrize("policy", ["volatile-lru", "allkeys-lru"])
+def test_nodes_flags_a_policy_that_evicts(redis_node_factory, policy):
+    node = redis_node_factory(1, extra_args=["--maxmemory-policy", policy])[0]
+    result = invoke(cli_app.make_app([node.url]), "nodes")
+    assert result.exit_code == 0, result.output
+    assert f"{policy} (UNSAFE)" in result.output
+    assert f"WARNING {node.url}: maxmemory-policy {policy}" in result.output
+
+
+# -- status --------------------------------------------------------------------
+
+
+def test_status_shows_the_holder(app, redis_nodes3):
+    lease = hold(app, 7, "task-aaa")
+    result = invoke(app, "status", cli_app.SETTLE, "--args", "[7]")
+    assert result.exit_code == 0, result.output
+    assert lease.key in result.output
+    assert "Holder:       task task-aaa" in result.output
+    assert result.output.count(lease.owner) == 1 + 3  # the quorum line, then each node
+    assert str(lease.fencing_token) in result.output
+
+    # The same lock by keyword, and as JSON.
+    data = json.loads(
+        invoke(app, "status", cli_app.SETTLE, "--kwargs", '{"account_id": 7}', "--json").output
+    )
+    assert data["key"] == lease.key and data["held"] is True
+    assert data["holder"]["task_id"] == "task-aaa" and data["holder"]["nodes"] == 3
+    assert 0 < data["holder"]["remaining"] <= 60
+    assert [n["fence"] for n in data["nodes"]] == [str(lease.fencing_token)] * 3
+    assert [n["node"] for n in data["nodes"]] == redis_nodes3.urls
+
+
+def test_status_of_a_free_lock_and_by_name(app):
+    lease = hold(app, 7, "task-aaa")
+    result = invoke(app, "status", cli_app.SETTLE, "--args", "[8]")
+    assert result.exit_code == 0, result.output
+    assert "none: the lock is free" in result.output
+    # --name takes the name `list` prints, or the full key.
+    for name in (lease.name, lease.key):
+        result = invoke(app, "status", "--name", name)
+        assert result.exit_code == 0, result.output
+        assert "task task-aaa" in result.output
+
+
+def test_status_without_a_quorum_exits_2(app, redis_nodes3):
+    hold(app, 7, "task-aaa")
+    redis_nodes3.kill(0)
+    redis_nodes3.kill(2)
+    result = invoke(app, "status", cli_app.SETTLE, "--args", "[7]")
+    assert result.exit_code == 2, result.output
+    assert "unknown: only 1 of 3 nodes answered" in result.stdout
+    assert "only 1 of 3 Redis nodes answered, 2 needed" in result.stderr
+    data = json.loads(invoke(app, "status", cli_app.SETTLE, "--args", "[7]", "--json").stdout)
+    assert data["held"] is False and "error" in data
+
+
+def test_unknown_task_lists_the_locked_tasks(app):
+    result = invoke(app, "status", "no.such.task")
+    assert result.exit_code == 1
+    assert "'no.such.task' is not a task registered in the app" in result.output
+    assert f"The app's LockedTasks: {cli_app.SETTLE}" in result.output
+    result = invoke(app, "release", cli_app.PLAIN, "--force")
+    assert result.exit_code == 1
+    assert f"'{cli_app.PLAIN}' is not a LockedTask" in result.output
+
+
+def test_arguments_that_do_not_fit_are_a_clear_error(app):
+    result = invoke(app, "status", cli_app.SETTLE, "--args", "[1, 2, 3, 4]")
+    assert result.exit_code == 1
+    assert (
+        "cannot build the lock key" in result.output
+        and "arguments do not match run" in result.output
+    )
+    assert invoke(app, "status").exit_code == 2  # click usage error: no lock named
+    assert invoke(app, "status", "--name", "x", "--args", "[1]").exit_code == 2
+
+
+# -- list ----------------------------------------------------------------------
+
+
+def test_list_finds_held_locks(app, redis_nodes3):
+    first = hold(app, 7, "task-aaa")
+    second = hold(app, 8, "task-bbb")
+    # A key on one node only is shown, but not held by a quorum.
+    with redis_nodes3[0].client() as client:
+        client.set("redlock:lock:{stray}", "task-ccc|0|h|1|r", px=60000)
+
+    result = invoke(app, "list")
+    assert result.exit_code == 0, result.output
+    assert first.name in result.output and second.name in result.output
+    assert "task task-aaa" in result.output and "task task-bbb" in result.output
+    assert "{stray}" in result.output and "no majority (1/3 with a key)" in result.output
+    assert "3 keys, 2 held by a quorum." in result.output
+
+    only_task = invoke(app, "list", cli_app.SETTLE)
+    assert "{stray}" not in only_task.output and "2 keys, 2 held by a quorum." in only_task.output
+
+    limited = invoke(app, "list", "--limit", "1")
+    assert "1 key," in limited.output and "Stopped at --limit 1" in limited.output
+
+
+def test_list_without_a_quorum_exits_2(app, redis_nodes3):
+    hold(app, 7, "task-aaa")
+    redis_nodes3.kill(1)
+    redis_nodes3.kill(2)
+    result = invoke(app, "list")
+    assert result.exit_code == 2
+    assert "unknown (1/3 answered)" in result.stdout
+    assert redis_nodes3.urls[1] in result.stderr and redis_nodes3.urls[2] in result.stderr
+
+
+# -- release -------------------------------------------------------------------
+
+
+def test_release_task_id_frees_only_the_matching_holder(app, redis_nodes3):
+    lease = hold(app, 7, "task-aaa")
+    result = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--task-id", "task-bbb")
+    assert result.exit_code == 1
+    assert "is not held by task task-bbb" in result.output
+    assert all(keys == [lease.key] for keys in redis_nodes3.keys("redlock:lock:*").values())
+
+    # A task id that only prefixes the holder's is not the holder.
+    assert (
+        invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--task-id", "task-a").exit_code
+        == 1
+    )
+
+    result = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--task-id", "task-aaa")
+    assert result.exit_code == 0, result.output
+    assert "on 3 of 3 nodes (held by task task-aaa)" in result.output
+    assert redis_nodes3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
+    assert all(keys == [lease.fence_key] for keys in redis_nodes3.keys("redlock:fence:*").values())
+
+
+def test_release_force_asks_first_and_keeps_the_fence(app, redis_nodes3):
+    lease = hold(app, 7, "task-aaa")
+
+    result = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", input="\n")  # default: no
+    assert result.exit_code == 1 and "Aborted" in result.output
+    assert "Holder: task task-aaa" in result.output
+    assert all(keys == [lease.key] for keys in redis_nodes3.keys("redlock:lock:*").values())
+
+    result = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", input="y\n")
+    assert result.exit_code == 0, result.output
+    assert f"Deleted {lease.key} on 3 of 3 nodes." in result.output
+    assert redis_nodes3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
+
+    hold(app, 7, "task-bbb")
+    result = invoke(app, "release", "--name", lease.name, "--force")
+    assert result.exit_code == 0, result.output
+    assert "[y/N]" not in result.output
+    assert redis_nodes3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
+    assert all(keys == [lease.fence_key] for keys in redis_nodes3.keys("redlock:fence:*").values())
+
+    # The next grant's token is still larger than the stuck holder's.
+    assert hold(app, 7, "task-ccc").fencing_token > lease.fencing_token
+    assert (
+        "Nothing to delete"
+        in invoke(app, "release", cli_app.SETTLE, "--args", "[8]", "--force").output
+    )
+
+
+# -- beat-slots ----------------------------------------------------------------
+
+
+def test_beat_slots_lists_claims(app, redis_nodes3):
+    claims = {
+        "redlock:beat:nightly report:1714564800": "beat@host-a|pid 12|msg 3f2c",
+        "redlock:beat:tick:1714564801": "beat@host-b|7|m-1",
+        "redlock:beat:tick:fast:1714564802": "beat@host-b|7|m-2",
+        "redlock:beat:weird[1]:1714564803": "beat@host-c|8|m-3",
+    }
+    for node in redis_nodes3:
+        with node.client() as client:
+            for key, value in claims.items():
+                client.set(key, value, px=120_000)
+    with redis_nodes3[2].client() as client:  # a node that disagrees
+        client.set("redlock:beat:tick:1714564801", "beat@host-z|9|m-9", px=120_000)
+
+    result = invoke(app, "beat-slots")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(
+        line.split()[:4] == ["nightly", "report", "1714564800", "2024-05-01T12:00:00Z"]
+        and line.endswith("beat@host-a|pid 12|msg 3f2c")
+        for line in lines
+    ), result.output
+    assert any("2/3" in line and line.endswith("beat@host-b|7|m-1") for line in lines)
+    assert any("1/3" in line and line.endswith("beat@host-z|9|m-9") for line in lines)
+    assert "4 claims." in result.output
+
+    # An entry filter matches the whole entry name, glob characters included.
+    tick = invoke(app, "beat-slots", "tick").output
+    assert "m-1" in tick and "m-2" not in tick and "1 claim." in tick
+    weird = invoke(app, "beat-slots", "weird[1]").output
+    assert "2024-05-01T12:00:03Z" in weird and "1 claim." in weird
+
+
+# -- settings ------------------------------------------------------------------
+
+
+def test_settings_masks_passwords_and_documents_each_setting():
+    nodes = [
+        "redis://:s3cret@127.0.0.1:1/0",
+        "redis://user:pw2@127.0.0.1:2/0",
+        "unix:///tmp/r.sock?password=pw3",
+    ]
+    app = cli_app.make_app(nodes, redlock_on_duplicate="retry")
+    result = invoke(app, "settings")
+    assert result.exit_code == 0, result.output
+    assert "redis://:***@127.0.0.1:1/0" in result.output
+    assert "redis://user:***@127.0.0.1:2/0" in result.output
+    assert "password=***" in result.output
+    assert (
+        "s3cret" not in result.output and "pw2" not in result.output and "pw3" not in result.output
+    )
+    from celery_redlock.conf import SETTINGS
+
+    for setting in SETTINGS:
+        assert setting.name in result.output
+        assert setting.doc.split()[0] in result.output
+    assert any(
+        line.split() == ["redlock_on_duplicate", "app.conf", "retry"]
+        for line in result.output.splitlines()
+    )
+    assert any(
+        line.split() == ["redlock_ttl", "default", "10"] for line in result.output.splitlines()
+    )
+
+    task = invoke(app, "settings", cli_app.SETTLE).output
+    assert any(line.split() == ["redlock_ttl", "task.lock_ttl", "30"] for line in task.splitlines())
+    assert any(
+        line.split() == ["redlock_heartbeat_interval", "ttl", "/", "3", "10"]
+        for line in task.splitlines()
+    )
+
+
+def test_mask_url():
+    assert mask_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
+    assert mask_url("rediss://default:p@ss@host/1") == "rediss://default:***@host/1"
+    assert mask_url("redis://host:6379/0, redis://:x@h2") == "redis://host:6379/0, redis://:***@h2"
+
+
+# -- through celery's own command line -----------------------------------------
+
+
+def celery_cli(*args: str, nodes: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CRL_CLI_NODES": ",".join(nodes)}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.cli_app", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_entry_point_through_celery(redis_nodes3):
+    proc = celery_cli("redlock", "nodes", nodes=redis_nodes3.urls)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for url in redis_nodes3.urls:
+        assert url in proc.stdout
+    assert "Quorum: reachable (3 of 3 nodes answered, 2 needed)" in proc.stdout
+
+    redis_nodes3.kill(0)
+    redis_nodes3.kill(1)
+    proc = celery_cli("redlock", "nodes", nodes=redis_nodes3.urls)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert redis_nodes3.urls[0] in proc.stderr and redis_nodes3.urls[1] in proc.stderr
