@@ -1,0 +1,389 @@
+"""LockedTask end to end: real workers (prefork subprocess and in-process threads), real Redis.
+
+Every task body records what it saw (see ``lockapp``); the tests judge the
+recorded runs: who ran, when, with which fencing token, and what the
+duplicates answered. Timing figures are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery import Celery, states
+from celery.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TaskRevokedError
+from lockapp import Topology, WorkerHandle, assert_no_overlap, assert_tokens_increase, wait_for
+
+from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease
+from celery_redlock.redlock import make_owner
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(autouse=True)
+def _no_lock_left_behind(topology: Topology):
+    """After every test, no lock key stays on any quorum node."""
+    yield
+    topology.assert_no_lock_keys()
+
+
+def _watch(results: list, timeout: float) -> dict[str, tuple[str, float]]:
+    """Poll the results until all are ready: task id -> (state, time.time() first seen ready)."""
+    seen: dict[str, tuple[str, float]] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < len(results):
+        for result in results:
+            if result.id not in seen:
+                state = result.state
+                if state in states.READY_STATES:
+                    seen[result.id] = (state, time.time())
+        if time.monotonic() > deadline:
+            missing = {r.id: r.state for r in results if r.id not in seen}
+            raise AssertionError(f"results not ready after {timeout}s: {missing}")
+        time.sleep(0.02)
+    return seen
+
+
+# -- 1. contention policies on a real worker ---------------------------------------
+
+
+def test_drop_runs_once_and_duplicates_answer_at_once(worker: WorkerHandle, run: str):
+    """20 same-key tasks under drop: one runs, 19 are REVOKED naming it, well before it ends."""
+    slow = worker.task("slow")
+    sent_at, results = {}, []
+    for _ in range(20):
+        result = slow.apply_async((run, run), {"duration": 2.0})
+        sent_at[result.id] = time.time()
+        results.append(result)
+
+    seen = _watch(results, timeout=20)
+
+    ran = worker.records(run)
+    assert len(ran) == 1, f"expected exactly one execution, got {ran}"
+    holder = ran[0]
+    assert seen[holder["id"]][0] == states.SUCCESS
+    dropped = [r for r in results if r.id != holder["id"]]
+    assert len(dropped) == 19
+    latencies = []
+    for result in dropped:
+        state, ready_at = seen[result.id]
+        assert state == states.REVOKED
+        latencies.append(ready_at - sent_at[result.id])
+        # the duplicate was answered while the holder's body was still running
+        assert ready_at < holder["end"], (
+            "a duplicate was answered only after the holder's body ended"
+        )
+        started = time.monotonic()
+        with pytest.raises(TaskRevokedError, match=holder["id"]) as info:
+            result.get(timeout=5)
+        assert time.monotonic() - started < 1.0  # .get() answers at once
+        assert "lock held by task" in str(info.value)
+    assert max(latencies) < 2.0, latencies
+    print(
+        f"\n[{worker.kind}] drop: 19 duplicates REVOKED after "
+        f"{min(latencies):.3f}-{max(latencies):.3f}s "
+        f"(holder body {holder['end'] - holder['start']:.2f}s)"
+    )
+
+
+def test_retry_runs_every_task_in_turn_without_using_max_retries(worker: WorkerHandle, run: str):
+    """20 same-key tasks under retry, max_retries=0: all run, one at a time, tokens increasing."""
+    task = worker.task("slow_retry")
+    assert task.max_retries == 0
+    started = time.monotonic()
+    results = [task.apply_async((run, run)) for _ in range(20)]
+    for result in results:
+        assert result.get(timeout=90)["token"] > 0
+    elapsed = time.monotonic() - started
+
+    ran = worker.records(run)
+    assert sorted(r["id"] for r in ran) == sorted(r.id for r in results), (
+        "each task must run exactly once"
+    )
+    assert_no_overlap(ran)
+    assert_tokens_increase(ran)
+    assert all(r["token"] == r["lease_token"] for r in ran)
+    # contention retries went through the lock's own attempt counter, not request.retries:
+    # with max_retries=0 a single counted retry would have failed the task
+    assert all(r["retries"] == 0 for r in ran)
+    attempts = sorted(r["attempt"] for r in ran)
+    assert sum(1 for a in attempts if a > 0) >= 3, attempts
+    # the token is never part of the message, first delivery or re-published
+    assert all("fencing_token" not in r["kwargs"] for r in ran)
+    print(f"\n[{worker.kind}] retry: 20 runs in {elapsed:.2f}s, lock attempts per task {attempts}")
+
+
+def test_different_lock_on_values_run_in_parallel(worker: WorkerHandle, run: str):
+    slow = worker.task("slow")
+    results = [slow.apply_async((f"{run}-{i}", run), {"duration": 1.5}) for i in range(4)]
+    for result in results:
+        result.get(timeout=20)
+    ran = worker.records(run)
+    assert len(ran) == 4
+    assert len({r["lease_key"] for r in ran}) == 4
+    latest_start = max(r["start"] for r in ran)
+    earliest_end = min(r["end"] for r in ran)
+    assert latest_start < earliest_end, "executions of different keys should overlap in time"
+
+
+def test_lock_name_shared_by_two_tasks_excludes_across_them(worker: WorkerHandle, run: str):
+    shared_a, shared_b = worker.task("shared_a"), worker.task("shared_b")
+    holder = shared_a.apply_async((run, run), {"duration": 1.5})
+    wait_for(lambda: worker.records(run, "start"), 10, "shared_a to start")
+
+    duplicate = shared_b.apply_async((run, run))
+    with pytest.raises(TaskRevokedError, match=holder.id):
+        duplicate.get(timeout=5)
+    other_key = shared_b.apply_async((f"{run}-other", run))  # same lock name, another key
+    other_key.get(timeout=5)
+    holder.get(timeout=10)
+
+    ran = {r["id"]: r for r in worker.records(run)}
+    assert set(ran) == {holder.id, other_key.id}
+    assert ran[other_key.id]["start"] < ran[holder.id]["end"]  # not held up by the other key
+    assert ran[holder.id]["lease_key"].startswith(f"{worker.topology.prefix}:lock:crl-shared:")
+
+
+# -- 2. heartbeat ---------------------------------------------------------------------
+
+
+def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle, run: str):
+    task = worker.task("heartbeat_long")
+    ttl = task._lock_plan.settings.ttl
+    holder = task.apply_async((run, run), {"duration": 3 * ttl})
+    first = wait_for(lambda: worker.records(run, "start"), 10, "the long task to start")[0]
+
+    # Duplicates all through the run, stopping a little before its end (a duplicate
+    # that arrives after the holder released would rightly run).
+    duplicates = []
+    while time.time() < first["start"] + 3 * ttl - 0.6:
+        duplicates.append((time.time(), task.apply_async((run, run), {"duration": 0.1})))
+        time.sleep(0.2)
+    holder.get(timeout=3 * ttl + 10)
+
+    ran = worker.records(run)
+    assert [r["id"] for r in ran] == [holder.id], "only the holder may have run"
+    end = ran[0]
+    assert end["end"] - end["start"] >= 3 * ttl
+    assert end["lost"] is False
+    assert end["remaining"] > 0
+    for _, duplicate in duplicates:
+        with pytest.raises(TaskRevokedError, match=holder.id):
+            duplicate.get(timeout=5)
+    # duplicates were sent (and dropped) in every TTL period of the run
+    for period in range(3):
+        lo, hi = end["start"] + period * ttl, end["start"] + (period + 1) * ttl
+        assert any(lo <= sent < hi for sent, _ in duplicates), f"no duplicate in [{lo}, {hi})"
+    print(
+        f"\n[{worker.kind}] heartbeat: held {end['end'] - end['start']:.2f}s on a {ttl}s TTL, "
+        f"{len(duplicates)} duplicates dropped, {end['remaining']:.2f}s left at the end"
+    )
+
+
+# -- 7. the body: token, kwargs, outcomes -------------------------------------------
+
+
+def test_current_lease_in_an_unbound_task(worker: WorkerHandle, run: str):
+    token = worker.task("unbound_probe").delay(run, run).get(timeout=10)
+    [seen] = worker.records(run)
+    assert seen["lease_token"] == seen["token"] == token
+    assert seen["lost"] is False
+    assert seen["lease_key"].startswith(f"{worker.topology.prefix}:lock:lockapp.unbound_probe:")
+
+
+def test_user_retry_releases_and_the_token_stays_out_of_kwargs(worker: WorkerHandle, run: str):
+    result = worker.task("user_retry").apply_async((run, run))
+    assert result.get(timeout=15) == "retried once"
+    ran = worker.records(run)
+    assert [r["retries"] for r in ran] == [0, 1]
+    assert_tokens_increase(ran)
+    for r in ran:
+        assert r["token"] == r["lease_token"]
+        assert "fencing_token" not in r["kwargs"], "the token leaked into the retry message"
+
+
+def test_exception_in_the_body_releases(worker: WorkerHandle, run: str, topology: Topology):
+    result = worker.task("boom").apply_async((run, run))
+    with pytest.raises(ValueError, match="boom"):
+        result.get(timeout=10)
+    assert worker.records(run)  # it did run, under the lock
+    assert not any(topology.lock_keys().values())  # released before the failure was stored
+
+
+def test_ignore_in_the_body_releases(worker: WorkerHandle, run: str, topology: Topology):
+    result = worker.task("user_ignore").apply_async((run, run))
+    wait_for(lambda: worker.records(run), 10, "the body to run")
+    topology.assert_no_lock_keys(timeout=2)
+    assert result.state == states.PENDING  # Ignore stores nothing
+
+
+def test_soft_time_limit_releases(prefork_worker: WorkerHandle, run: str, topology: Topology):
+    result = prefork_worker.task("soft_limited").apply_async((run, run))
+    with pytest.raises(SoftTimeLimitExceeded):
+        result.get(timeout=15)
+    assert prefork_worker.records(run, "start") and not prefork_worker.records(run, "end")
+    assert not any(topology.lock_keys().values())
+
+
+# -- 7. eager mode and configuration -------------------------------------------------
+
+
+@pytest.fixture
+def eager_app(topology: Topology) -> Celery:
+    app = Celery("eager", set_as_current=False)
+    app.conf.update(
+        task_always_eager=True,
+        redlock_nodes=topology.quorum.urls,
+        redlock_key_prefix=topology.prefix,
+        redlock_ttl=2.0,
+    )
+    return app
+
+
+def test_eager_runs_through_the_lock(eager_app: Celery):
+    seen = []
+
+    @eager_app.task(base=LockedTask, bind=True, shared=False, lock_on=("key",))
+    def work(self, key, fencing_token=None):
+        lease = self.request.redlock
+        seen.append(
+            {
+                "token": fencing_token,
+                "lease": lease,
+                "holder": lease.redlock.holder(lease.name).owner,
+                "kwargs": dict(self.request.kwargs or {}),
+                "current": current_lease() is lease,
+            }
+        )
+        return fencing_token
+
+    first = work.delay("a")  # task_always_eager
+    second = work.apply(("a",))  # explicit eager
+    assert first.successful() and second.successful()
+    for item in seen:
+        assert isinstance(item["token"], int) and item["token"] == item["lease"].fencing_token
+        assert item["holder"] == item["lease"].owner  # the quorum held it while the body ran
+        assert "fencing_token" not in item["kwargs"]
+        assert item["current"]
+    assert first.result < second.result
+
+
+def test_eager_drop(eager_app: Celery):
+    ran = []
+
+    @eager_app.task(
+        base=LockedTask, bind=True, shared=False, lock_on=("key",), lock_on_duplicate="drop"
+    )
+    def work(self, key):
+        ran.append(key)
+
+    plan = work._lock_plan
+    lease = plan.redlock.try_acquire(
+        plan.keys.build(("a",), {}), ttl=5, owner=make_owner("outside-holder", 0)
+    )
+    assert isinstance(lease, Lease)
+    try:
+        # no message and no stored state in eager mode: the caller gets the error itself
+        dropped = work.delay("a")
+        assert dropped.state == states.FAILURE
+        assert isinstance(dropped.result, TaskRevokedError)
+        assert "lock held by task outside-holder" in str(dropped.result)
+        with pytest.raises(TaskRevokedError, match="outside-holder"):
+            work.apply(("a",), throw=True)
+        assert ran == []
+        assert work.delay("b").successful()  # another key is free
+        assert ran == ["b"]
+    finally:
+        plan.redlock.release(lease)
+
+
+@pytest.mark.parametrize(
+    "options, conf, match",
+    [
+        ({"lock_ttl": -1}, {}, "lock_ttl = -1"),
+        ({"lock_on_duplicate": "bogus"}, {}, "lock_on_duplicate = 'bogus'"),
+        ({"lock_on": ("nope",)}, {}, "'nope' does not start with a parameter"),
+        ({}, {"redlock_ttl": 0}, "redlock_ttl = 0"),
+    ],
+    ids=["lock_ttl", "lock_on_duplicate", "lock_on", "app.conf"],
+)
+def test_bad_setting_fails_when_the_task_binds(topology: Topology, options, conf, match):
+    app = Celery("bad", set_as_current=False)
+    app.conf.update(redlock_nodes=topology.quorum.urls, **conf)
+    ran = []
+
+    @app.task(base=LockedTask, shared=False, **options)
+    def work(key="k"):
+        ran.append(key)
+
+    # Defining it is fine (the app is lazy); binding it fails, before anything runs.
+    with pytest.raises(ImproperlyConfigured, match=match) as info:
+        app.finalize()
+    assert isinstance(info.value, ConfigurationError)
+    assert ran == []
+
+
+def test_bad_setting_fails_on_first_access_of_the_task(topology: Topology):
+    app = Celery("bad-access", set_as_current=False)
+    app.conf.redlock_nodes = topology.quorum.urls
+
+    @app.task(base=LockedTask, shared=False, lock_on_duplicate="bogus")
+    def work(key):
+        pass
+
+    with pytest.raises(ConfigurationError, match="bogus"):
+        work.name  # noqa: B018 - evaluates the lazy task, which binds it
+
+
+def test_token_parameter_without_default_is_a_configuration_error(topology: Topology):
+    app = Celery("no-default", set_as_current=False)
+    app.conf.redlock_nodes = topology.quorum.urls
+
+    @app.task(base=LockedTask, shared=False)
+    def work(key, fencing_token):
+        pass
+
+    with pytest.raises(ConfigurationError, match="fencing_token"):
+        app.finalize()
+
+
+def test_django_style_namespace_reaches_the_task_settings(topology: Topology):
+    class Settings:
+        CELERY_TASK_ALWAYS_EAGER = True
+        CELERY_REDLOCK_NODES = ",".join(topology.quorum.urls)
+        CELERY_REDLOCK_KEY_PREFIX = topology.prefix
+        CELERY_REDLOCK_TTL = 7
+        CELERY_REDLOCK_ON_DUPLICATE = "raise"
+
+    app = Celery("django_proj", set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+
+    @app.task(base=LockedTask, bind=True, shared=False, lock_on=())
+    def work(self):
+        lease = self.request.redlock
+        return lease.ttl, lease.redlock.inspect(lease.name)[0]["pttl_ms"]
+
+    settings = work._lock_plan.settings
+    assert settings.ttl == 7.0
+    assert settings.on_duplicate == "raise"
+    assert settings.nodes == tuple(topology.quorum.urls)
+    ttl, pttl_ms = work.delay().get()
+    assert ttl == 7.0
+    assert 6000 < pttl_ms <= 7000
+
+
+# -- 6. nothing left behind ----------------------------------------------------------
+
+
+def test_no_lock_key_left_on_any_node(topology: Topology):
+    """Last test of the module: every lock was released; fence keys are kept by design."""
+    every = topology.quorum.keys(f"{topology.prefix}:*")
+    assert set(every) == {0, 1, 2}, "a quorum node is down"
+    locks = {
+        i: [k for k in keys if k.startswith(f"{topology.prefix}:lock:")]
+        for i, keys in every.items()
+    }
+    assert locks == {0: [], 1: [], 2: []}
+    assert all(
+        any(k.startswith(f"{topology.prefix}:fence:") for k in keys) for keys in every.values()
+    )
