@@ -25,7 +25,9 @@ is not provided yet: the Celery task layer is not ready.)
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import time
+from collections.abc import Sequence
+from typing import Any
 
 #: Lease TTL in seconds, as in anchors_bench.py.
 TTL = 10.0
@@ -70,18 +72,23 @@ class CeleryRedlockAdapter:
         from celery_redlock.redlock import Redlock
 
         urls = [n if isinstance(n, str) else f"redis://{n[0]}:{n[1]}/0" for n in nodes]
-        self.redlock = Redlock(urls, fencing=fencing, key_prefix=key_prefix)
+        self.redlock = Redlock(urls, fencing=fencing, key_prefix=key_prefix, sleep=self._sleep)
+        #: acquire_retries: back-off sleeps inside acquire (0 when uncontended and
+        #: every node answers in time); extend_failures: extends that lost the lease.
+        self.stats = {"acquire_retries": 0, "extend_failures": 0}
         self.ttl = ttl
         self.retry_delay = retry_delay
         self.fencing = fencing
         self.n_nodes = len(urls)
         self.key = f"celery_redlock-{self.n_nodes}" + ("" if fencing else "-nofence")
-        self.label = f"celery_redlock ({_plural(self.n_nodes)}, fencing {'on' if fencing else 'off'})"
+        self.label = (
+            f"celery_redlock ({_plural(self.n_nodes)}, fencing {'on' if fencing else 'off'})"
+        )
 
     def new(self, key: str) -> _Handle:
         return _Handle("cr:" + key)
 
-    def acquire(self, h: _Handle, timeout: Optional[float] = None) -> bool:
+    def acquire(self, h: _Handle, timeout: float | None = None) -> bool:
         h.lease = self.redlock.acquire(
             h.name, ttl=self.ttl, blocking=True, timeout=timeout, retry_delay=self.retry_delay
         )
@@ -94,7 +101,18 @@ class CeleryRedlockAdapter:
 
     def extend(self, h: _Handle) -> None:
         if not self.redlock.extend(h.lease, self.ttl):
-            raise RuntimeError(f"{self.label}: extend lost the lease {h.name!r}")
+            # A node missed the round deadline (node_timeout) and the lease is
+            # marked lost: count it and take the lock again so the run goes on.
+            self.stats["extend_failures"] += 1
+            self.release(h)
+            if not self.acquire(h):
+                raise RuntimeError(
+                    f"{self.label}: could not re-take {h.name!r} after a failed extend"
+                )
+
+    def _sleep(self, seconds: float) -> None:
+        self.stats["acquire_retries"] += 1
+        time.sleep(seconds)
 
     def close(self) -> None:
         for node in self.redlock.nodes:
@@ -131,7 +149,7 @@ class RedisPyLockAdapter:
     def new(self, key: str) -> Any:
         return self.r.lock("anchors:redispy:" + key, timeout=self.ttl)
 
-    def acquire(self, h: Any, timeout: Optional[float] = None) -> bool:
+    def acquire(self, h: Any, timeout: float | None = None) -> bool:
         return h.acquire(blocking=True, blocking_timeout=timeout)
 
     def release(self, h: Any) -> None:
@@ -167,7 +185,7 @@ class PotteryRedlockAdapter:
             num_extensions=10**9,
         )
 
-    def acquire(self, h: Any, timeout: Optional[float] = None) -> bool:
+    def acquire(self, h: Any, timeout: float | None = None) -> bool:
         return h.acquire(blocking=True, timeout=-1 if timeout is None else timeout)
 
     def release(self, h: Any) -> None:

@@ -88,26 +88,20 @@ class Node:
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
-    def connection(self) -> Any:
-        """An idle connection of this process, or a new one (connected on first send)."""
+    def connection(self) -> tuple[Any, bool]:
+        """An idle connection of this process (and True), or a new one (and False).
+
+        A new one connects on its first send.
+        """
         if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
             self._idle = []
             self._pid = os.getpid()
-        while self._idle:
-            try:
-                conn = self._idle.pop()
-            except IndexError:  # another thread took the last one
-                break
-            # An idle connection has nothing to read; if it has, the server
-            # closed it (restart) and the next command would fail: drop it, as
-            # redis-py's own pool does.
-            try:
-                stale = conn.can_read(timeout=0)
-            except (RedisError, OSError):
-                stale = True
-            if not stale:
-                return conn
-            self.discard(conn)
+        try:
+            return self._idle.pop(), True
+        except IndexError:
+            return self.new_connection(), False
+
+    def new_connection(self) -> Any:
         return self.pool.connection_class(**self.pool.connection_kwargs)
 
     def put_back(self, conn: Any) -> None:
@@ -172,30 +166,57 @@ def gather(nodes: Sequence[Node], args: Sequence[Any], timeout: float) -> list[A
     """
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
-    sent: list[tuple[int, Node, Any]] = []
+    sent: list[tuple[int, Node, Any, bool]] = []
     packed = None
     for i, node in enumerate(nodes):
-        conn = node.connection()
+        conn, reused = node.connection()
+        if packed is None:
+            packed = conn.pack_command(*args)
         try:
-            if packed is None:
-                packed = conn.pack_command(*args)
             conn.send_packed_command(packed, check_health=False)
-            sent.append((i, node, conn))
+            sent.append((i, node, conn, reused))
         except (RedisError, OSError) as exc:
-            replies[i] = _as_redis_error(exc)
             node.discard(conn)
-    for i, node, conn in sent:
-        try:
-            # A reply already buffered is read even past the deadline.
-            replies[i] = conn.read_response(timeout=max(deadline - time.monotonic(), _LAST_LOOK))
-            node.put_back(conn)
-        except ResponseError as exc:  # the server answered: the connection is fine
-            replies[i] = exc
-            node.put_back(conn)
-        except (RedisError, OSError) as exc:
-            replies[i] = _as_redis_error(exc)
-            node.discard(conn)
+            replies[i] = _resend(node, packed, deadline) if reused else _as_redis_error(exc)
+    for i, node, conn, reused in sent:
+        reply = _read(node, conn, deadline)
+        if reused and _closed_by_server(reply):
+            reply = _resend(node, packed, deadline)
+        replies[i] = reply
     return replies
+
+
+def _read(node: Node, conn: Any, deadline: float) -> Any:
+    """One reply, or the exception standing for it; the connection goes back or is closed."""
+    try:
+        # A reply already buffered is read even past the deadline.
+        reply = conn.read_response(timeout=max(deadline - time.monotonic(), _LAST_LOOK))
+    except ResponseError as exc:  # the server answered: the connection is fine
+        reply = exc
+    except (RedisError, OSError) as exc:
+        node.discard(conn)
+        return _as_redis_error(exc)
+    node.put_back(conn)
+    return reply
+
+
+def _closed_by_server(reply: Any) -> bool:
+    # An idle connection the server closed meanwhile (a restart, a client
+    # timeout) fails at once on reuse, not by timing out.
+    return isinstance(reply, redis.exceptions.ConnectionError) and not isinstance(
+        reply, redis.exceptions.TimeoutError
+    )
+
+
+def _resend(node: Node, packed: Any, deadline: float) -> Any:
+    """Send once more on a new connection: every command we send is idempotent."""
+    conn = node.new_connection()
+    try:
+        conn.send_packed_command(packed, check_health=False)
+    except (RedisError, OSError) as exc:
+        node.discard(conn)
+        return _as_redis_error(exc)
+    return _read(node, conn, deadline)
 
 
 #: Seconds a read may still wait once the deadline has passed.
