@@ -17,22 +17,40 @@ gives the libraries ``locks.py`` compares against (redis-py ``Lock``, pottery
 ``Redlock``); their construction mirrors ``anchors_bench.py`` so that the two
 scripts measure the same thing.
 
+:func:`celery_task` is the harness's ``--celery-candidate`` entry point: a
+``LockedTask`` on the Redis nodes named by the environment variable
+``CELERY_REDLOCK_BENCH_NODES`` (:data:`NODES_ENV`). ``celery_tasks.py`` builds
+its celery_redlock tasks with the same :func:`locked_task`.
+
 This module must stay importable in spawned child processes and without
 Celery being set up: it imports only redis, celery_redlock.redlock and, lazily,
-pottery. (``celery_task(app, body)`` for the harness's ``--celery-candidate``
-is not provided yet: the Celery task layer is not ready.)
+pottery and (in :func:`locked_task`) celery_redlock's task layer.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable
 
 #: Lease TTL in seconds, as in anchors_bench.py.
 TTL = 10.0
 #: Node counts measured for celery_redlock, when that many nodes are given.
 NODE_COUNTS = (1, 3, 5)
+
+#: Environment variable naming the Redis nodes of :func:`celery_task`'s lock:
+#: URLs separated by commas or spaces. Both the harness's own process (the
+#: producer) and its worker subprocess read it (the worker inherits the
+#: harness's environment).
+NODES_ENV = "CELERY_REDLOCK_BENCH_NODES"
+#: Used when :data:`NODES_ENV` is unset: the first three nodes of the harness
+#: (``anchors_bench.py nodes start``, ports 7001-7005).
+DEFAULT_CELERY_NODES = (
+    "redis://127.0.0.1:7001/0",
+    "redis://127.0.0.1:7002/0",
+    "redis://127.0.0.1:7003/0",
+)
 
 
 def _plural(n: int) -> str:
@@ -206,3 +224,42 @@ def reference_adapters(nodes: Sequence[tuple[str, int]]) -> list[Any]:
         if n <= len(nodes):
             out.append(PotteryRedlockAdapter(list(nodes[:n])))
     return out
+
+
+# --------------------------------------------------------------------------- #
+# Celery: a LockedTask for the harness's --celery-candidate (and celery_tasks.py)
+# --------------------------------------------------------------------------- #
+def celery_nodes() -> list[str]:
+    """The nodes listed in ``$CELERY_REDLOCK_BENCH_NODES``, else :data:`DEFAULT_CELERY_NODES`."""
+    value = os.environ.get(NODES_ENV, "").replace(",", " ").split()
+    return value or list(DEFAULT_CELERY_NODES)
+
+
+def locked_task(app: Any, body: Callable[[], None], *, name: str, nodes: Sequence[str]) -> Any:
+    """Register a ``LockedTask`` called ``name`` whose ``run(i)`` calls ``body()``.
+
+    Default settings except the nodes: fencing on, heartbeat on (ttl / 3),
+    TTL 10 s, ``drop`` on contention. ``lock_on="i"``, so every distinct
+    argument is its own lock key. ``run`` declares ``fencing_token=None``, so
+    the token is passed in; a missing one raises, and the task then does not
+    count as executed.
+    """
+    from celery_redlock import LockedTask
+
+    def run(i: Any, fencing_token: Any = None) -> None:
+        if fencing_token is None:
+            raise RuntimeError(f"{name}: no fencing token was passed")
+        body()
+
+    run.__name__ = run.__qualname__ = name.replace(".", "_").replace("-", "_")
+    return app.task(name=name, base=LockedTask, lock_on="i", lock_nodes=list(nodes))(run)
+
+
+def celery_task(app: Any, body: Callable[[], None]) -> Any:
+    """The ``--celery-candidate`` entry point: ``anchors.candidate`` as a celery_redlock task.
+
+    A ``LockedTask`` on the nodes of ``$CELERY_REDLOCK_BENCH_NODES`` (all the
+    nodes listed; give three to compare with ``celery_tasks.py``'s 3-node
+    figures), fencing and heartbeat on, one lock key per argument.
+    """
+    return locked_task(app, body, name="anchors.candidate", nodes=celery_nodes())

@@ -13,9 +13,11 @@ and a hung node costs at most the deadline, never more.
 from __future__ import annotations
 
 import os
+import re
 import time
-from typing import Any, Sequence, Union
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import Sequence
+from typing import Any, Union
+from urllib.parse import urlsplit
 
 import redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -23,7 +25,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from ._scripts import Script
 from .exceptions import ConfigurationError
 
-__all__ = ["Node", "gather", "run_script", "NodeSpec"]
+__all__ = ["Node", "gather", "run_script", "mask_url", "NodeSpec"]
 
 NodeSpec = Union[str, "redis.Redis"]
 
@@ -46,7 +48,7 @@ class Node:
             scheme = urlsplit(spec).scheme
             if scheme not in _SCHEMES:
                 raise ConfigurationError(
-                    f"Redis node URL {_mask(spec)!r} must start with one of "
+                    f"Redis node URL {mask_url(spec)!r} must start with one of "
                     + ", ".join(f"{s}://" for s in _SCHEMES)
                 )
             try:
@@ -62,8 +64,8 @@ class Node:
                     driver_info=None,
                 )
             except (ValueError, TypeError) as exc:
-                raise ConfigurationError(f"Redis node URL {_mask(spec)!r}: {exc}") from exc
-            self.name = _mask(spec)
+                raise ConfigurationError(f"Redis node URL {mask_url(spec)!r}: {exc}") from exc
+            self.name = mask_url(spec)
         elif isinstance(spec, redis.Redis):
             client = spec
             self.name = _describe(client)
@@ -129,14 +131,19 @@ class Node:
         return f"<Node {self.name}>"
 
 
-def _mask(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
+# user:password@ (greedy: a password may contain "@"; a "/" or a space ends the
+# URL), and a password given in the query string.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^\s/]+@")
+_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]+", re.IGNORECASE)
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the password of every Redis URL in it replaced by ``***``.
+
+    For messages and logs: ``redis://user:pw@h`` and ``unix:///s?password=pw``
+    alike, one URL or a list of them.
+    """
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def _describe(client: redis.Redis) -> str:
@@ -235,14 +242,15 @@ def run_script(
     """Run a script on every node in one :func:`gather` round.
 
     Sent as EVALSHA; a node that lost its script cache (restart, SCRIPT FLUSH)
-    gets EVAL in a second round, within the same deadline.
+    gets EVAL in a second round, with a timeout of its own: a hung node must
+    not use up the time of a node that merely restarted.
     """
-    start = time.monotonic()
     replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
-        remaining = max(timeout - (time.monotonic() - start), _LAST_LOOK)
-        resent = gather([nodes[i] for i in missing], ("EVAL", script.text, len(keys), *keys, *args), remaining)
+        resent = gather(
+            [nodes[i] for i in missing], ("EVAL", script.text, len(keys), *keys, *args), timeout
+        )
         for i, reply in zip(missing, resent):
             replies[i] = reply
     return replies

@@ -21,6 +21,10 @@ the same nodes and settings as the tasks (``redlock_nodes``,
 ``redlock_key_prefix``, ``redlock_node_timeout``, ...). A missing or invalid
 setting stops beat at start with a ``ConfigurationError`` naming it.
 
+This decides which beat *sends* a slot. Whether a run may start while the
+previous one is still running is the task lock's business: make the task a
+``LockedTask`` (a late run of a long task is then dropped, not run twice).
+
 The de-duplication is a mixin over any scheduler that publishes through
 ``Scheduler.apply_async``, so it composes with the database-backed ones::
 
@@ -78,8 +82,12 @@ Limits of the rule:
   different schedules for the same name (a rolling deploy that changes the
   interval from 10 s to 15 s), gives different keys: both versions may run.
 * Interval slots follow the epoch grid, so a beat's own phase decides only
-  *which* beat sends a slot, not when the grid ticks. A beat started alone
-  sends at its own phase; ``relative=True`` is ignored for the slot.
+  *which* beat sends a slot, not when the grid ticks; ``relative=True`` is
+  ignored for the slot. Celery runs an interval entry every period plus the
+  tick's latency (``last_run_at`` is set when it runs), so a lone beat's runs
+  drift across the grid and now and then skip a cell: the same number of runs
+  plain Celery makes. With several beats a cell is skipped only if every beat
+  skips it.
 * Clock skew between beat hosts shifts which beat wins, never duplicates a
   slot, as long as it stays well below the claim TTL (60 s by default).
 * Crontab across DST: on the spring-forward day a boundary in the skipped hour
@@ -88,6 +96,9 @@ Limits of the rule:
   slot, named after its first occurrence, and the claim is kept long enough to
   cover the second: the entry runs once, even on a beat started in the
   repeated hour (which plain Celery would run again).
+* While a node hangs (accepts connections, never answers) every claim waits
+  ``redlock_node_timeout`` for it, and a losing beat about three times that
+  (claim, withdrawal, read-back): keep the node timeout small.
 * Solar events are keyed to the second; in the rare case (about one in
   millions) that two beats round a recomputed event to different seconds, that
   event may run twice.
@@ -101,8 +112,9 @@ nor sends it without a claim: it logs an ERROR, counts it in
 then tries the claim again with the same task id every
 ``redlock_beat_retry_interval`` seconds (more often near the end of a short
 slot), and sends the slot as soon as a quorum answers, **as long as the slot is
-still due**: until the next occurrence of the entry begins. A slot that passes meanwhile is logged as not
-sent (ERROR) and counted in :attr:`~RedlockSchedulerMixin.redlock_missed`. Set
+still due**: until the next occurrence of the entry begins. A slot that passes
+meanwhile is logged as not sent (ERROR) and counted in
+:attr:`~RedlockSchedulerMixin.redlock_missed`. Set
 ``redlock_beat_publish_on_outage = True`` to publish anyway during an outage
 (an ERROR is still logged): every beat then sends the slot.
 
@@ -138,7 +150,7 @@ import socket
 import time
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 from celery.beat import PersistentScheduler, SchedulingError
 from celery.schedules import crontab, solar
@@ -147,7 +159,7 @@ from celery.utils.time import maybe_make_aware
 from kombu.utils.uuid import uuid
 
 from ._nodes import gather
-from .conf import redlock_for, resolve
+from .conf import redlock_for, resolve, resolve_beat
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .redlock import OWNER_SEP, Redlock
 
@@ -193,12 +205,12 @@ class Slot(NamedTuple):
     #: Epoch seconds at which this occurrence became due.
     due: float
     #: Epoch seconds at which the next occurrence is due (None if unknown).
-    next_due: Optional[float]
+    next_due: float | None
     #: Extra seconds the claim must live (the DST shift, near a transition).
     keep: float = 0.0
 
     @property
-    def period(self) -> Optional[float]:
+    def period(self) -> float | None:
         """Seconds between this occurrence and the next, if known."""
         if self.next_due is None or self.next_due <= self.due:
             return None
@@ -208,17 +220,20 @@ class Slot(NamedTuple):
         """Lifetime of the claim: two periods, at least ``floor``, plus the DST keep."""
         return max(floor, 2 * (self.period or 0.0)) + self.keep
 
+    def ends(self, floor: float) -> float:
+        """When the next occurrence begins (``floor`` seconds after this one, if unknown)."""
+        return self.due + (self.period or floor)
+
     def still_due(self, now: float, floor: float) -> bool:
         """True until the next occurrence begins (or ``floor`` seconds, if unknown).
 
         Within that window every other beat's claim of this slot still exists,
         so a late claim cannot duplicate it.
         """
-        limit = self.next_due if self.period else self.due + floor
-        return now < limit
+        return now < self.ends(floor)
 
 
-def compute_slot(schedule: Any, last_run_at: Optional[datetime]) -> Slot:
+def compute_slot(schedule: Any, last_run_at: datetime | None) -> Slot:
     """The slot that a due entry with this schedule and ``last_run_at`` sends now.
 
     Pure apart from the schedule's clock (``schedule.now()``), so it can be
@@ -239,7 +254,7 @@ def _epoch(schedule: Any, dt: datetime) -> float:
     return (make_aware(dt) if make_aware else maybe_make_aware(dt)).timestamp()
 
 
-def _last(schedule: Any, last_run_at: Optional[datetime], now: float) -> float:
+def _last(schedule: Any, last_run_at: datetime | None, now: float) -> float:
     # RedBeat leaves last_run_at None on a new entry: look back as far as we search.
     return now - _CRON_WINDOWS[-1] if last_run_at is None else _epoch(schedule, last_run_at)
 
@@ -261,7 +276,7 @@ def _latest(
     now: float,
     windows: tuple[float, ...],
     step: float,
-) -> tuple[float, float, Optional[float]]:
+) -> tuple[float, float, float | None]:
     """The latest occurrence at or before ``now`` that follows ``last``.
 
     ``occurrence(t)`` gives the first occurrence after ``t`` as (instant, identity).
@@ -273,7 +288,7 @@ def _latest(
         due, ident = occurrence(start)
         if due <= now or start == last:
             break
-    nxt: Optional[float] = None
+    nxt: float | None = None
     for _ in range(_MAX_STEPS):
         nxt, nident = occurrence(due + step)
         if nxt <= due:  # not moving forward: stop rather than loop
@@ -331,13 +346,13 @@ def _solar_slot(sched: solar, last: float, now: float) -> Slot:
     return Slot("solar", _label(ident), due, nxt)
 
 
-def _other_slot(sched: Any, last_run_at: Optional[datetime], now: float) -> Slot:
+def _other_slot(sched: Any, last_run_at: datetime | None, now: float) -> Slot:
     def occurrence(last: Any) -> float:
         return float(round(now + sched.remaining_estimate(last).total_seconds()))
 
     due = occurrence(last_run_at if last_run_at is not None else sched.now())
     try:
-        nxt: Optional[float] = occurrence(datetime.fromtimestamp(due, timezone.utc))
+        nxt: float | None = occurrence(datetime.fromtimestamp(due, timezone.utc))
     except Exception:  # the next one is only used to size the TTL
         nxt = None
     return Slot("other", _label(due), due, nxt)
@@ -359,7 +374,7 @@ class SlotSkipped:
     __slots__ = ("entry", "slot", "reason", "holder")
     id = None
 
-    def __init__(self, entry: str, slot: str, reason: str, holder: Optional[str] = None):
+    def __init__(self, entry: str, slot: str, reason: str, holder: str | None = None):
         self.entry = entry
         self.slot = slot
         self.reason = reason
@@ -369,7 +384,7 @@ class SlotSkipped:
         return False
 
     @property
-    def holder_task_id(self) -> Optional[str]:
+    def holder_task_id(self) -> str | None:
         """The id of the message the winning beat sent, when known."""
         return self.holder.split(OWNER_SEP, 1)[0] if self.holder else None
 
@@ -378,9 +393,19 @@ class SlotSkipped:
 
 
 class _Held:
-    """A slot held back by an outage, retried on every tick while it is due."""
+    """A slot held back (no quorum, or no winner), retried while it is due."""
 
-    __slots__ = ("entry", "slot", "key", "task_id", "value", "reason", "attempts", "logged", "next_try")
+    __slots__ = (
+        "entry",
+        "slot",
+        "key",
+        "task_id",
+        "value",
+        "reason",
+        "attempts",
+        "logged",
+        "next_try",
+    )
 
     def __init__(self, entry: Any, slot: Slot, key: str, task_id: str, value: str, reason: str):
         self.entry = entry
@@ -394,30 +419,13 @@ class _Held:
 
     def plan_retry(self, interval: float, floor: float) -> None:
         """Next attempt in ``interval`` seconds, or sooner so that a short slot gets retries."""
-        slot = self.slot
         now = _epoch(self.entry.schedule, self.entry.schedule.now())
-        left = (slot.next_due if slot.period else slot.due + floor) - now
+        left = self.slot.ends(floor) - now
         self.next_try = time.monotonic() + min(interval, max(0.05, left / 2))
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("must be True or False")
-    return value
-
-
-def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError("must be a positive number of seconds")
-    return float(value)
-
-
-# name, default, checker; the lead moves these into conf.SETTINGS.
-_BEAT_SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
-    ("redlock_beat_publish_on_outage", False, _flag),
-    ("redlock_beat_min_ttl", 60.0, _seconds),
-    ("redlock_beat_retry_interval", 1.0, _seconds),
-)
+#: Named in configuration errors.
+_WHO = "celery_redlock beat de-duplication"
 
 
 class RedlockSchedulerMixin:
@@ -431,7 +439,7 @@ class RedlockSchedulerMixin:
         redlock_sent: slots this beat claimed and published.
         redlock_skipped: slots another beat had claimed.
         redlock_outages: claim attempts that found no quorum.
-        redlock_missed: slots held back by an outage that passed before a quorum came back.
+        redlock_missed: held-back slots (no quorum, or no winner) that passed unsent.
     """
 
     #: Seconds between claim attempts of a held-back slot (``redlock_beat_retry_interval``).
@@ -450,7 +458,7 @@ class RedlockSchedulerMixin:
         self.redlock_skipped = 0
         self.redlock_outages = 0
         self.redlock_missed = 0
-        self._redlock: Optional[Redlock] = None
+        self._redlock: Redlock | None = None
         self._redlock_held: dict[str, _Held] = {}
         self._redlock_host = socket.gethostname()
         if not kwargs.get("lazy", False):
@@ -461,20 +469,14 @@ class RedlockSchedulerMixin:
     # -- configuration --------------------------------------------------------
 
     def _redlock_setup(self, app: Any) -> Redlock:
-        values = {}
-        for name, default, check in _BEAT_SETTINGS:
-            value = app.conf.get(name)
-            try:
-                values[name] = default if value is None else check(value)
-            except ValueError as exc:
-                raise ConfigurationError(f"beat: app.conf.{name} = {value!r} {exc}") from None
+        values = resolve_beat(app, owner=_WHO)
         self.redlock_publish_on_outage = values["redlock_beat_publish_on_outage"]
         self.redlock_min_ttl = values["redlock_beat_min_ttl"]
         self.redlock_retry_interval = values["redlock_beat_retry_interval"]
         try:
             self._redlock = redlock_for(app, resolve(app, owner="beat"))
         except ConfigurationError as exc:
-            raise ConfigurationError(f"celery_redlock beat de-duplication: {exc}") from exc
+            raise ConfigurationError(f"{_WHO}: {str(exc).removeprefix('beat: ')}") from exc
         return self._redlock
 
     @property
@@ -515,7 +517,9 @@ class RedlockSchedulerMixin:
 
     # -- publishing -----------------------------------------------------------
 
-    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
         """Claim the entry's slot, then publish it (winner) or skip it (loser).
 
         Returns:
@@ -547,15 +551,19 @@ class RedlockSchedulerMixin:
         if holder is None:
             logger.warning(
                 "beat: no beat won slot %s of entry %r on a quorum (racing beats split the "
-                "nodes); retrying while it is due", slot.label, entry.name,
+                "nodes); retrying while it is due",
+                slot.label,
+                entry.name,
             )
             self._redlock_hold(_Held(outgoing, slot, key, task_id, value, "split"))
             return SlotSkipped(entry.name, slot.label, "split")
         self.redlock_skipped += 1
-        logger.info("beat: slot %s of entry %r already sent by %s", slot.label, entry.name, _who(holder))
+        logger.info(
+            "beat: slot %s of entry %r already sent by %s", slot.label, entry.name, _who(holder)
+        )
         return SlotSkipped(entry.name, slot.label, "taken", holder)
 
-    def _redlock_claim(self, key: str, value: str, slot: Slot) -> tuple[bool, Optional[str]]:
+    def _redlock_claim(self, key: str, value: str, slot: Slot) -> tuple[bool, str | None]:
         """Claim ``key``: (True, value) if ours, (False, holder) if not, (False, None) if undecided.
 
         A refused claim is withdrawn (``Redlock.claim`` does that), then the
@@ -583,11 +591,15 @@ class RedlockSchedulerMixin:
                 stayed = maybe & again
                 if holder is None and stayed:
                     holder = sorted(stayed)[0]
+            if holder == value:
+                # Our claim landed on a quorum though its replies were lost, and
+                # the withdrawal did not reach those nodes: the slot is ours.
+                return True, value
             if holder is not None:
                 return False, holder
         return False, None
 
-    def _redlock_read(self, key: str) -> tuple[Optional[str], set[str]]:
+    def _redlock_read(self, key: str) -> tuple[str | None, set[str]]:
         """Read claim ``key`` on every node.
 
         Returns:
@@ -595,10 +607,14 @@ class RedlockSchedulerMixin:
             may hold a quorum counting the nodes that did not answer.
         """
         redlock = self.redlock
-        replies = gather(redlock.nodes, ("GET", f"{redlock.key_prefix}:{key}"), redlock.node_timeout)
+        replies = gather(
+            redlock.nodes, ("GET", f"{redlock.key_prefix}:{key}"), redlock.node_timeout
+        )
         silent = sum(1 for r in replies if isinstance(r, Exception))
         votes = Counter(
-            r.decode() if isinstance(r, bytes) else r for r in replies if isinstance(r, (bytes, str))
+            r.decode() if isinstance(r, bytes) else r
+            for r in replies
+            if isinstance(r, (bytes, str))
         )
         for value, count in votes.items():
             if count >= redlock.quorum:
@@ -617,20 +633,31 @@ class RedlockSchedulerMixin:
         return result
 
     def _redlock_outage(
-        self, entry: Any, slot: Slot, key: str, task_id: str, value: str, producer: Any, exc: Exception
+        self,
+        entry: Any,
+        slot: Slot,
+        key: str,
+        task_id: str,
+        value: str,
+        producer: Any,
+        exc: Exception,
     ) -> Any:
         self.redlock_outages += 1
         if self.redlock_publish_on_outage:
             logger.error(
                 "beat: Redlock quorum unavailable, publishing slot %s of entry %r WITHOUT a claim "
                 "(redlock_beat_publish_on_outage); other beats may send it too: %s",
-                slot.label, entry.name, exc,
+                slot.label,
+                entry.name,
+                exc,
             )
             return self._redlock_publish(entry, slot, task_id, producer)
         logger.error(
             "beat: Redlock quorum unavailable, slot %s of entry %r NOT sent; retrying while it "
             "is due: %s",
-            slot.label, entry.name, exc,
+            slot.label,
+            entry.name,
+            exc,
         )
         self._redlock_hold(_Held(entry, slot, key, task_id, value, "outage"))
         return SlotSkipped(entry.name, slot.label, "outage")
@@ -644,7 +671,11 @@ class RedlockSchedulerMixin:
         cause = "no Redlock quorum" if held.reason == "outage" else "no beat won it on a quorum"
         logger.error(
             "beat: slot %s of entry %r was NOT sent: %s while it was due (%s, %d attempts)",
-            held.slot.label, held.entry.name, cause, why, held.attempts,
+            held.slot.label,
+            held.entry.name,
+            cause,
+            why,
+            held.attempts,
         )
 
     # -- retrying held-back slots ---------------------------------------------
@@ -680,22 +711,31 @@ class RedlockSchedulerMixin:
                 if time.monotonic() - held.logged >= 60:
                     held.logged = time.monotonic()
                     logger.error(
-                        "beat: still no Redlock quorum for slot %s of entry %r after %d attempts: %s",
-                        held.slot.label, name, held.attempts, exc,
+                        "beat: still no Redlock quorum for slot %s of entry %r "
+                        "after %d attempts: %s",
+                        held.slot.label,
+                        name,
+                        held.attempts,
+                        exc,
                     )
                 continue
-            if not won and holder is None:
+            if holder is None:
                 continue  # split again: next tick
             del self._redlock_held[name]
             if not won:
                 self.redlock_skipped += 1
                 logger.info(
-                    "beat: slot %s of entry %r was sent by %s meanwhile", held.slot.label, name, _who(holder)
+                    "beat: slot %s of entry %r was sent by %s meanwhile",
+                    held.slot.label,
+                    name,
+                    _who(holder),
                 )
                 continue
             logger.info(
                 "beat: Redlock quorum back, sending held-back slot %s of entry %r (attempt %d)",
-                held.slot.label, name, held.attempts,
+                held.slot.label,
+                name,
+                held.attempts,
             )
             try:
                 self._redlock_publish(held.entry, held.slot, held.task_id, self.producer)  # type: ignore[attr-defined]

@@ -49,11 +49,10 @@ from celery.bin.base import (
 )
 from redis.exceptions import RedisError
 
-from . import conf
-from ._nodes import Node, _describe, gather, run_script
-from ._scripts import Script
+from . import _scripts, conf
+from ._nodes import Node, _describe, gather, mask_url, run_script
 from .exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
-from .redlock import OWNER_SEP, Redlock
+from .redlock import Holder, Redlock, _holder
 from .task import LockedTask, LockPlan
 
 __all__ = ["redlock"]
@@ -67,15 +66,6 @@ EX_UNAVAILABLE = 2
 #: Keys asked for per SCAN call.
 SCAN_COUNT = 1000
 
-# KEYS[1] any key. Returns {value or false, PTTL in ms}. One round per key for
-# every node at once, instead of a GET round and a PTTL round.
-_PEEK = Script(
-    "cli-peek",
-    """
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-""",
-)
-
 #: ``maxmemory-policy`` values that never evict a key. ``volatile-*`` policies
 #: evict keys with a TTL, which is every lock; ``allkeys-*`` evict anything.
 _SAFE_POLICIES = ("noeviction",)
@@ -87,9 +77,6 @@ class Unavailable(click.ClickException):
     exit_code = EX_UNAVAILABLE
 
 
-# -- the group ---------------------------------------------------------------
-
-
 @click.group(name="redlock")
 def redlock() -> None:
     """Inspect and clear celery_redlock locks and beat claims.
@@ -99,86 +86,71 @@ def redlock() -> None:
     """
 
 
-def _timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--timeout",
-        cls=CeleryOption,
-        type=click.FloatRange(min=0, min_open=True),
-        default=DEFAULT_TIMEOUT,
-        show_default=True,
-        help_group="Connection Options",
-        help="Seconds each Redis node gets to answer one round.",
-    )(f)
+# -- options and the command decorator ----------------------------------------
 
 
-def _lock_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """TASK with --args/--kwargs, or --name: which lock a command is about."""
-    options = [
-        click.argument("task", required=False),
-        click.option(
-            "--args",
-            "args_",
-            cls=CeleryOption,
-            type=JSON_ARRAY,
-            default=None,
-            help_group="Lock Options",
-            help="The task's positional arguments as a JSON array.",
-        ),
-        click.option(
-            "--kwargs",
-            "kwargs_",
-            cls=CeleryOption,
-            type=JSON_OBJECT,
-            default=None,
-            help_group="Lock Options",
-            help="The task's keyword arguments as a JSON object.",
-        ),
-        click.option(
-            "--name",
-            "lock_name",
-            cls=CeleryOption,
-            default=None,
-            help_group="Lock Options",
-            help="A lock name as `list` shows it (or its full Redis key), instead of "
-            "TASK and its arguments. With TASK too, TASK only picks the nodes and prefix.",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+def _option(group: str, *decls: str, **attrs: Any) -> Callable[..., Any]:
+    return click.option(*decls, cls=CeleryOption, help_group=group, **attrs)
 
 
-def _reports_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the library's and Redis's errors into one-line messages and exit codes."""
+_TASK = click.argument("task", required=False)
+_TIMEOUT = _option(
+    "Connection Options", "--timeout", type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT, show_default=True,
+    help="Seconds each Redis node gets to answer one round.",
+)
+_LIMIT = _option(
+    "Listing Options", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
+    help="Stop after this many keys per node.",
+)
+#: TASK with --args/--kwargs, or --name: which lock a command is about (see _lock_target).
+_LOCK = (
+    _TASK,
+    _option("Lock Options", "--args", "args_", type=JSON_ARRAY,
+            help="The task's positional arguments as a JSON array."),
+    _option("Lock Options", "--kwargs", "kwargs_", type=JSON_OBJECT,
+            help="The task's keyword arguments as a JSON object."),
+    _option("Lock Options", "--name", "lock_name",
+            help="A lock name as `list` shows it (or its full Redis key), instead of TASK and "
+            "its arguments. With TASK too, TASK only picks the nodes and prefix."),
+)
 
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except QuorumUnavailable as exc:
-            raise Unavailable(f"Redis quorum unavailable: {exc}") from exc
-        except ConfigurationError as exc:
-            raise click.ClickException(f"configuration: {exc}") from exc
-        except LockKeyError as exc:
-            raise click.ClickException(f"cannot build the lock key: {exc}") from exc
-        except RedlockError as exc:
-            raise click.ClickException(str(exc)) from exc
-        except RedisError as exc:  # not OSError: a closed stdout pipe is no Redis outage
-            raise Unavailable(f"Redis error: {type(exc).__name__}: {exc}") from exc
 
-    return wrapper
+def _command(name: str, *params: Callable[..., Any], timeout: bool = True) -> Callable[..., Any]:
+    """A sub-command called as ``f(app, echo, **params)``, with --timeout unless told not.
+
+    The library's and Redis's errors become one-line messages and exit codes.
+    """
+
+    def decorate(f: Callable[..., None]) -> click.Command:
+        @functools.wraps(f)
+        def run(ctx: click.Context, *args: Any, **kwargs: Any) -> None:
+            try:
+                f(ctx.obj.app, ctx.obj.echo, *args, **kwargs)
+            except QuorumUnavailable as exc:
+                raise Unavailable(f"Redis quorum unavailable: {exc}") from exc
+            except ConfigurationError as exc:
+                raise click.ClickException(f"configuration: {exc}") from exc
+            except LockKeyError as exc:
+                raise click.ClickException(f"cannot build the lock key: {exc}") from exc
+            except RedlockError as exc:
+                raise click.ClickException(str(exc)) from exc
+            except RedisError as exc:  # not OSError: a closed stdout pipe is no Redis outage
+                raise Unavailable(f"Redis error: {type(exc).__name__}: {exc}") from exc
+
+        command = click.pass_context(handle_preload_options(run))
+        for param in reversed((*params, _TIMEOUT) if timeout else params):
+            command = param(command)
+        return redlock.command(name=name, cls=CeleryCommand)(command)
+
+    return decorate
 
 
 # -- nodes -------------------------------------------------------------------
 
 
-@redlock.command(cls=CeleryCommand)
-@click.argument("task", required=False)
-@_timeout_option
-@click.pass_context
-@handle_preload_options
-@_reports_errors
-def nodes(ctx: click.Context, task: str | None, timeout: float, **kwargs: Any) -> None:
+@_command("nodes", _TASK)
+def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: Any) -> None:
     """Check every lock node: latency, version, role, eviction policy, persistence.
 
     Uses the app's redlock_* settings, or TASK's when given. Warns about what
@@ -187,48 +159,27 @@ def nodes(ctx: click.Context, task: str | None, timeout: float, **kwargs: Any) -
     instead of a master, two URLs reaching one server, no AOF. Exits with 2
     when fewer than a quorum of the nodes answer.
     """
-    app = _app(ctx)
     label, settings = _target_settings(app, task)
     with _connect(settings, timeout) as (client, notes):
-        probes = [_probe(node, timeout) for node in client.nodes]
-        quorum, total = client.quorum, len(client.nodes)
-    echo = ctx.obj.echo
+        probes = [_Probe.of(node, timeout) for node in client.nodes]
+    quorum, total = client.quorum, len(client.nodes)
     echo(
         f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
         f"redlock_node_timeout {_ms_text(settings.node_timeout)})"
     )
     echo("")
-    rows = [
-        [
-            p.name,
-            _ms_text(p.latency) if p.error is None else "DOWN",
-            p.version,
-            p.role,
-            p.policy if p.error or p.policy in _SAFE_POLICIES else f"{p.policy} (UNSAFE)",
-            p.persistence,
-        ]
-        for p in probes
-    ]
-    for line in _table(
-        ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"], rows
-    ):
-        echo(line)
+    header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
+    echo(_table([p.cells() for p in probes], header))
     findings = [f"WARNING {note}" for note in notes] + _findings(probes, settings.node_timeout)
     if findings:
-        echo("")
-        for line in findings:
-            echo(line)
-    down = [p for p in probes if p.error is not None]
+        echo("\n" + "\n".join(findings))
+    down = [(p.name, p.error) for p in probes if p.error is not None]
     answered = total - len(down)
-    echo("")
-    if answered >= quorum:
-        echo(f"Quorum: reachable ({answered} of {total} nodes answered, {quorum} needed)")
-        return
-    echo(f"Quorum: UNREACHABLE ({answered} of {total} nodes answered, {quorum} needed)")
-    raise Unavailable(
-        f"only {answered} of {total} Redis nodes answered, {quorum} needed; down: "
-        + "; ".join(f"{p.name} ({p.error})" for p in down)
-    )
+    reachable = "reachable" if answered >= quorum else "UNREACHABLE"
+    echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed)")
+    problem = _outage(down, total, quorum)
+    if problem:
+        raise Unavailable(problem)
 
 
 @dataclass
@@ -246,54 +197,47 @@ class _Probe:
     fsync: str | None = None
     run_id: str | None = None
 
-    @property
-    def persistence(self) -> str:
-        if self.aof is None:
-            return "-"
-        if not self.aof:
-            return "aof off"
-        return f"aof, fsync {self.fsync or '?'}"
-
-
-def _probe(node: Node, timeout: float) -> _Probe:
-    # One node at a time, so the PING latency is this node's alone.
-    probe = _Probe(node.name)
-    for _ in range(2):  # time the second: the first pays for connecting
-        started = time.perf_counter()
-        pong = gather([node], ("PING",), timeout)[0]
-        probe.latency = time.perf_counter() - started
-        if isinstance(pong, Exception):
-            probe.error = _error_text(pong)
+    @classmethod
+    def of(cls, node: Node, timeout: float) -> _Probe:
+        # One node at a time, so the PING latency is this node's alone.
+        probe = cls(node.name)
+        for _ in range(2):  # time the second: the first pays for connecting
+            started = time.perf_counter()
+            pong = gather([node], ("PING",), timeout)[0]
+            probe.latency = time.perf_counter() - started
+            if isinstance(pong, Exception):
+                probe.error = _error_text(pong)
+                return probe
+        info = gather([node], ("INFO",), timeout)[0]
+        if isinstance(info, Exception):
+            probe.error = f"INFO failed: {_error_text(info)}"
             return probe
-    info = gather([node], ("INFO",), timeout)[0]
-    if isinstance(info, Exception):
-        probe.error = f"INFO failed: {_error_text(info)}"
+        lines = (line.partition(":") for line in _text(info).splitlines())
+        fields = {k: v.strip() for k, sep, v in lines if sep and not k.startswith("#")}
+        probe.version = fields.get("redis_version", "?")
+        if "valkey_version" in fields:
+            probe.version = f"valkey {fields['valkey_version']}"
+        probe.role = fields.get("role", "?")
+        probe.policy = fields.get("maxmemory_policy", "?")
+        probe.maxmemory = int(fields.get("maxmemory", "0") or 0)
+        probe.aof = fields.get("aof_enabled") == "1" if "aof_enabled" in fields else None
+        probe.run_id = fields.get("run_id")
+        if probe.aof:
+            # CONFIG may be renamed or denied (managed Redis): then the policy shows as "?".
+            reply = gather([node], ("CONFIG", "GET", "appendfsync"), timeout)[0]
+            if isinstance(reply, list) and len(reply) == 2:
+                probe.fsync = _text(reply[1])
         return probe
-    fields = _parse_info(info)
-    version = fields.get("redis_version", "?")
-    if "valkey_version" in fields:
-        version = f"valkey {fields['valkey_version']}"
-    probe.version = version
-    probe.role = fields.get("role", "?")
-    probe.policy = fields.get("maxmemory_policy", "?")
-    probe.maxmemory = int(fields.get("maxmemory", "0") or 0)
-    probe.aof = fields.get("aof_enabled") == "1" if "aof_enabled" in fields else None
-    probe.run_id = fields.get("run_id")
-    if probe.aof:
-        # CONFIG may be renamed or denied (managed Redis): then the policy shows as "?".
-        reply = gather([node], ("CONFIG", "GET", "appendfsync"), timeout)[0]
-        if isinstance(reply, list) and len(reply) == 2:
-            probe.fsync = _text(reply[1])
-    return probe
 
-
-def _parse_info(raw: Any) -> dict[str, str]:
-    fields = {}
-    for line in _text(raw).splitlines():
-        if line and not line.startswith("#") and ":" in line:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return fields
+    def cells(self) -> list[str]:
+        """The row of the ``nodes`` table."""
+        if self.error is not None:
+            return [self.name, "DOWN", "-", "-", "-", "-"]
+        policy = self.policy if self.policy in _SAFE_POLICIES else f"{self.policy} (UNSAFE)"
+        persistence = "-" if self.aof is None else "aof off"
+        if self.aof:
+            persistence = f"aof, fsync {self.fsync or '?'}"
+        return [self.name, _ms_text(self.latency), self.version, self.role, policy, persistence]
 
 
 def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
@@ -315,49 +259,31 @@ def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
                 else "may evict any key, locks included"
             )
             limit = "" if p.maxmemory else " (maxmemory is 0 now: it starts once a limit is set)"
-            add(
-                "WARNING",
-                p.name,
+            add("WARNING", p.name,
                 f"maxmemory-policy {p.policy} {why}: a held lock can vanish under memory "
-                f"pressure and a second execution start{limit}. Set maxmemory-policy noeviction.",
-            )
+                f"pressure and a second execution start{limit}. Set maxmemory-policy noeviction.")
         if p.role not in ("master", "?"):
-            add(
-                "WARNING",
-                p.name,
+            add("WARNING", p.name,
                 f"role {p.role}: lock nodes must be independent masters (a replica refuses "
-                "writes; a failover to one loses recent locks).",
-            )
+                "writes; a failover to one loses recent locks).")
         if p.run_id:
             other = seen_run_ids.setdefault(p.run_id, p.name)
             if other != p.name:
-                add(
-                    "WARNING",
-                    p.name,
+                add("WARNING", p.name,
                     f"same server as {other} (run_id {p.run_id}): one server counted twice "
-                    "breaks the quorum arithmetic.",
-                )
+                    "breaks the quorum arithmetic.")
         if p.latency > node_timeout:
-            add(
-                "WARNING",
-                p.name,
+            add("WARNING", p.name,
                 f"answers in {_ms_text(p.latency)}, slower than redlock_node_timeout "
-                f"({_ms_text(node_timeout)}): the workers count it as down.",
-            )
+                f"({_ms_text(node_timeout)}): the workers count it as down.")
         if p.aof is False:
-            add(
-                "note",
-                p.name,
+            add("note", p.name,
                 "no AOF: a restart forgets the locks a node held; keep a restarted node out "
-                "for longer than the longest lock TTL, or run appendonly yes.",
-            )
+                "for longer than the longest lock TTL, or run appendonly yes.")
         elif p.aof and p.fsync not in ("always", None):
-            add(
-                "note",
-                p.name,
+            add("note", p.name,
                 f"appendfsync {p.fsync}: a crash may lose the last writes (up to about a "
-                "second); appendfsync always closes that window.",
-            )
+                "second); appendfsync always closes that window.")
     order = {"DOWN": 0, "WARNING": 1, "note": 2}
     return [
         f"{level:<7} {', '.join(names)}: {message}"
@@ -368,151 +294,70 @@ def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
 # -- status ------------------------------------------------------------------
 
 
-@redlock.command(cls=CeleryCommand)
-@_lock_options
-@click.option(
-    "--json",
-    "as_json",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Output Options",
-    help="Print one JSON object instead of text.",
+@_command(
+    "status", *_LOCK,
+    _option("Output Options", "--json", "as_json", is_flag=True,
+            help="Print one JSON object instead of text."),
 )
-@_timeout_option
-@click.pass_context
-@handle_preload_options
-@_reports_errors
-def status(
-    ctx: click.Context,
-    task: str | None,
-    args_: list | None,
-    kwargs_: dict | None,
-    lock_name: str | None,
-    as_json: bool,
-    timeout: float,
-    **kwargs: Any,
-) -> None:
+def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: Any) -> None:
     """Show who holds one lock: the quorum's view and every node's.
 
     The lock is TASK's for the arguments given with --args/--kwargs (the key
     is computed exactly as the worker computes it), or --name. TASK must be a
     LockedTask of the app.
     """
-    app = _app(ctx)
-    label, settings, name = _lock_target(app, task, args_, kwargs_, lock_name)
+    label, settings, name = _lock_target(app, **options)
     with _connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
-        views = _inspect(client, name)
-        quorum = client.quorum
-    view = _QuorumView.of(views, quorum)
-    answered = sum(1 for v in views if v.error is None)
-    problem = None
-    if answered < quorum:
-        problem = _unavailable_text(views, quorum)
+        lock = _read(client, key, fence_key)
+    holder, problem = lock.holder, lock.outage()
     if as_json:
-        ctx.obj.echo(
-            json.dumps(
-                _status_json(label, name, key, fence_key, quorum, views, view, problem), indent=2
-            )
-        )
+        out: dict[str, Any] = {
+            "settings_of": label,
+            "name": name,
+            "key": key,
+            "fence_key": fence_key,
+            "quorum": lock.quorum,
+            "nodes_total": len(lock.views),
+            "answered": lock.answered,
+            "held": holder.owner is not None,
+            "holder": None,
+            "nodes": [v.as_json() for v in lock.views],
+        }
+        if holder.owner is not None:
+            out["holder"] = {
+                "owner": holder.owner,
+                "task_id": holder.task_id,
+                "remaining": holder.remaining,
+                "nodes": lock.votes,
+            }
+        if problem:
+            out["error"] = problem
+        echo(json.dumps(out, indent=2))
     else:
-        _print_status(ctx, label, name, key, fence_key, quorum, views, view)
-    if problem:
-        raise Unavailable(problem)
-
-
-def _print_status(
-    ctx: click.Context,
-    label: str,
-    name: str,
-    key: str,
-    fence_key: str,
-    quorum: int,
-    views: Sequence[_NodeView],
-    view: _QuorumView,
-) -> None:
-    echo = ctx.obj.echo
-    for line in _table(
-        ["", ""],
-        [
+        about = [
             ["Settings of:", label],
             ["Lock name:", name],
             ["Key:", key],
             ["Fence key:", fence_key],
-            ["Nodes:", f"{len(views)}, quorum {quorum}"],
-            ["Holder:", view.describe()],
-        ],
-        show_header=False,
-    ):
-        echo(line)
-    echo("")
-    rows = [
-        [
-            v.node,
-            "DOWN" if v.error else (v.value or "-"),
-            "-" if v.error else _ttl_text(v.pttl_ms),
-            v.fence or "-",
+            ["Nodes:", f"{len(lock.views)}, quorum {lock.quorum}"],
+            ["Holder:", lock.describe()],
         ]
-        for v in views
-    ]
-    for line in _table(["NODE", "HOLDER", "TTL", "FENCE"], rows):
-        echo(line)
-    _echo_errors(ctx, views)
-
-
-def _status_json(
-    label: str,
-    name: str,
-    key: str,
-    fence_key: str,
-    quorum: int,
-    views: Sequence[_NodeView],
-    view: _QuorumView,
-    problem: str | None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "settings_of": label,
-        "name": name,
-        "key": key,
-        "fence_key": fence_key,
-        "quorum": quorum,
-        "nodes_total": len(views),
-        "answered": sum(1 for v in views if v.error is None),
-        "held": view.owner is not None,
-        "holder": None,
-        "nodes": [v.as_json() for v in views],
-    }
-    if view.owner is not None:
-        out["holder"] = {
-            "owner": view.owner,
-            "task_id": _task_id(view.owner),
-            "remaining": view.remaining,
-            "nodes": view.votes,
-        }
+        echo(_table(about) + "\n")
+        rows = [[v.node, *v.cells(), v.fence or "-"] for v in lock.views]
+        echo(_table(rows, ["NODE", "HOLDER", "TTL", "FENCE"]))
+        lock.echo_down(echo)
     if problem:
-        out["error"] = problem
-    return out
+        raise Unavailable(problem)
 
 
 # -- list --------------------------------------------------------------------
 
 
-@redlock.command(name="list", cls=CeleryCommand)
-@click.argument("task", required=False)
-@click.option(
-    "--limit",
-    cls=CeleryOption,
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help_group="Listing Options",
-    help="Stop after this many keys per node.",
-)
-@_timeout_option
-@click.pass_context
-@handle_preload_options
-@_reports_errors
-def list_(ctx: click.Context, task: str | None, limit: int, timeout: float, **kwargs: Any) -> None:
+@_command("list", _TASK, _LIMIT)
+def list_(
+    app: Any, echo: Callable, task: str | None, limit: int, timeout: float, **kwargs: Any
+) -> None:
     """List the lock keys on the nodes (all, or only TASK's), with holders and TTLs.
 
     One line per key with the quorum's view (a key is held when a majority of
@@ -520,102 +365,48 @@ def list_(ctx: click.Context, task: str | None, limit: int, timeout: float, **kw
     found with SCAN, never KEYS. Without TASK, every node set the app and its
     LockedTasks use is scanned.
     """
-    app = _app(ctx)
     if task:
-        locked = _locked_task(app, task)
-        plan = _plan(locked)
-        groups = [(f"task {locked.name}", plan.settings, _glob_escape(plan.lock_name) + ":{*}")]
+        plan = _plan(app, task)
+        groups = [(f"task {task}", plan.settings, _glob_escape(plan.lock_name) + ":{*}")]
     else:
         groups = [(label, settings, "*") for label, settings in _all_settings(app)]
     failed = []
     for index, (label, settings, tail) in enumerate(groups):
         if index:
-            ctx.obj.echo("")
+            echo("")
         with _connect(settings, timeout) as (client, _):
-            problem = _list_group(ctx, client, label, tail, limit, timeout)
+            base = f"{client.key_prefix}:lock:"
+            scan = _Scan(client, _glob_escape(base) + tail, limit)
+            rows, held = [], 0
+            for raw_key in scan.keys:
+                name = _text(raw_key)[len(base) :]
+                lock = scan.read(raw_key, f"{client.key_prefix}:fence:{name}")
+                remaining = lock.holder.remaining
+                ttl = _ttl_text(None if remaining is None else int(remaining * 1000))
+                rows.append([name, lock.summary(), ttl, lock.nodes_text()])
+                rows += [["    " + v.node, *v.cells(), ""] for v in lock.views]
+                held += lock.holder.owner is not None
+            header = ["LOCK NAME / NODE", "HOLDER", "TTL", "QUORUM"]
+            summary = f"{_plural(len(scan.keys), 'key')}, {held} held by a quorum."
+            problem = scan.report(echo, f"Locks of {label}", header, rows, summary)
         if problem:
             failed.append(problem)
     if failed:
         raise Unavailable("; ".join(failed))
 
 
-def _list_group(
-    ctx: click.Context, client: Redlock, label: str, tail: str, limit: int, timeout: float
-) -> str | None:
-    """List one node set's lock keys; returns an error text if the quorum did not answer."""
-    echo = ctx.obj.echo
-    base = f"{client.key_prefix}:lock:"
-    pattern = _glob_escape(base) + tail
-    keys, truncated, down = _scan_all(client, pattern, limit, timeout)
-    echo(f"Locks of {label}: {len(client.nodes)} nodes, quorum {client.quorum}, keys {pattern}")
-    echo("")
-    rows, held = [], 0
-    for raw_key in keys:
-        views = _peek(client, raw_key, timeout, down)
-        view = _QuorumView.of(views, client.quorum)
-        held += view.owner is not None
-        rows.append(
-            [
-                _text(raw_key)[len(base) :],
-                view.summary(),
-                _ttl_text(None if view.remaining is None else int(view.remaining * 1000)),
-                view.nodes_text(),
-            ]
-        )
-        for v in views:
-            rows.append(
-                [
-                    "    " + v.node,
-                    "DOWN" if v.error else (v.value or "-"),
-                    "-" if v.error else _ttl_text(v.pttl_ms),
-                    "",
-                ]
-            )
-    if rows:
-        for line in _table(["LOCK NAME / NODE", "HOLDER", "TTL", "QUORUM"], rows):
-            echo(line)
-        echo("")
-    echo(
-        f"{len(keys)} key{'' if len(keys) == 1 else 's'}, {held} held by a quorum."
-        + (f" Stopped at --limit {limit}: more keys may exist." if truncated else "")
-    )
-    return _down_problems(ctx, client, down)
-
-
 # -- release -----------------------------------------------------------------
 
 
-@redlock.command(cls=CeleryCommand)
-@_lock_options
-@click.option(
-    "-f",
-    "--force",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Release Options",
-    help="Do not ask for confirmation.",
+@_command(
+    "release", *_LOCK,
+    _option("Release Options", "-f", "--force", is_flag=True,
+            help="Do not ask for confirmation."),
+    _option("Release Options", "--task-id",
+            help="Release only if the holder is this task id (no confirmation needed)."),
 )
-@click.option(
-    "--task-id",
-    cls=CeleryOption,
-    default=None,
-    help_group="Release Options",
-    help="Release only if the holder is this task id (no confirmation needed).",
-)
-@_timeout_option
-@click.pass_context
-@handle_preload_options
-@_reports_errors
 def release(
-    ctx: click.Context,
-    task: str | None,
-    args_: list | None,
-    kwargs_: dict | None,
-    lock_name: str | None,
-    force: bool,
-    task_id: str | None,
-    timeout: float,
-    **kwargs: Any,
+    app: Any, echo: Callable, force: bool, task_id: str | None, timeout: float, **options: Any
 ) -> None:
     """Free a stuck lock: delete its key on every node, whatever the holder.
 
@@ -634,79 +425,60 @@ def release(
     writes. (The nodes' clock floor would keep tokens growing anyway; the fence
     key does not depend on clocks.)
     """
-    app = _app(ctx)
-    echo = ctx.obj.echo
-    label, settings, name = _lock_target(app, task, args_, kwargs_, lock_name)
+    _, settings, name = _lock_target(app, **options)
     with _connect(settings, timeout) as (client, _):
-        key, _fence = client.keys(name)
-        views = _inspect(client, name)
-        quorum, total = client.quorum, len(client.nodes)
-        if sum(1 for v in views if v.error is None) < quorum:
-            _echo_errors(ctx, views)
-            raise Unavailable(_unavailable_text(views, quorum) + "; nothing released")
-        view = _QuorumView.of(views, quorum)
-        holders = {v.value for v in views if v.value}
+        key, fence_key = client.keys(name)
+        total = len(client.nodes)
+        lock = _read(client, key, fence_key)
+        problem = lock.outage()
+        if problem:
+            lock.echo_down(echo)
+            raise Unavailable(problem + "; nothing released")
         if task_id is not None:
             deleted = client.release_owned_by(name, task_id)
             if deleted:
                 echo(f"Released {key} on {deleted} of {total} nodes (held by task {task_id}).")
-                return
-            if not holders:
+            elif not lock.owners:
                 echo(f"Nothing to release: {key} is free on every node that answered.")
-                return
-            raise click.ClickException(
-                f"not released: {key} is not held by task {task_id} (holder: {view.describe()})"
-            )
-        if not holders:
+            else:
+                raise click.ClickException(
+                    f"not released: {key} is not held by task {task_id} "
+                    f"(holder: {lock.describe()})"
+                )
+            return
+        if not lock.owners:
             echo(f"Nothing to delete: {key} is free on every node that answered.")
             return
         if not force:
             click.confirm(
                 f"Delete {key} on all {total} nodes?\n"
-                f"Holder: {view.describe()}\n"
+                f"Holder: {lock.describe()}\n"
                 "If that holder is still running, another execution may start at once",
                 abort=True,
             )
             # The lock may have changed hands while the operator read the prompt.
-            again = _inspect(client, name)
-            if {v.value for v in again if v.value} - holders:
+            if _read(client, key, fence_key).owners - lock.owners:
                 raise click.ClickException(
                     f"not deleted: {key} was taken by another holder meanwhile; run again"
                 )
         replies = gather(client.nodes, ("DEL", key), timeout)
-    errors = [(n.name, r) for n, r in zip(client.nodes, replies) if isinstance(r, Exception)]
+    errors = [(node.name, _error_text(reply))
+              for node, reply in zip(client.nodes, replies) if isinstance(reply, Exception)]
     deleted = sum(1 for r in replies if r == 1)
     missing = total - deleted - len(errors)
-    echo(
-        f"Deleted {key} on {deleted} of {total} nodes"
-        + (f" ({missing} had no such key)." if missing else ".")
-    )
-    for node_name, error in errors:
-        echo(f"DOWN    {node_name}: {_error_text(error)}: its copy expires with its TTL.")
-    if total - len(errors) < quorum:
+    had_none = f" ({missing} had no such key)." if missing else "."
+    echo(f"Deleted {key} on {deleted} of {total} nodes{had_none}")
+    _echo_down(echo, errors, ": its copy expires with its TTL.")
+    if total - len(errors) < client.quorum:
         raise Unavailable(f"only {total - len(errors)} of {total} nodes answered the delete")
 
 
 # -- beat-slots --------------------------------------------------------------
 
 
-@redlock.command(name="beat-slots", cls=CeleryCommand)
-@click.argument("entry", required=False)
-@click.option(
-    "--limit",
-    cls=CeleryOption,
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help_group="Listing Options",
-    help="Stop after this many keys per node.",
-)
-@_timeout_option
-@click.pass_context
-@handle_preload_options
-@_reports_errors
+@_command("beat-slots", click.argument("entry", required=False), _LIMIT)
 def beat_slots(
-    ctx: click.Context, entry: str | None, limit: int, timeout: float, **kwargs: Any
+    app: Any, echo: Callable, entry: str | None, limit: int, timeout: float, **kwargs: Any
 ) -> None:
     """List the beat slot claims ({prefix}:beat:{entry}:{slot}), newest first.
 
@@ -714,48 +486,27 @@ def beat_slots(
     epoch seconds and as UTC time; the claim value (who sent it, the message
     id) is printed as stored.
     """
-    app = _app(ctx)
-    echo = ctx.obj.echo
-    settings = conf.resolve(app, owner=OWNER)
-    with _connect(settings, timeout) as (client, _):
+    with _connect(conf.resolve(app, owner=OWNER), timeout) as (client, _):
         base = f"{client.key_prefix}:beat:"
-        pattern = _glob_escape(base) + (_glob_escape(entry) + ":*" if entry else "*")
-        keys, truncated, down = _scan_all(client, pattern, limit, timeout)
-        echo(f"Beat claims: {len(client.nodes)} nodes, quorum {client.quorum}, keys {pattern}")
-        echo("")
+        tail = _glob_escape(entry) + ":*" if entry else "*"
+        scan = _Scan(client, _glob_escape(base) + tail, limit)
         slots = []
-        for raw_key in keys:
+        for raw_key in scan.keys:
             entry_name, _, slot = _text(raw_key)[len(base) :].rpartition(":")
-            if entry is not None and entry_name != entry:
-                continue  # "a:*" also matches entry "a:b"
-            slots.append((entry_name, slot, _peek(client, raw_key, timeout, down)))
+            if entry is None or entry_name == entry:  # "a:*" also matches entry "a:b"
+                # A claim has no fence key: INSPECT reads the claim's own key twice.
+                slots.append((entry_name, slot, scan.read(raw_key, raw_key).views))
         slots.sort(key=lambda s: (s[0], -_slot_number(s[1])))
         rows = []
         for entry_name, slot, views in slots:
+            # No values when the claim expired between SCAN and INSPECT.
             values = Counter(v.value for v in views if v.value is not None)
-            if not values:
-                continue  # expired between SCAN and GET
             for value, votes in values.most_common():
-                pttls = [v.pttl_ms for v in views if v.value == value and v.pttl_ms is not None]
-                rows.append(
-                    [
-                        entry_name,
-                        slot,
-                        _slot_time(slot),
-                        f"{votes}/{len(views)}",
-                        _ttl_text(min(pttls) if pttls else None),
-                        _printable(value),
-                    ]
-                )
-        if rows:
-            for line in _table(["ENTRY", "SLOT", "TIME (UTC)", "NODES", "TTL", "CLAIM"], rows):
-                echo(line)
-            echo("")
-        echo(
-            f"{len(slots)} claim{'' if len(slots) == 1 else 's'}."
-            + (f" Stopped at --limit {limit}: more keys may exist." if truncated else "")
-        )
-        problem = _down_problems(ctx, client, down)
+                ttl = _ttl_text(min(v.pttl_ms for v in views if v.value == value))
+                nodes = f"{votes}/{len(views)}"
+                rows.append([entry_name, slot, _slot_time(slot), nodes, ttl, _printable(value)])
+        header = ["ENTRY", "SLOT", "TIME (UTC)", "NODES", "TTL", "CLAIM"]
+        problem = scan.report(echo, "Beat claims", header, rows, f"{_plural(len(slots), 'claim')}.")
     if problem:
         raise Unavailable(problem)
 
@@ -763,37 +514,28 @@ def beat_slots(
 # -- settings ----------------------------------------------------------------
 
 
-@redlock.command(name="settings", cls=CeleryCommand)
-@click.argument("task", required=False)
-@click.pass_context
-@handle_preload_options
-@_reports_errors
-def settings_(ctx: click.Context, task: str | None, **kwargs: Any) -> None:
+@_command("settings", _TASK, timeout=False)
+def settings_(app: Any, echo: Callable, task: str | None, **kwargs: Any) -> None:
     """Print every redlock_* setting: resolved value, where it comes from, meaning.
 
     With TASK, the values that task uses (its lock_* attributes win over
     app.conf). Passwords in node URLs are masked.
     """
-    app = _app(ctx)
-    echo = ctx.obj.echo
-    locked = _locked_task(app, task) if task else None
-    overrides = (
-        {s.task_attr: getattr(locked, s.task_attr, None) for s in conf.SETTINGS} if locked else {}
-    )
     resolved: conf.LockSettings | None = None
     problem = None
-    if locked is not None:
-        resolved = _plan(locked).settings
+    if task:
+        resolved = _plan(app, task).settings
     else:
         try:
             resolved = conf.resolve(app, owner=OWNER)
         except ConfigurationError as exc:
             problem = str(exc)
-    rows, docs = [], []
+    rows = []
     for setting in conf.SETTINGS:
         field = setting.name[len("redlock_") :]
-        if overrides.get(setting.task_attr) is not None:
-            value, source = overrides[setting.task_attr], f"task.{setting.task_attr}"
+        override = getattr(app.tasks[task], setting.task_attr, None) if task else None
+        if override is not None:
+            value, source = override, f"task.{setting.task_attr}"
         elif app.conf.get(setting.name) is not None:
             value, source = app.conf.get(setting.name), "app.conf"
         else:
@@ -801,20 +543,15 @@ def settings_(ctx: click.Context, task: str | None, **kwargs: Any) -> None:
         # Settings that LockSettings does not carry (beat's, say) show as configured.
         if resolved is not None and hasattr(resolved, field):
             if value is None:  # filled in by resolve()
-                source = {"nodes": "broker_url", "heartbeat_interval": "ttl / 3"}.get(
-                    field, "derived"
-                )
+                derived = {"nodes": "broker_url", "heartbeat_interval": "ttl / 3"}
+                source = derived.get(field, "derived")
             value = getattr(resolved, field)
         rows.append([setting.name, source, _setting_text(value)])
-        docs.append(setting.doc)
-    echo(f"Settings of {f'task {locked.name}' if locked else 'the app'}")
-    echo("")
-    lines = _table(["SETTING", "FROM", "VALUE"], rows)
-    echo(lines[0])
-    for line, doc in zip(lines[1:], docs):
-        echo(line)
-        for doc_line in textwrap.wrap(doc, 76):
-            echo("    " + doc_line)
+    echo(f"Settings of {f'task {task}' if task else 'the app'}\n")
+    head, *lines = _table(rows, ["SETTING", "FROM", "VALUE"]).split("\n")
+    echo(head)
+    for line, setting in zip(lines, conf.SETTINGS):
+        echo("\n".join([line] + ["    " + doc for doc in textwrap.wrap(setting.doc, 76)]))
     if problem:
         raise click.ClickException(f"configuration: {problem}")
 
@@ -822,66 +559,49 @@ def settings_(ctx: click.Context, task: str | None, **kwargs: Any) -> None:
 # -- helpers: app, tasks, settings -------------------------------------------
 
 
-def _app(ctx: click.Context) -> Any:
-    obj = ctx.obj
-    if obj is None or getattr(obj, "app", None) is None:
-        raise click.UsageError("run it through Celery: celery -A proj redlock ...")
-    return obj.app
-
-
-def _locked_tasks(app: Any) -> dict[str, LockedTask]:
-    """The app's LockedTasks by name (after importing the app's task modules)."""
+def _locked_plans(app: Any) -> dict[str, LockPlan]:
+    """The lock plans of the app's LockedTasks by task name (after importing its task modules)."""
     app.loader.import_default_modules()
     return {
-        name: task
+        name: task._lock_plan
         for name, task in sorted(app.tasks.items())
-        if isinstance(task, LockedTask) and getattr(task, "_lock_plan", None) is not None
+        if isinstance(task, LockedTask) and task._lock_plan is not None
     }
 
 
-def _locked_task(app: Any, name: str) -> LockedTask:
-    tasks = _locked_tasks(app)
-    if name in tasks:
-        return tasks[name]
-    known = ", ".join(tasks) if tasks else "none"
-    what = "is not a LockedTask" if name in app.tasks else "is not a task registered in the app"
-    raise click.ClickException(f"{name!r} {what}. The app's LockedTasks: {known}")
-
-
-def _plan(task: LockedTask) -> LockPlan:
-    plan = task._lock_plan
-    if plan is None:  # _locked_tasks keeps bound tasks only; this is for the type checker
-        raise click.ClickException(f"{task.name!r} has no lock plan")
-    return plan
+def _plan(app: Any, task: str) -> LockPlan:
+    plans = _locked_plans(app)
+    if task in plans:
+        return plans[task]
+    what = "is not a LockedTask" if task in app.tasks else "is not a task registered in the app"
+    known = ", ".join(plans) or "none"
+    raise click.ClickException(f"{task!r} {what}. The app's LockedTasks: {known}")
 
 
 def _target_settings(app: Any, task: str | None) -> tuple[str, conf.LockSettings]:
     if task:
-        locked = _locked_task(app, task)
-        return f"task {locked.name}", _plan(locked).settings
+        return f"task {task}", _plan(app, task).settings
     return "the app", conf.resolve(app, owner=OWNER)
 
 
 def _lock_target(
-    app: Any,
-    task: str | None,
-    args: list | None,
-    kwargs: dict | None,
-    lock_name: str | None,
+    app: Any, task: str | None, args_: list | None, kwargs_: dict | None, lock_name: str | None,
+    **preload_options: Any,
 ) -> tuple[str, conf.LockSettings, str]:
     """(label, settings, lock name) of the one lock a command is about."""
-    if not task and not lock_name:
-        raise click.UsageError("name a lock: TASK [--args JSON] [--kwargs JSON], or --name LOCK")
-    if lock_name and (args is not None or kwargs is not None):
+    if not lock_name:
+        if not task:
+            raise click.UsageError(
+                "name a lock: TASK [--args JSON] [--kwargs JSON], or --name LOCK"
+            )
+        plan = _plan(app, task)
+        return f"task {task}", plan.settings, plan.keys.build(args_ or [], kwargs_ or {})
+    if args_ is not None or kwargs_ is not None:
         raise click.UsageError("--name takes no --args/--kwargs: the name already includes them")
     label, settings = _target_settings(app, task)
-    if lock_name:
-        # Accept the Redis key itself, as redis-cli shows it.
-        full = f"{settings.key_prefix}:lock:"
-        return label, settings, lock_name[len(full) :] if lock_name.startswith(full) else lock_name
-    assert task  # checked above: a TASK or a --name
-    plan = _plan(_locked_task(app, task))
-    return label, settings, plan.keys.build(args or [], kwargs or {})
+    # Accept the Redis key itself, as redis-cli shows it.
+    full = f"{settings.key_prefix}:lock:"
+    return label, settings, lock_name[len(full) :] if lock_name.startswith(full) else lock_name
 
 
 def _all_settings(app: Any) -> list[tuple[str, conf.LockSettings]]:
@@ -891,18 +611,15 @@ def _all_settings(app: Any) -> list[tuple[str, conf.LockSettings]]:
         candidates.append(("the app", conf.resolve(app, owner=OWNER)))
     except ConfigurationError:
         pass  # every task may name its own nodes; fail below only if none does
-    candidates += [(f"task {name}", _plan(t).settings) for name, t in _locked_tasks(app).items()]
+    candidates += [(f"task {name}", plan.settings) for name, plan in _locked_plans(app).items()]
     if not candidates:
         conf.resolve(app, owner=OWNER)  # raises the configuration error
     groups: dict[tuple, tuple[list[str], conf.LockSettings]] = {}
     for label, settings in candidates:
-        ident = (
-            tuple(n if isinstance(n, str) else id(n) for n in settings.nodes),
-            settings.key_prefix,
-        )
-        groups.setdefault(ident, ([], settings))[0].append(label)
+        nodes = tuple(n if isinstance(n, str) else id(n) for n in settings.nodes)
+        groups.setdefault((nodes, settings.key_prefix), ([], settings))[0].append(label)
     if len(groups) == 1:  # the usual case: everyone shares the app's nodes
-        return [(candidates[0][0], candidates[0][1])]
+        return candidates[:1]
     return [(", ".join(labels), settings) for labels, settings in groups.values()]
 
 
@@ -924,13 +641,17 @@ def _connect(settings: conf.LockSettings, timeout: float) -> Iterator[tuple[Redl
 
 @dataclass
 class _NodeView:
-    """One node's copy of one key."""
+    """One node's copy of one key, or the node's error."""
 
     node: str
     error: str | None = None
     value: str | None = None
-    pttl_ms: int | None = None
+    pttl_ms: int = -2  # as PTTL says it: -2 no key, -1 no TTL
     fence: str | None = None
+
+    def cells(self) -> list[str]:
+        """The HOLDER and TTL cells of a table row."""
+        return ["DOWN", "-"] if self.error else [self.value or "-", _ttl_text(self.pttl_ms)]
 
     def as_json(self) -> dict[str, Any]:
         if self.error is not None:
@@ -938,201 +659,165 @@ class _NodeView:
         return {
             "node": self.node,
             "holder": self.value,
-            "task_id": _task_id(self.value),
+            "task_id": Holder(self.value, None).task_id,
             "pttl_ms": self.pttl_ms if self.value is not None else None,
             "fence": self.fence,
         }
 
 
-@dataclass
-class _QuorumView:
-    """What a majority of all configured nodes agrees on about one key."""
+class _Key:
+    """One key as each node sees it, and the holder a quorum of all the nodes agrees on."""
 
-    owner: str | None
-    remaining: float | None
-    votes: int
-    present: int
-    answered: int
-    quorum: int
-    total: int
-
-    @classmethod
-    def of(cls, views: Sequence[_NodeView], quorum: int) -> _QuorumView:
-        answered = sum(1 for v in views if v.error is None)
-        owners = Counter(v.value for v in views if v.error is None and v.value)
-        present = sum(owners.values())
-        owner, votes = owners.most_common(1)[0] if owners else (None, 0)
-        if votes < quorum:
-            return cls(None, None, votes, present, answered, quorum, len(views))
-        pttls = [
-            v.pttl_ms
-            for v in views
-            if v.value == owner and v.pttl_ms is not None and v.pttl_ms >= 0
-        ]
-        return cls(
-            owner,
-            min(pttls) / 1000.0 if pttls else None,
-            votes,
-            present,
-            answered,
-            quorum,
-            len(views),
-        )
+    def __init__(self, views: list[_NodeView], quorum: int):
+        self.views = views
+        self.quorum = quorum
+        self.holder = _holder([(v.value, v.pttl_ms) for v in views if v.value], quorum)
+        self.votes = sum(1 for v in views if v.value and v.value == self.holder.owner)
+        self.answered = sum(1 for v in views if v.error is None)
+        self.present = sum(1 for v in views if v.value)
+        self.owners = {v.value for v in views if v.value}
+        #: (node, error) of each node that did not answer.
+        self.down = [(v.node, v.error) for v in views if v.error is not None]
 
     @property
     def known(self) -> bool:
         """False when too few nodes answered to tell held from free."""
-        return self.owner is not None or self.answered >= self.quorum
+        return self.holder.owner is not None or self.answered >= self.quorum
+
+    def outage(self) -> str | None:
+        return _outage(self.down, len(self.views), self.quorum)
 
     def summary(self) -> str:
         """The holder in a few words, for a table cell."""
-        if self.owner is None:
+        if self.holder.owner is None:
             return "-" if self.known else "?"
-        task_id = _task_id(self.owner)
-        return f"task {task_id}" if task_id else self.owner
+        return f"task {self.holder.task_id}" if self.holder.task_id else self.holder.owner
 
     def nodes_text(self) -> str:
         """Where the holder's key is, for a table cell."""
-        if self.owner is not None:
-            return f"{self.votes}/{self.total} nodes"
+        total = len(self.views)
+        if self.holder.owner is not None:
+            return f"{self.votes}/{total} nodes"
         if not self.known:
-            return f"unknown ({self.answered}/{self.total} answered)"
-        return f"no majority ({self.present}/{self.total} with a key)"
+            return f"unknown ({self.answered}/{total} answered)"
+        return f"no majority ({self.present}/{total} with a key)"
 
     def describe(self) -> str:
         """The holder in a sentence."""
-        if self.owner is None:
-            if not self.known:
-                return (
-                    f"unknown: only {self.answered} of {self.total} nodes answered, "
-                    f"{self.quorum} needed"
-                )
-            if self.present:
-                return f"none: no majority agrees (a key on {self.present} of {self.total} nodes)"
+        total = len(self.views)
+        if not self.known:
+            return f"unknown: only {self.answered} of {total} nodes answered, {self.quorum} needed"
+        if self.holder.owner is None and self.present:
+            return f"none: no majority agrees (a key on {self.present} of {total} nodes)"
+        if self.holder.owner is None:
             return "none: the lock is free"
-        left = "no TTL" if self.remaining is None else f"{self.remaining:.3f} s left"
-        return (
-            f"{self.summary()} (owner {self.owner}), {left}, on {self.votes} of {self.total} nodes"
-        )
+        remaining = self.holder.remaining
+        left = "no TTL" if remaining is None else f"{remaining:.3f} s left"
+        where = f"on {self.votes} of {total} nodes"
+        return f"{self.summary()} (owner {self.holder.owner}), {left}, {where}"
+
+    def echo_down(self, echo: Callable) -> None:
+        if self.down:
+            echo("")
+        _echo_down(echo, self.down)
 
 
-def _inspect(client: Redlock, name: str) -> list[_NodeView]:
+def _read(client: Redlock, key: Any, fence_key: Any, down: dict[Node, str] | None = None) -> _Key:
+    """Holder, PTTL and fence of ``key`` on every node, in one INSPECT round.
+
+    Nodes in ``down`` (node -> error) are not asked, and a node that fails now
+    joins them: a listing pays for a hung node once, not once per key.
+    """
+    down = {} if down is None else down
+    live = [node for node in client.nodes if node not in down]
+    replies = run_script(_scripts.INSPECT, live, (key, fence_key), (), client.node_timeout)
+    answers = dict(zip(live, replies))
     views = []
-    for item in client.inspect(name):
-        if "error" in item:
-            views.append(_NodeView(item["node"], error=item["error"]))
-        else:
-            views.append(
-                _NodeView(item["node"], None, item["holder"], item["pttl_ms"], item["fence"])
-            )
-    return views
+    for node in client.nodes:
+        if isinstance(answers.get(node), Exception):
+            down[node] = _error_text(answers[node])
+        if node in down:
+            views.append(_NodeView(node.name, error=down[node]))
+            continue
+        holder, pttl_ms, fence = answers[node]
+        holder, fence = (None if v is None else _text(v) for v in (holder, fence))
+        views.append(_NodeView(node.name, None, holder, int(pttl_ms), fence))
+    return _Key(views, client.quorum)
 
 
-def _peek(client: Redlock, key: Any, timeout: float, down: dict[int, str]) -> list[_NodeView]:
-    """Value and PTTL of ``key`` on every node, in one round.
+class _Scan:
+    """The keys matching ``pattern`` on every node, found with SCAN, at most ``limit``."""
 
-    Nodes in ``down`` (index -> error) are not asked, and a node that fails now
-    joins them: a hung node costs one timeout per listing, not one per key.
-    """
-    live = [i for i in range(len(client.nodes)) if i not in down]
-    replies = (
-        run_script(_PEEK, [client.nodes[i] for i in live], (key,), (), timeout) if live else []
-    )
-    views = [_NodeView(node.name, error=down.get(i)) for i, node in enumerate(client.nodes)]
-    for i, reply in zip(live, replies):
-        if isinstance(reply, Exception):
-            down[i] = views[i].error = _error_text(reply)
-        else:
-            value = None if reply[0] is None else _text(reply[0])
-            views[i] = _NodeView(client.nodes[i].name, None, value, int(reply[1]))
-    return views
+    def __init__(self, client: Redlock, pattern: str, limit: int):
+        self.client, self.pattern, self.limit = client, pattern, limit
+        self.down: dict[Node, str] = {}  # the nodes that failed, and why
+        self.truncated = False  # a node had more than ``limit`` keys
+        found: set[bytes] = set()
+        for node in client.nodes:
+            seen: set[bytes] = set()  # SCAN may return a key twice
+            cursor: Any = b"0"
+            while True:
+                # Each call is bounded by the timeout; COUNT keeps the number of calls small.
+                command = ("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT)
+                reply = gather([node], command, client.node_timeout)[0]
+                if isinstance(reply, Exception):
+                    self.down[node] = _error_text(reply)
+                    break
+                cursor, keys = reply
+                seen.update(keys)
+                if int(cursor) == 0:
+                    break
+                if len(seen) >= limit:
+                    self.truncated = True
+                    break
+            found |= seen
+        self.keys = sorted(found)[:limit]
+        self.truncated = self.truncated or len(found) > limit
 
+    def read(self, key: bytes, fence_key: Any) -> _Key:
+        return _read(self.client, key, fence_key, self.down)
 
-def _scan_all(
-    client: Redlock, pattern: str, limit: int, timeout: float
-) -> tuple[list[bytes], bool, dict[int, str]]:
-    """SCAN every node for ``pattern``.
-
-    Returns:
-        The keys found (sorted, at most ``limit``), whether a node had more,
-        and the nodes that failed (index -> error).
-    """
-    found: set[bytes] = set()
-    truncated = False
-    down: dict[int, str] = {}
-    for index, node in enumerate(client.nodes):
-        keys, more, error = _scan(node, pattern, limit, timeout)
-        found.update(keys)
-        truncated = truncated or more
-        if error is not None:
-            down[index] = error
-    keys = sorted(found)
-    return keys[:limit], truncated or len(keys) > limit, down
-
-
-def _scan(
-    node: Node, pattern: str, limit: int, timeout: float
-) -> tuple[list[bytes], bool, str | None]:
-    """SCAN one node until done or ``limit`` keys: (keys, stopped early, error)."""
-    found: set[bytes] = set()  # SCAN may return a key twice
-    cursor: Any = b"0"
-    while True:
-        # Each call is bounded by the timeout; COUNT keeps the number of calls small.
-        reply = gather([node], ("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT), timeout)[0]
-        if isinstance(reply, Exception):
-            return sorted(found), False, _error_text(reply)
-        cursor, keys = reply
-        found.update(keys)
-        if int(cursor) == 0:
-            return sorted(found), False, None
-        if len(found) >= limit:
-            return sorted(found)[:limit], True, None
+    def report(
+        self, echo: Callable, title: str, header: list[str], rows: list[list[str]], summary: str
+    ) -> str | None:
+        """Print the listing; the error text if fewer than a quorum of nodes answered."""
+        client = self.client
+        echo(f"{title}: {len(client.nodes)} nodes, quorum {client.quorum}, keys {self.pattern}\n")
+        if rows:
+            echo(_table(rows, header) + "\n")
+        if self.truncated:
+            summary += f" Stopped at --limit {self.limit}: more keys may exist."
+        echo(summary)
+        down = [(node.name, self.down[node]) for node in client.nodes if node in self.down]
+        _echo_down(echo, down)
+        return _outage(down, len(client.nodes), client.quorum)
 
 
-def _down_problems(ctx: click.Context, client: Redlock, down: dict[int, str]) -> str | None:
-    """Print the nodes that failed; an error text if they leave less than a quorum."""
-    for index, error in sorted(down.items()):
-        ctx.obj.echo(f"DOWN    {client.nodes[index].name}: {error}")
-    answered = len(client.nodes) - len(down)
-    if answered < client.quorum:
-        return (
-            f"only {answered} of {len(client.nodes)} Redis nodes answered, {client.quorum} needed; "
-            "down: " + "; ".join(f"{client.nodes[i].name} ({e})" for i, e in sorted(down.items()))
-        )
-    return None
+def _outage(down: Sequence[tuple[str, str]], total: int, quorum: int) -> str | None:
+    """The error text when the nodes ``down`` ((name, error) each) leave less than a quorum."""
+    if total - len(down) >= quorum:
+        return None
+    names = "; ".join(f"{name} ({error})" for name, error in down)
+    answered = total - len(down)
+    return f"only {answered} of {total} Redis nodes answered, {quorum} needed; down: {names}"
 
 
-def _echo_errors(ctx: click.Context, views: Sequence[_NodeView]) -> None:
-    down = [v for v in views if v.error is not None]
-    if down:
-        ctx.obj.echo("")
-    for v in down:
-        ctx.obj.echo(f"DOWN    {v.node}: {v.error}")
-
-
-def _unavailable_text(views: Sequence[_NodeView], quorum: int) -> str:
-    down = [v for v in views if v.error is not None]
-    return (
-        f"only {len(views) - len(down)} of {len(views)} Redis nodes answered, {quorum} needed; "
-        "down: " + "; ".join(f"{v.node} ({v.error})" for v in down)
-    )
+def _echo_down(echo: Callable, down: Sequence[tuple[str, str]], suffix: str = "") -> None:
+    for name, error in down:
+        echo(f"DOWN    {name}: {error}{suffix}")
 
 
 # -- helpers: text -------------------------------------------------------------
 
 
-def _table(
-    header: Sequence[str], rows: Sequence[Sequence[str]], *, show_header: bool = True
-) -> list[str]:
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:
     """Aligned columns, two spaces apart; the last column is not padded."""
-    lines = ([list(header)] if show_header else []) + [list(r) for r in rows]
-    if not lines:
-        return []
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-    return [
+    lines = [list(header), *rows] if header else list(rows)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    return "\n".join(
         "  ".join([cell.ljust(width) for cell, width in zip(line, widths)] + [line[-1]]).rstrip()
         for line in lines
-    ]
+    )
 
 
 def _text(value: Any) -> str:
@@ -1146,15 +831,12 @@ def _printable(value: str) -> str:
     return value if value.isprintable() else repr(value)
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _error_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-def _task_id(owner: str | None) -> str | None:
-    if not owner:
-        return None
-    first = owner.split(OWNER_SEP, 1)[0]
-    return None if first == "-" or first == owner else first
 
 
 def _ms_text(seconds: float) -> str:
@@ -1165,9 +847,7 @@ def _ms_text(seconds: float) -> str:
 def _ttl_text(pttl_ms: int | None) -> str:
     if pttl_ms is None or pttl_ms == -2:
         return "-"
-    if pttl_ms == -1:
-        return "no TTL"
-    return f"{pttl_ms / 1000:.3f} s"
+    return "no TTL" if pttl_ms == -1 else f"{pttl_ms / 1000:.3f} s"
 
 
 def _slot_number(slot: str) -> float:
@@ -1179,11 +859,9 @@ def _slot_number(slot: str) -> float:
 
 def _slot_time(slot: str) -> str:
     number = _slot_number(slot)
-    if number == float("-inf"):
-        return "?"
     try:
         when = datetime.fromtimestamp(number, timezone.utc)
-    except (OverflowError, OSError, ValueError):
+    except (OverflowError, OSError, ValueError):  # not a number, or out of range
         return "?"
     spec = "seconds" if number == int(number) else "milliseconds"
     return when.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
@@ -1192,15 +870,6 @@ def _slot_time(slot: str) -> str:
 def _glob_escape(text: str) -> str:
     """``text`` matched literally by a Redis glob pattern."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
-
-
-_URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^\s/,]+@")  # greedy: up to the last @
-_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]+", re.IGNORECASE)
-
-
-def mask_url(text: str) -> str:
-    """``text`` with the passwords of any Redis URLs in it replaced by ``***``."""
-    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def _setting_text(value: Any) -> str:

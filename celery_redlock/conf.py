@@ -19,13 +19,25 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 from .exceptions import ConfigurationError
 from .redlock import Redlock
 
-__all__ = ["Setting", "SETTINGS", "LockSettings", "resolve", "redlock_for", "nodes_from_app", "POLICIES", "EXHAUSTED"]
+__all__ = [
+    "BEAT_SETTINGS",
+    "EXHAUSTED",
+    "LockSettings",
+    "POLICIES",
+    "SETTINGS",
+    "Setting",
+    "nodes_from_app",
+    "redlock_for",
+    "resolve",
+    "resolve_beat",
+]
 
 #: What a duplicate execution does while the key is held.
 POLICIES = ("drop", "retry", "raise", "wait")
@@ -79,7 +91,7 @@ def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return optional
 
 
-def _node_list(value: Any) -> Optional[tuple]:
+def _node_list(value: Any) -> tuple | None:
     """A list of URLs/clients, or one string of URLs separated by commas or spaces."""
     if value is None:
         return None
@@ -109,38 +121,131 @@ class Setting(NamedTuple):
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("redlock_nodes", None, _node_list,
-            "Redis masters of the Redlock quorum: a list of URLs (redis://, rediss://, unix://) "
-            "or a string of them separated by commas. Default: the broker URL when it is a Redis URL."),
-    Setting("redlock_ttl", 10.0, _positive,
-            "Lease time in seconds. The heartbeat renews it while the task runs, so it bounds how long "
-            "a lock outlives a worker that died, not how long a task may run."),
-    Setting("redlock_node_timeout", 0.05, _positive,
-            "Seconds each node gets to answer one round. Keep it well under ttl * drift_factor."),
-    Setting("redlock_drift_factor", 0.01, _fraction,
-            "Clock drift allowed, as a fraction of the TTL (plus 2 ms)."),
+    Setting(
+        "redlock_nodes",
+        None,
+        _node_list,
+        "Redis masters of the Redlock quorum: a list of URLs (redis://, rediss://, unix://) "
+        "or a string of them separated by commas. Default: the broker URL when it is a Redis URL.",
+    ),
+    Setting(
+        "redlock_ttl",
+        10.0,
+        _positive,
+        "Lease time in seconds. The heartbeat renews it while the task runs, so it bounds how long "
+        "a lock outlives a worker that died, not how long a task may run.",
+    ),
+    Setting(
+        "redlock_node_timeout",
+        0.05,
+        _positive,
+        "Seconds each node gets to answer one round. Keep it well under ttl * drift_factor.",
+    ),
+    Setting(
+        "redlock_drift_factor",
+        0.01,
+        _fraction,
+        "Clock drift allowed, as a fraction of the TTL (plus 2 ms).",
+    ),
     Setting("redlock_key_prefix", "redlock", _prefix, "First part of every Redis key written."),
-    Setting("redlock_fencing", True, _flag,
-            "Hand each execution a fencing token that grows with every grant of its key."),
-    Setting("redlock_fence_retention", 7 * 86400.0, _positive,
-            "Seconds a key's fence value is kept after its last grant."),
-    Setting("redlock_on_duplicate", "drop", _choice(POLICIES),
-            "What a second execution of a held key does: drop, retry, raise or wait."),
-    Setting("redlock_retry_backoff", 1.0, _positive,
-            "First retry delay in seconds; doubles per attempt, with full jitter."),
-    Setting("redlock_retry_backoff_max", 60.0, _positive,
-            "Largest retry delay in seconds. Keep it below the broker's visibility_timeout."),
-    Setting("redlock_retry_max_attempts", 20, _count,
-            "Contention retries (and outage retries) before giving up; they do not use max_retries."),
-    Setting("redlock_wait_timeout", 30.0, _positive,
-            "Seconds the wait policy polls for the lock before giving up."),
-    Setting("redlock_on_exhausted", "drop", _choice(EXHAUSTED),
-            "What retry and wait do when their attempts or time run out: drop or raise."),
-    Setting("redlock_heartbeat_interval", None, _optional(_positive),
-            "Seconds between renewals of a held lease. Default: ttl / 3."),
+    Setting(
+        "redlock_fencing",
+        True,
+        _flag,
+        "Hand each execution a fencing token that grows with every grant of its key.",
+    ),
+    Setting(
+        "redlock_fence_retention",
+        7 * 86400.0,
+        _positive,
+        "Seconds a key's fence value is kept after its last grant.",
+    ),
+    Setting(
+        "redlock_on_duplicate",
+        "drop",
+        _choice(POLICIES),
+        "What a second execution of a held key does: drop, retry, raise or wait.",
+    ),
+    Setting(
+        "redlock_retry_backoff",
+        1.0,
+        _positive,
+        "First retry delay in seconds; doubles per attempt, with full jitter.",
+    ),
+    Setting(
+        "redlock_retry_backoff_max",
+        60.0,
+        _positive,
+        "Largest retry delay in seconds. Keep it below the broker's visibility_timeout.",
+    ),
+    Setting(
+        "redlock_retry_max_attempts",
+        20,
+        _count,
+        "Contention retries (and outage retries) before giving up; they do not use max_retries.",
+    ),
+    Setting(
+        "redlock_wait_timeout",
+        30.0,
+        _positive,
+        "Seconds the wait policy polls for the lock before giving up.",
+    ),
+    Setting(
+        "redlock_on_exhausted",
+        "drop",
+        _choice(EXHAUSTED),
+        "What retry and wait do when their attempts or time run out: drop or raise.",
+    ),
+    Setting(
+        "redlock_heartbeat_interval",
+        None,
+        _optional(_positive),
+        "Seconds between renewals of a held lease. Default: ttl / 3.",
+    ),
 )
 
-_BY_NAME = {s.name: s for s in SETTINGS}
+#: Settings of the beat de-duplication (app-wide; no task attribute).
+BEAT_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "redlock_beat_publish_on_outage",
+        False,
+        _flag,
+        "Publish a due slot without a claim when the quorum is unavailable (every beat then "
+        "sends it); by default the slot is held back and retried while it is still due.",
+    ),
+    Setting(
+        "redlock_beat_min_ttl",
+        60.0,
+        _positive,
+        "Floor of a slot claim's lifetime in seconds; a claim lives max(this, 2 * period).",
+    ),
+    Setting(
+        "redlock_beat_retry_interval",
+        1.0,
+        _positive,
+        "Seconds between claim attempts of a slot held back by an outage.",
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS + BEAT_SETTINGS}
+
+
+def resolve_beat(app: Any, owner: str = "beat") -> dict[str, Any]:
+    """The beat settings of ``app``, checked: ``{name: value}``.
+
+    Raises:
+        ConfigurationError: a value is invalid.
+    """
+    values = {}
+    for setting in BEAT_SETTINGS:
+        value = app.conf.get(setting.name)
+        try:
+            values[setting.name] = setting.default if value is None else setting.check(value)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{owner}: app.conf.{setting.name} = {value!r} {exc}"
+            ) from None
+    return values
 
 
 @dataclass(frozen=True)
@@ -172,7 +277,9 @@ class LockSettings:
         }
 
 
-def resolve(app: Any, overrides: Optional[Mapping[str, Any]] = None, owner: str = "app.conf") -> LockSettings:
+def resolve(
+    app: Any, overrides: Mapping[str, Any] | None = None, owner: str = "app.conf"
+) -> LockSettings:
     """Resolve every setting: ``overrides`` (task attributes), then ``app.conf``, then the default.
 
     Args:
@@ -209,7 +316,8 @@ def resolve(app: Any, overrides: Optional[Mapping[str, Any]] = None, owner: str 
         )
     if values["node_timeout"] >= values["ttl"]:
         raise ConfigurationError(
-            f"{owner}: node timeout {values['node_timeout']}s must be shorter than the lock TTL {values['ttl']}s"
+            f"{owner}: node timeout {values['node_timeout']}s must be shorter than "
+            f"the lock TTL {values['ttl']}s"
         )
     return LockSettings(**values)
 
@@ -238,7 +346,10 @@ _clients_lock = threading.Lock()
 def redlock_for(app: Any, settings: LockSettings) -> Redlock:
     """The shared :class:`Redlock` of ``app`` for these settings' nodes and options."""
     options = settings.redlock_options()
-    cache_key = (tuple(n if isinstance(n, str) else id(n) for n in settings.nodes), tuple(sorted(options.items())))
+    cache_key = (
+        tuple(n if isinstance(n, str) else id(n) for n in settings.nodes),
+        tuple(sorted(options.items())),
+    )
     with _clients_lock:
         per_app = _clients.setdefault(app, {})
         client = per_app.get(cache_key)

@@ -18,7 +18,7 @@ service is down".
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from celery.exceptions import ImproperlyConfigured
 
@@ -102,8 +102,8 @@ class LockContended(LockNotAcquired):
         self,
         message: str,
         name: str,
-        holder: Optional[str] = None,
-        remaining: Optional[float] = None,
+        holder: str | None = None,
+        remaining: float | None = None,
     ):
         self.holder = holder
         self.remaining = remaining

@@ -37,7 +37,7 @@ a dropped duplicate fails with ``TaskRevokedError`` (there is no stored state).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn, Union
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
@@ -82,7 +82,7 @@ def take(task: Any, plan: LockPlan, name: str) -> Lease:
     _drop(task, plan, name, result)
 
 
-def _attempt(task: Any, plan: LockPlan, name: str) -> Union[Lease, Holder]:
+def _attempt(task: Any, plan: LockPlan, name: str) -> Lease | Holder:
     """One try; an outage becomes a retry (or, once attempts are spent, the error)."""
     try:
         return plan.redlock.try_acquire(name, ttl=plan.settings.ttl, owner=plan.owner(task.request))
@@ -90,9 +90,13 @@ def _attempt(task: Any, plan: LockPlan, name: str) -> Union[Lease, Holder]:
         metrics.count("outage", plan.lock_name)
         attempt = attempt_of(task.request)
         if task.request.is_eager or attempt >= plan.settings.retry_max_attempts:
-            logger.error("%s[%s]: lock service unavailable, giving up: %s", task.name, task.request.id, exc)
+            logger.error(
+                "%s[%s]: lock service unavailable, giving up: %s", task.name, task.request.id, exc
+            )
             raise
-        logger.warning("%s[%s]: lock service unavailable, retrying: %s", task.name, task.request.id, exc)
+        logger.warning(
+            "%s[%s]: lock service unavailable, retrying: %s", task.name, task.request.id, exc
+        )
         _republish(task, plan, attempt, reason=f"lock service unavailable: {exc}")
 
 
@@ -126,16 +130,22 @@ def _retry(task: Any, plan: LockPlan, name: str, holder: Holder) -> NoReturn:
     if attempt >= plan.settings.retry_max_attempts:
         _exhausted(task, plan, name, holder, f"after {attempt} retries")
     metrics.count("retried", plan.lock_name)
-    _republish(task, plan, attempt, reason=f"lock {name!r} held by task {holder.task_id or holder.owner}")
+    _republish(
+        task, plan, attempt, reason=f"lock {name!r} held by task {holder.task_id or holder.owner}"
+    )
 
 
 def _republish(task: Any, plan: LockPlan, attempt: int, reason: str) -> NoReturn:
     """Publish the same message again later, without using the task's own retries."""
     settings = plan.settings
-    countdown = full_jitter(attempt, settings.retry_backoff, settings.retry_backoff_max, plan.redlock.rng)
+    countdown = full_jitter(
+        attempt, settings.retry_backoff, settings.retry_backoff_max, plan.redlock.rng
+    )
     request = task.request
     headers = {**(request.headers or {}), ATTEMPT_HEADER: attempt + 1}
-    sig = task.signature_from_request(request, countdown=countdown, retries=request.retries, headers=headers)
+    sig = task.signature_from_request(
+        request, countdown=countdown, retries=request.retries, headers=headers
+    )
     sig.apply_async()
     raise Retry(reason, when=countdown, sig=sig)
 
@@ -147,7 +157,9 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder) -> Lease:
     deadline = redlock.clock() + settings.wait_timeout
     attempt = 0
     while True:
-        delay = full_jitter(attempt, min(0.05, settings.retry_backoff), settings.retry_backoff_max, redlock.rng)
+        delay = full_jitter(
+            attempt, min(0.05, settings.retry_backoff), settings.retry_backoff_max, redlock.rng
+        )
         left = deadline - redlock.clock()
         if left <= 0:
             break

@@ -83,8 +83,9 @@ import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -110,14 +111,20 @@ OWNER_SEP = "|"
 _HOST = socket.gethostname()
 
 
-def make_owner(task_id: Optional[str] = None, retries: Optional[int] = None) -> str:
+def make_owner(task_id: str | None = None, retries: int | None = None) -> str:
     """An owner value: ``task_id|retries|host|pid|random``. Ownership is the whole value.
 
     The task id comes first so a parent process can free a dead child's lock by
     prefix; ``retries`` tells a redelivered message from a retry of the same task.
     """
     return OWNER_SEP.join(
-        (task_id or "-", "-" if retries is None else str(retries), _HOST, str(os.getpid()), secrets.token_hex(8))
+        (
+            task_id or "-",
+            "-" if retries is None else str(retries),
+            _HOST,
+            str(os.getpid()),
+            secrets.token_hex(8),
+        )
     )
 
 
@@ -131,13 +138,14 @@ def full_jitter(
 class Holder(NamedTuple):
     """Who holds a name, as the nodes see it."""
 
-    #: The holder's owner value (``task_id|retries|host|pid|random``), or None if no majority agrees.
-    owner: Optional[str]
+    #: The holder's owner value (``task_id|retries|host|pid|random``), or None if
+    #: no majority agrees.
+    owner: str | None
     #: Seconds left on the holder's key (the smallest PTTL among the agreeing nodes).
-    remaining: Optional[float]
+    remaining: float | None
 
     @property
-    def task_id(self) -> Optional[str]:
+    def task_id(self) -> str | None:
         """The holder's task id, if it was taken by a task."""
         if not self.owner:
             return None
@@ -145,7 +153,7 @@ class Holder(NamedTuple):
         return None if first == "-" else first
 
     @property
-    def retries(self) -> Optional[int]:
+    def retries(self) -> int | None:
         """How many times the holder's task had been retried when it took the lock."""
         fields = (self.owner or "").split(OWNER_SEP)
         return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
@@ -163,7 +171,18 @@ class Lease:
             fencing is off).
     """
 
-    __slots__ = ("name", "key", "fence_key", "owner", "ttl", "fencing_token", "_expires", "_lost", "_redlock", "__weakref__")
+    __slots__ = (
+        "name",
+        "key",
+        "fence_key",
+        "owner",
+        "ttl",
+        "fencing_token",
+        "_expires",
+        "_lost",
+        "_redlock",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -173,7 +192,7 @@ class Lease:
         fence_key: str,
         owner: str,
         ttl: float,
-        fencing_token: Optional[int],
+        fencing_token: int | None,
         expires: float,
     ):
         self._redlock = redlock
@@ -258,7 +277,12 @@ class Redlock:
         _positive("fence_retention", fence_retention)
         if not isinstance(drift_factor, (int, float)) or not 0 <= drift_factor < 1:
             raise ConfigurationError(f"drift_factor must be in [0, 1), got {drift_factor!r}")
-        if not isinstance(key_prefix, str) or not key_prefix or "{" in key_prefix or "}" in key_prefix:
+        if (
+            not isinstance(key_prefix, str)
+            or not key_prefix
+            or "{" in key_prefix
+            or "}" in key_prefix
+        ):
             raise ConfigurationError(
                 f"key_prefix must be a non-empty string without braces, got {key_prefix!r}"
             )
@@ -302,7 +326,7 @@ class Redlock:
 
     # -- acquire ------------------------------------------------------------
 
-    def try_acquire(self, name: str, *, ttl: float, owner: Optional[str] = None) -> Lease | Holder:
+    def try_acquire(self, name: str, *, ttl: float, owner: str | None = None) -> Lease | Holder:
         """One attempt: the :class:`Lease`, or the :class:`Holder` in the way.
 
         Raises:
@@ -332,11 +356,19 @@ class Redlock:
         self._release_everywhere(key, owner)
         if len(self.nodes) - len(errors) < self.quorum:
             raise QuorumUnavailable(errors, self.quorum, len(self.nodes))
-        return _holder([(_text(r[1]), int(r[2])) for r in replies if _is_list(r) and int(r[0]) == 0])
+        return _holder(
+            [(_text(r[1]), int(r[2])) for r in replies if _is_list(r) and int(r[0]) == 0]
+        )
 
     def _fence(
-        self, granted: list[int], replies: list[Any], key: str, fence_key: str, owner: str, expires: float
-    ) -> Optional[int]:
+        self,
+        granted: list[int],
+        replies: list[Any],
+        key: str,
+        fence_key: str,
+        owner: str,
+        expires: float,
+    ) -> int | None:
         """Phase 2: compute the token and write it back; None if it did not land on a quorum."""
         token = 0
         for i in granted:
@@ -364,11 +396,11 @@ class Redlock:
         *,
         ttl: float,
         blocking: bool = False,
-        timeout: Optional[float] = None,
-        owner: Optional[str] = None,
+        timeout: float | None = None,
+        owner: str | None = None,
         retry_delay: float = 0.05,
         retry_delay_max: float = 1.0,
-    ) -> Optional[Lease]:
+    ) -> Lease | None:
         """Take the lock on a quorum.
 
         Args:
@@ -411,7 +443,7 @@ class Redlock:
             attempt += 1
 
     @contextmanager
-    def lock(self, name: str, *, ttl: float, timeout: Optional[float] = None) -> Iterator[Lease]:
+    def lock(self, name: str, *, ttl: float, timeout: float | None = None) -> Iterator[Lease]:
         """Hold the lock for the ``with`` block (blocking; :class:`LockNotAcquired` on timeout)."""
         lease = self.acquire(name, ttl=ttl, blocking=True, timeout=timeout)
         if lease is None:
@@ -428,7 +460,7 @@ class Redlock:
 
     # -- extend and release -------------------------------------------------
 
-    def extend(self, lease: Lease, ttl: Optional[float] = None) -> bool:
+    def extend(self, lease: Lease, ttl: float | None = None) -> bool:
         """Set the lease's TTL to ``ttl`` (default: its own) on every node; never adds.
 
         Returns False, and marks the lease lost, when it had already lapsed or
@@ -436,7 +468,7 @@ class Redlock:
         """
         return self.extend_many([lease], ttl)[0]
 
-    def extend_many(self, leases: Sequence[Lease], ttl: Optional[float] = None) -> list[bool]:
+    def extend_many(self, leases: Sequence[Lease], ttl: float | None = None) -> list[bool]:
         """Renew several leases of this client: one call per node, whatever their number."""
         if ttl is not None:
             _positive("ttl", ttl)
@@ -484,15 +516,15 @@ class Redlock:
 
     def _release_everywhere(self, key: str, owner: str) -> None:
         try:
-            replies = run_script(
-                _scripts.RELEASE, self.nodes, (key,), (owner,), self.node_timeout
-            )
+            replies = run_script(_scripts.RELEASE, self.nodes, (key,), (owner,), self.node_timeout)
         except (RedisError, OSError) as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return
         failed = [node.name for node, r in zip(self.nodes, replies) if isinstance(r, Exception)]
         if failed:
-            logger.info("release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed))
+            logger.info(
+                "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
+            )
 
     # -- inspection and one-shot claims ---------------------------------------
 
@@ -503,30 +535,37 @@ class Redlock:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         key, fence_key = self.keys(name)
-        replies = run_script(
-            _scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout
-        )
+        replies = run_script(_scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout)
         errors = self._errors(replies)
         if len(self.nodes) - len(errors) < self.quorum:
             raise QuorumUnavailable(errors, self.quorum, len(self.nodes))
-        return _holder([(_text(r[0]), int(r[1])) for r in replies if _is_list(r) and r[0]], self.quorum)
+        return _holder(
+            [(_text(r[0]), int(r[1])) for r in replies if _is_list(r) and r[0]], self.quorum
+        )
 
     def inspect(self, name: str) -> list[dict[str, Any]]:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         key, fence_key = self.keys(name)
-        replies = run_script(
-            _scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout
-        )
+        replies = run_script(_scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout)
         out = []
         for node, r in zip(self.nodes, replies):
             if isinstance(r, Exception):
                 out.append({"node": node.name, "error": str(r)})
             else:
-                out.append({"node": node.name, "holder": _text(r[0]), "pttl_ms": int(r[1]), "fence": _text(r[2])})
+                out.append(
+                    {
+                        "node": node.name,
+                        "holder": _text(r[0]),
+                        "pttl_ms": int(r[1]),
+                        "fence": _text(r[2]),
+                    }
+                )
         return out
 
     def claim(self, key: str, value: str, *, ttl: float) -> bool:
-        """Set ``{prefix}:{key}`` to ``value`` on a quorum if no other value is there; never released.
+        """Set ``{prefix}:{key}`` to ``value`` on a quorum unless another value is there.
+
+        The claim is never released: it expires.
 
         Used for one-shot decisions such as "this beat slot was sent". Returns
         True if the claim is ours (also when re-sent), False if another value
@@ -552,7 +591,7 @@ class Redlock:
         return {node.name: r for node, r in zip(self.nodes, replies) if isinstance(r, Exception)}
 
 
-def _holder(seen: list[tuple[Optional[str], int]], quorum: int = 1) -> Holder:
+def _holder(seen: list[tuple[str | None, int]], quorum: int = 1) -> Holder:
     """The most common holder among node answers, if at least ``quorum`` agree."""
     if not seen:
         return Holder(None, None)
@@ -571,7 +610,10 @@ def _positive(name: str, value: Any, zero_ok: bool = False) -> None:
         and (value >= 0 if zero_ok else 0 < value < float("inf"))
     )
     if not ok:
-        raise ConfigurationError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} number of seconds, got {value!r}")
+        raise ConfigurationError(
+            f"{name} must be a {'non-negative' if zero_ok else 'positive'} "
+            f"number of seconds, got {value!r}"
+        )
 
 
 def _ms(seconds: float) -> int:
@@ -582,7 +624,7 @@ def _is_list(reply: Any) -> bool:
     return isinstance(reply, list)
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(value: Any) -> str | None:
     if value is None or value is False:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -49,7 +49,9 @@ def install(app: Any) -> None:
         return
     _installed.add(app)
     uid = f"celery_redlock:{id(app)}"
-    celery_signals.worker_process_shutdown.connect(_process_shutdown, weak=False, dispatch_uid=uid + ":shutdown")
+    celery_signals.worker_process_shutdown.connect(
+        _process_shutdown, weak=False, dispatch_uid=uid + ":shutdown"
+    )
     celery_signals.task_failure.connect(_task_failure, weak=False, dispatch_uid=uid + ":failure")
     celery_signals.task_revoked.connect(_task_revoked, weak=False, dispatch_uid=uid + ":revoked")
 
@@ -58,15 +60,25 @@ def _process_shutdown(**_: Any) -> None:
     heartbeat.stop()
 
 
-def _task_failure(sender: Any = None, task_id: str = "", exception: Any = None, args: Any = None,
-                  kwargs: Any = None, **_: Any) -> None:
+def _task_failure(
+    sender: Any = None,
+    task_id: str = "",
+    exception: Any = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
     if isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
         _release_for_dead(sender, task_id, args, kwargs, why=type(exception).__name__)
 
 
-def _task_revoked(sender: Any = None, request: Any = None, terminated: bool = False, **_: Any) -> None:
+def _task_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
     if terminated and request is not None:
-        _release_for_dead(sender, request.id, request.args, request.kwargs, why="revoked and terminated")
+        _release_for_dead(
+            sender, request.id, request.args, request.kwargs, why="revoked and terminated"
+        )
 
 
 def _release_for_dead(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:
@@ -77,7 +89,9 @@ def _release_for_dead(task: Any, task_id: str, args: Any, kwargs: Any, why: str)
         name = plan.keys.build(args or (), kwargs or {})
         freed = plan.redlock.release_owned_by(name, task_id)
     except Exception as exc:  # noqa: BLE001 - a receiver must not raise
-        logger.warning("could not release the lock of %s[%s] (%s): %s", task.name, task_id, why, exc)
+        logger.warning(
+            "could not release the lock of %s[%s] (%s): %s", task.name, task_id, why, exc
+        )
         return
     if freed:
         metrics.count("parent_released", plan.lock_name)

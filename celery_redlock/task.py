@@ -46,7 +46,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from celery import Task, current_task
 
@@ -69,7 +69,7 @@ class LockPlan:
     redlock: Redlock
     keys: KeyBuilder
     #: The keyword the fencing token is passed as, or None if ``run`` doesn't take it.
-    token_arg: Optional[str]
+    token_arg: str | None
 
     def owner(self, request: Any) -> str:
         return make_owner(request.id, request.retries or 0)
@@ -87,40 +87,40 @@ class LockedTask(Task):
     #: or ``()`` for one lock per lock name. None: all arguments.
     lock_on: Any = None
     #: Name of the lock (default: the task name). Tasks sharing one exclude each other.
-    lock_name: Optional[str] = None
+    lock_name: str | None = None
     #: Keyword the fencing token is passed as, when ``run`` declares it with a default.
-    lock_token_arg: Optional[str] = "fencing_token"
+    lock_token_arg: str | None = "fencing_token"
 
     #: Setting ``redlock_nodes``.
     lock_nodes: Any = None
     #: Setting ``redlock_ttl``.
-    lock_ttl: Optional[float] = None
+    lock_ttl: float | None = None
     #: Setting ``redlock_node_timeout``.
-    lock_node_timeout: Optional[float] = None
+    lock_node_timeout: float | None = None
     #: Setting ``redlock_drift_factor``.
-    lock_drift_factor: Optional[float] = None
+    lock_drift_factor: float | None = None
     #: Setting ``redlock_key_prefix``.
-    lock_key_prefix: Optional[str] = None
+    lock_key_prefix: str | None = None
     #: Setting ``redlock_fencing``.
-    lock_fencing: Optional[bool] = None
+    lock_fencing: bool | None = None
     #: Setting ``redlock_fence_retention``.
-    lock_fence_retention: Optional[float] = None
+    lock_fence_retention: float | None = None
     #: Setting ``redlock_on_duplicate``: drop, retry, raise or wait.
-    lock_on_duplicate: Optional[str] = None
+    lock_on_duplicate: str | None = None
     #: Setting ``redlock_retry_backoff``.
-    lock_retry_backoff: Optional[float] = None
+    lock_retry_backoff: float | None = None
     #: Setting ``redlock_retry_backoff_max``.
-    lock_retry_backoff_max: Optional[float] = None
+    lock_retry_backoff_max: float | None = None
     #: Setting ``redlock_retry_max_attempts``.
-    lock_retry_max_attempts: Optional[int] = None
+    lock_retry_max_attempts: int | None = None
     #: Setting ``redlock_wait_timeout``.
-    lock_wait_timeout: Optional[float] = None
+    lock_wait_timeout: float | None = None
     #: Setting ``redlock_on_exhausted``: drop or raise.
-    lock_on_exhausted: Optional[str] = None
+    lock_on_exhausted: str | None = None
     #: Setting ``redlock_heartbeat_interval``.
-    lock_heartbeat_interval: Optional[float] = None
+    lock_heartbeat_interval: float | None = None
 
-    _lock_plan: Optional[LockPlan] = None
+    _lock_plan: LockPlan | None = None
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -133,7 +133,9 @@ class LockedTask(Task):
         settings = conf.resolve(app, overrides, owner=name)
         lock_name = cls.lock_name or name
         run = cls.run if _is_plain_function(cls) else functools.partial(cls.run, None)
-        keys = KeyBuilder(run, cls.lock_on, lock_name=lock_name, token_arg=cls.lock_token_arg, task_name=name)
+        keys = KeyBuilder(
+            run, cls.lock_on, lock_name=lock_name, token_arg=cls.lock_token_arg, task_name=name
+        )
         cls._lock_plan = LockPlan(
             lock_name=lock_name,
             settings=settings,
@@ -158,7 +160,9 @@ class LockedTask(Task):
         metrics.count("acquired", plan.lock_name)
         try:
             request.redlock = lease
-            heartbeat.hold(lease, plan.settings.heartbeat_interval, on_lost=functools.partial(_lost, self))
+            heartbeat.hold(
+                lease, plan.settings.heartbeat_interval, on_lost=functools.partial(_lost, self)
+            )
             if plan.token_arg is not None:
                 kwargs = {**kwargs, plan.token_arg: lease.fencing_token}
             return self.run(*args, **kwargs)
@@ -166,7 +170,7 @@ class LockedTask(Task):
             _release(plan.redlock, lease)
 
     @property
-    def redlock(self) -> Optional[Lease]:
+    def redlock(self) -> Lease | None:
         """The lease of the running execution (``self.request.redlock``)."""
         return getattr(self.request, "redlock", None)
 
@@ -210,7 +214,7 @@ def _is_plain_function(cls: type) -> bool:
     return False
 
 
-def _token_arg(keys: KeyBuilder, token_arg: Optional[str], task_name: str) -> Optional[str]:
+def _token_arg(keys: KeyBuilder, token_arg: str | None, task_name: str) -> str | None:
     """The token keyword if ``run`` declares it; it must have a default."""
     if not token_arg:
         return None

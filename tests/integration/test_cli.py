@@ -21,7 +21,8 @@ import pytest
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_redlock.cli import mask_url, redlock
+from celery_redlock._nodes import mask_url
+from celery_redlock.cli import redlock
 from celery_redlock.redlock import Lease, make_owner
 
 pytestmark = pytest.mark.integration
@@ -198,6 +199,18 @@ def test_list_without_a_quorum_exits_2(app, redis_nodes3):
     assert redis_nodes3.urls[1] in result.stderr and redis_nodes3.urls[2] in result.stderr
 
 
+def test_list_a_hung_node_costs_one_timeout(app, redis_nodes3):
+    for account in range(10):
+        hold(app, account, f"task-{account}")
+    redis_nodes3.pause(0)
+    started = time.monotonic()
+    result = invoke(app, "list", "--timeout", "0.2")
+    assert time.monotonic() - started < 1.5  # not one timeout per key
+    assert result.exit_code == 0, result.output
+    assert "10 keys, 10 held by a quorum." in result.output
+    assert f"DOWN    {redis_nodes3.urls[0]}" in result.output
+
+
 # -- release -------------------------------------------------------------------
 
 
@@ -328,6 +341,7 @@ def test_mask_url():
     assert mask_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
     assert mask_url("rediss://default:p@ss@host/1") == "rediss://default:***@host/1"
     assert mask_url("redis://host:6379/0, redis://:x@h2") == "redis://host:6379/0, redis://:***@h2"
+    assert mask_url("unix:///r.sock?db=0&password=pw") == "unix:///r.sock?db=0&password=***"
 
 
 # -- through celery's own command line -----------------------------------------

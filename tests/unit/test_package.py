@@ -13,13 +13,17 @@ PACKAGE = ROOT / "celery_redlock"
 def test_all_is_sorted_and_complete():
     assert celery_redlock.__all__ == sorted(celery_redlock.__all__)
     public = {name for name in vars(celery_redlock) if not name.startswith("_")}
-    modules = {name for name, value in vars(celery_redlock).items() if type(value).__name__ == "module"}
+    modules = {
+        name for name, value in vars(celery_redlock).items() if type(value).__name__ == "module"
+    }
     assert public - modules == set(celery_redlock.__all__)
 
 
 def test_every_setting_is_documented_in_the_readme():
     readme = (ROOT / "README.rst").read_text()
-    missing = [s.name for s in conf.SETTINGS if f"``{s.name}``" not in readme]
+    missing = [
+        s.name for s in conf.SETTINGS + conf.BEAT_SETTINGS if f"``{s.name}``" not in readme
+    ]
     assert not missing, f"settings missing from README.rst: {missing}"
 
 

@@ -1,0 +1,260 @@
+"""Run the example: ``python -m example_project``.
+
+Starts a broker node and three Redlock nodes (real redis-server processes on
+free loopback ports), a prefork worker and two beats, then shows each feature
+and checks what happened. Exits 0 when every check holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from celery_redlock.testing import RedisNode, RedisNodes
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-example-")))
+        broker = stack.enter_context(RedisNode())
+        nodes = stack.enter_context(RedisNodes(3))
+        os.environ.update(
+            EXAMPLE_BROKER_URL=f"{broker.url[:-1]}0",
+            EXAMPLE_RESULT_URL=f"{broker.url[:-1]}1",
+            EXAMPLE_JOURNAL_URL=f"{broker.url[:-1]}3",
+            EXAMPLE_REDLOCK_NODES=",".join(nodes.urls),
+        )
+        print(f"broker {broker.url}; Redlock nodes {', '.join(nodes.urls)}")
+
+        from . import tasks  # after the environment is set: the app reads it
+        from .app import app
+
+        worker = _start(
+            stack,
+            workdir,
+            "worker",
+            [
+                "worker",
+                "-P",
+                "prefork",
+                "-c",
+                "4",
+                "-l",
+                "info",
+                "--without-mingle",
+                "--without-gossip",
+                "--without-heartbeat",
+            ],
+        )
+        _wait_ready(app, worker, workdir / "worker.log")
+        for i in (1, 2):
+            _start(
+                stack,
+                workdir,
+                f"beat{i}",
+                [
+                    "beat",
+                    "-S",
+                    "celery_redlock.beat:RedlockScheduler",
+                    "-s",
+                    str(workdir / f"beat{i}-schedule"),
+                    "-l",
+                    "info",
+                ],
+            )
+            time.sleep(0.7)  # started at different moments, on purpose
+
+        checks: list[tuple[str, bool, str]] = []
+        checks += demo_settle(tasks)
+        checks += demo_ship(tasks)
+        checks += demo_heartbeat(tasks)
+        checks += demo_shared_name(tasks)
+        checks += demo_node_down(tasks, nodes)
+        checks += demo_beat(tasks)
+
+        print()
+        width = max(len(name) for name, _, _ in checks)
+        for name, ok, detail in checks:
+            print(f"{'ok  ' if ok else 'FAIL'} {name:<{width}}  {detail}")
+        failed = [name for name, ok, _ in checks if not ok]
+        print(
+            f"\n{len(checks) - len(failed)} of {len(checks)} checks hold"
+            + (f"; failed: {failed}" if failed else "")
+        )
+        return 1 if failed else 0
+
+
+def journal(tasks, kind: str) -> list[dict]:
+    return [
+        r
+        for r in (json.loads(x) for x in tasks.journal().lrange("journal", 0, -1))
+        if r["kind"] == kind
+    ]
+
+
+def no_overlap(records: list[dict]) -> bool:
+    spans = sorted((r["start"], r["end"]) for r in records)
+    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def demo_settle(tasks) -> list:
+    print("settle: 5 payments on each of two accounts at once, lock_on_duplicate='retry'")
+    results = [tasks.settle.delay(account, 10) for _ in range(5) for account in (1, 2)]
+    for r in results:
+        r.get(timeout=60)
+    out = []
+    for account in (1, 2):
+        runs = [r for r in journal(tasks, "settle") if r["account_id"] == account]
+        tokens = [r["token"] for r in sorted(runs, key=lambda r: r["start"])]
+        out.append((f"settle account {account}: all 5 ran", len(runs) == 5, f"{len(runs)} runs"))
+        out.append((f"settle account {account}: never overlapped", no_overlap(runs), ""))
+        out.append(
+            (
+                f"settle account {account}: tokens grow, writes accepted",
+                tokens == sorted(set(tokens)) and all(r["accepted"] for r in runs),
+                f"tokens {tokens[0]}..{tokens[-1]}",
+            )
+        )
+    return out
+
+
+def demo_ship(tasks) -> list:
+    from celery.exceptions import TaskRevokedError
+
+    print("ship: three orders of one customer at once (dropped), one of another (runs alongside)")
+    same = [tasks.ship.delay({"id": n, "customer": {"id": 7}}) for n in range(3)]
+    other = tasks.ship.delay({"id": 9, "customer": {"id": 8}})
+    dropped = 0
+    for r in same:
+        try:
+            r.get(timeout=30)
+        except TaskRevokedError:
+            dropped += 1
+    other.get(timeout=30)
+    runs = journal(tasks, "ship")
+    parallel = len(runs) == 2 and not no_overlap(runs)
+    return [
+        ("ship: one run per customer, duplicates dropped", dropped == 2, f"{dropped} dropped"),
+        ("ship: other customers run in parallel", parallel, ""),
+    ]
+
+
+def demo_heartbeat(tasks) -> list:
+    from celery.exceptions import TaskRevokedError
+
+    print("long_import: runs 3 s with a 1 s TTL; a duplicate 1.5 s in is dropped")
+    first = tasks.long_import.delay()
+    time.sleep(1.5)
+    second = tasks.long_import.delay()
+    try:
+        second.get(timeout=30)
+        dropped = False
+    except TaskRevokedError:
+        dropped = True
+    first.get(timeout=30)
+    runs = journal(tasks, "long_import")
+    return [
+        ("heartbeat: lease kept past its TTL", len(runs) == 1 and runs[0]["lost"] is False, ""),
+        ("heartbeat: duplicate dropped mid-run", dropped, ""),
+    ]
+
+
+def demo_shared_name(tasks) -> list:
+    print("reserve/restock share lock_name='inventory': same sku never at once")
+    results = [
+        tasks.reserve.delay("sku-1"),
+        tasks.restock.delay("sku-1"),
+        tasks.restock.delay("sku-1", 2),
+    ]
+    for r in results:
+        r.get(timeout=30, propagate=False)
+    runs = journal(tasks, "inventory")
+    return [
+        (
+            "shared lock name excludes across tasks",
+            no_overlap(runs) and len(runs) >= 2,
+            f"{len(runs)} runs",
+        )
+    ]
+
+
+def demo_node_down(tasks, nodes) -> list:
+    print("one of three lock nodes killed: locking goes on")
+    nodes.kill(2)
+    started = time.monotonic()
+    token = tasks.settle.delay(3, 1).get(timeout=30)
+    elapsed = time.monotonic() - started
+    nodes.restart(2)
+    return [
+        (
+            "a minority of nodes down changes nothing",
+            isinstance(token, int),
+            f"ran in {elapsed:.2f}s",
+        )
+    ]
+
+
+def demo_beat(tasks) -> list:
+    print("two beats, 'tick' every second: each slot sent once")
+    time.sleep(6)
+    ticks = journal(tasks, "tick")
+    slots = [t["slot"] for t in ticks]
+    unique = len(slots) == len(set(slots))
+    seconds = sorted(int(float(s)) for s in set(slots))
+    gapless = seconds == list(range(seconds[0], seconds[-1] + 1)) if seconds else False
+    return [
+        (
+            "beat: every slot sent exactly once",
+            bool(slots) and unique,
+            f"{len(slots)} ticks, {len(set(slots))} slots",
+        ),
+        ("beat: no slot missed", gapless, f"slots {seconds[0]}..{seconds[-1]}" if seconds else ""),
+    ]
+
+
+def _start(stack: ExitStack, workdir: Path, name: str, args: list[str]) -> subprocess.Popen:
+    log = open(workdir / f"{name}.log", "wb")
+    stack.callback(log.close)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "example_project.app", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=HERE.parent,
+        env=os.environ.copy(),
+    )
+    stack.callback(_stop, proc)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_ready(app, worker: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise SystemExit(f"the worker exited:\n{log.read_text()[-3000:]}")
+        if b"ready." in log.read_bytes():
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the worker did not start in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

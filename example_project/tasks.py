@@ -1,0 +1,109 @@
+"""The example tasks: each shows one feature."""
+
+import json
+import os
+import time
+
+import redis
+
+from celery_redlock import LockedTask, current_lease
+
+from .app import app
+
+
+def journal() -> redis.Redis:
+    """Where the tasks write what they did (the broker's Redis, another db)."""
+    return redis.Redis.from_url(os.environ.get("EXAMPLE_JOURNAL_URL", "redis://127.0.0.1:6379/3"))
+
+
+def record(kind: str, **fields) -> None:
+    journal().rpush("journal", json.dumps({"kind": kind, "pid": os.getpid(), **fields}))
+
+
+# A fenced resource: the write lands only if its token beats the last one seen.
+FENCED_WRITE = """
+local f = redis.call('GET', KEYS[2])
+if f and (#f > #ARGV[1] or (#f == #ARGV[1] and f >= ARGV[1])) then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('INCRBYFLOAT', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+@app.task(
+    base=LockedTask, bind=True, lock_on=("account_id",), lock_on_duplicate="retry", max_retries=0
+)
+def settle(self, account_id, amount, fencing_token=None):
+    """One settlement per account at a time; duplicates are retried, not dropped."""
+    start = time.time()
+    time.sleep(0.3)
+    accepted = journal().eval(
+        FENCED_WRITE, 2, f"balance:{account_id}", f"fence:{account_id}", fencing_token, amount
+    )
+    record(
+        "settle",
+        account_id=account_id,
+        token=fencing_token,
+        start=start,
+        end=time.time(),
+        accepted=accepted,
+    )
+    return fencing_token
+
+
+@app.task(base=LockedTask, lock_on=("order.customer.id",))
+def ship(order):
+    """Per-argument key through a dotted path; duplicates are dropped (the default)."""
+    start = time.time()
+    time.sleep(0.5)
+    record(
+        "ship",
+        customer=order["customer"]["id"],
+        token=current_lease().fencing_token,
+        start=start,
+        end=time.time(),
+    )
+
+
+@app.task(base=LockedTask, bind=True, lock_ttl=1.0, lock_on=())
+def long_import(self):
+    """Runs three times longer than its TTL: the heartbeat keeps the lease."""
+    start = time.time()
+    time.sleep(3.0)
+    record("long_import", start=start, end=time.time(), lost=self.request.redlock.lost)
+
+
+@app.task(base=LockedTask, lock_name="inventory", lock_on=("sku",))
+def reserve(sku):
+    """Shares the lock name "inventory" with restock: the two exclude each other per sku."""
+    start = time.time()
+    time.sleep(0.3)
+    record("inventory", task="reserve", sku=sku, start=start, end=time.time())
+
+
+@app.task(
+    base=LockedTask,
+    lock_name="inventory",
+    lock_on=("sku",),
+    lock_on_duplicate="wait",
+    lock_wait_timeout=5,
+)
+def restock(sku, quantity=1):
+    start = time.time()
+    time.sleep(0.3)
+    record("inventory", task="restock", sku=sku, start=start, end=time.time())
+
+
+@app.task(base=LockedTask, bind=True, lock_on=())
+def tick(self):
+    """Sent by two beats every second: each slot arrives once."""
+    record(
+        "tick",
+        slot=self.request.get("redlock_beat_slot")
+        or (self.request.headers or {}).get("redlock_beat_slot"),
+    )
+
+
+@app.task(base=LockedTask, lock_on=())
+def report():
+    record("report")
