@@ -174,12 +174,15 @@ def gather(nodes: Sequence[Node], args: Sequence[Any], timeout: float) -> list[A
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
     sent: list[tuple[int, Node, Any, bool]] = []
-    packed = None
-    for i, node in enumerate(nodes):
-        conn, reused = node.connection()
-        if packed is None:
-            packed = conn.pack_command(*args)
+    checked_out = [(i, node, *node.connection()) for i, node in enumerate(nodes)]
+    packed = checked_out[0][2].pack_command(*args) if checked_out else b""
+    # Connected nodes first: a new connection may wait on a handshake (AUTH,
+    # SELECT) with a hung node, and meanwhile the others are already working.
+    checked_out.sort(key=lambda item: not item[3])
+    for i, node, conn, reused in checked_out:
         try:
+            if not reused:
+                _connect_within(conn, deadline)
             conn.send_packed_command(packed, check_health=False)
             sent.append((i, node, conn, reused))
         except (RedisError, OSError) as exc:
@@ -207,6 +210,16 @@ def _read(node: Node, conn: Any, deadline: float) -> Any:
     return reply
 
 
+def _connect_within(conn: Any, deadline: float) -> None:
+    """Connect, handshake included, within what is left of the round's deadline."""
+    left = max(deadline - time.monotonic(), _LAST_LOOK)
+    for attr in ("socket_connect_timeout", "socket_timeout"):
+        configured = getattr(conn, attr, None)
+        if configured is None or configured > left:
+            setattr(conn, attr, left)
+    conn.connect()
+
+
 def _closed_by_server(reply: Any) -> bool:
     # An idle connection the server closed meanwhile (a restart, a client
     # timeout) fails at once on reuse, not by timing out.
@@ -219,6 +232,7 @@ def _resend(node: Node, packed: Any, deadline: float) -> Any:
     """Send once more on a new connection: every command we send is idempotent."""
     conn = node.new_connection()
     try:
+        _connect_within(conn, deadline)
         conn.send_packed_command(packed, check_health=False)
     except (RedisError, OSError) as exc:
         node.discard(conn)

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.faults
 
 NAME = "job"
 NODE_TIMEOUT = 0.05
+# For tests about outcomes, not timing: a loaded machine must not turn them into timeouts.
+STEADY = 0.5
 SLACK = 0.05  # scheduling noise
 
 
@@ -102,7 +104,7 @@ def test_three_of_five_killed_raises_quorum_unavailable_fast(redis_nodes5):
 
 
 def test_failed_acquire_after_a_grant_keeps_only_the_fence(redis_nodes5):
-    rl = Redlock(redis_nodes5.urls, node_timeout=NODE_TIMEOUT)
+    rl = Redlock(redis_nodes5.urls, node_timeout=STEADY)
     lease = rl.acquire(NAME, ttl=10)
     rl.release(lease)
     lock_key, fence_key = rl.keys(NAME)
@@ -201,12 +203,6 @@ def test_claim_with_minority_and_majority_down(redis_nodes5):
     assert [keys for i, keys in sorted(redis_nodes5.keys().items())] == [["redlock:slot:1"]] * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: a new connection to a hung node whose URL selects a db (or has a "
-    "password) waits node_timeout in redis-py's handshake (SELECT / AUTH), one node after the "
-    "other, before the round's deadline starts to count",
-)
 def test_hung_nodes_with_a_db_in_the_url_cost_one_node_timeout(redis_nodes5):
     node_timeout = 0.2
     urls = [url.rsplit("/", 1)[0] + "/1" for url in redis_nodes5.urls]
@@ -245,7 +241,7 @@ def test_restarted_empty_node_grants_again(redis_nodes3):
 def test_restarted_node_counts_in_the_very_next_round(redis_nodes3):
     """Pooled connections to the old process are dropped, not failed on: right after
     node 0 restarts and node 1 dies, nodes 0 and 2 are a quorum at the first try."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=NODE_TIMEOUT)
+    rl = Redlock(redis_nodes3.urls, node_timeout=STEADY)
     rl.release(rl.acquire(NAME, ttl=10))  # every node has an idle pooled connection
     redis_nodes3.restart(0)
     redis_nodes3.kill(1)
@@ -370,13 +366,15 @@ def aof_nodes(redis_node_factory):
 
 def test_one_phase_tokens_are_not_monotonic_where_the_write_back_is(aof_nodes):
     nodes = aof_nodes
-    rl = Redlock(nodes.urls, node_timeout=NODE_TIMEOUT)
+    rl = Redlock(nodes.urls, node_timeout=STEADY)
 
     one_phase = docstring_timeline(nodes, lambda: one_phase_grant(rl, "one-phase"))
     assert one_phase == [1, 2, 2]  # A=1 B=1 | B=2 C=1 | A=2 C=2: not larger
     assert first_non_increase(one_phase) == (2, 2, 2)
 
-    no_floor = docstring_timeline(nodes, grant_with(NoTimeFloorRedlock(nodes.urls), "no-floor"))
+    no_floor = docstring_timeline(
+        nodes, grant_with(NoTimeFloorRedlock(nodes.urls, node_timeout=STEADY), "no-floor")
+    )
     assert no_floor == [1, 2, 3]  # C recorded 2 in phase 2 at the second grant
 
     real = docstring_timeline(nodes, grant_with(rl, "real"))
@@ -385,12 +383,14 @@ def test_one_phase_tokens_are_not_monotonic_where_the_write_back_is(aof_nodes):
 
 def test_the_time_floor_keeps_tokens_growing_when_a_majority_restarts_empty(redis_nodes3):
     nodes = redis_nodes3
-    rl = Redlock(nodes.urls, node_timeout=NODE_TIMEOUT)
+    rl = Redlock(nodes.urls, node_timeout=STEADY)
 
     one_phase = majority_restarted_empty(nodes, lambda: one_phase_grant(rl, "one-phase"))
     assert one_phase == [1, 2, 1]
 
-    no_floor = majority_restarted_empty(nodes, grant_with(NoTimeFloorRedlock(nodes.urls), "nf"))
+    no_floor = majority_restarted_empty(
+        nodes, grant_with(NoTimeFloorRedlock(nodes.urls, node_timeout=STEADY), "nf")
+    )
     assert no_floor == [1, 2, 1]  # the fence values were lost with the data
 
     real = majority_restarted_empty(nodes, grant_with(rl, "real"))
