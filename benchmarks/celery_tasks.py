@@ -207,6 +207,8 @@ def versions() -> dict[str, str | None]:
 
 
 def _median(values: list[float]) -> float:
+    """The median of the numbers that are not NaN (a run that did not finish has no rate)."""
+    values = [v for v in values if v == v]
     return statistics.median(values) if values else float("nan")
 
 
@@ -499,6 +501,11 @@ def render(meta: dict[str, Any], raw: dict[str, Any], summ: dict[str, Any], targ
         f"completion. loadavg {meta['loadavg_start']} -> {meta['loadavg_end']}; "
         f"{meta['duration_s']:.0f} s."
     )
+    loads = [r["loadavg"][0] for p in raw["pools"].values() for rs in p["runs"].values()
+             for r in rs if r["loadavg"]]  # fmt: skip
+    if loads:
+        out.append(f"1-min loadavg at the end of each run: {min(loads):.2f}-{max(loads):.2f} "
+                   f"(median {_median(loads):.2f}) on {meta['cpus']} CPUs.")  # fmt: skip
     out.append("")
     rows = []
     for pkey, res in summ.items():

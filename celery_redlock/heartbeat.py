@@ -101,6 +101,12 @@ class Heartbeat:
         """(Re)create all state: at construction, and in a forked child."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        # When the thread will wake next (None: not waiting, or waiting for ever),
+        # and how long it naps with nothing held: the shortest interval seen, so
+        # that a new lease is never due before the nap ends and hold() need not
+        # wake it (a wake per task costs more than the renewal it schedules).
+        self._planned: float | None = None
+        self._idle_nap: float | None = None
         self._entries: dict[int, _Entry] = {}  # id(lease) -> entry
         self._thread: threading.Thread | None = None  # the one thread allowed to run
         finalizer = getattr(self, "_finalizer", None)
@@ -132,9 +138,13 @@ class Heartbeat:
                 entry.interval, entry.on_lost = float(interval), on_lost
             else:
                 self._entries[id(lease)] = _Entry(lease, float(interval), on_lost, now + interval)
+            if self._idle_nap is None or interval < self._idle_nap:
+                self._idle_nap = float(interval)
             if self.autostart:
                 self._ensure_thread()
-        self._wake.set()  # the new lease may be due before the thread's next wake-up
+            due_first = self._planned is None or now + interval < self._planned
+        if due_first:  # the new lease is due before the thread's next wake-up
+            self._wake.set()
 
     def drop(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (call it before releasing). Idempotent."""
@@ -235,10 +245,14 @@ class Heartbeat:
         thread.start()
 
     def _delay(self) -> float | None:
-        """Seconds until the next lease is due, or None when none is held."""
+        """Seconds until the next lease is due (or the idle nap ends); None: wait for a wake."""
         with self._lock:
+            now = self.clock()
             due = min((entry.due for entry in self._entries.values()), default=None)
-        return None if due is None else max(0.0, due - self.clock())
+            if due is None and self._idle_nap is not None:
+                due = now + self._idle_nap
+            self._planned = due
+        return None if due is None else max(0.0, due - now)
 
 
 def _run(ref: weakref.ref[Heartbeat], wake: threading.Event) -> None:

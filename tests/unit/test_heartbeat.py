@@ -542,3 +542,30 @@ def test_the_module_works_without_celery():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_hold_wakes_the_thread_only_for_a_lease_due_before_its_next_wake_up():
+    redlock, _ = cluster()
+    hb = Heartbeat(name="crl-test-wakes")
+    wakes = []
+    real_set = hb._wake.set
+    hb._wake.set = lambda: (wakes.append(1), real_set())[1]  # count the wake-ups hold() asks for
+    try:
+        first = redlock.acquire("first", ttl=10)
+        hb.hold(first, 1.0)  # nothing planned yet: wakes the new thread
+        deadline = time.monotonic() + 5
+        while hb._planned is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hb._planned is not None
+        woken = len(wakes)
+        later = redlock.acquire("later", ttl=10)
+        hb.hold(later, 2.0)  # due after the planned wake-up: no wake
+        assert len(wakes) == woken
+        sooner = redlock.acquire("sooner", ttl=10)
+        hb.hold(sooner, 0.2)  # due before it: wake
+        assert len(wakes) == woken + 1
+        for lease in (first, later, sooner):
+            hb.drop(lease)
+            redlock.release(lease)
+    finally:
+        hb.stop(timeout=5)
