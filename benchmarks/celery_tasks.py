@@ -596,13 +596,8 @@ class start_nodes:
     """The broker server and the lock nodes, stopped on exit (also on Ctrl-C)."""
 
     def __enter__(self) -> tuple[Any, Any]:
-        try:
-            from celery_redlock.testing import RedisNode, RedisNodes
-        except ImportError as exc:  # testing.py is also a pytest plugin and imports pytest
-            raise SystemExit(
-                f"cannot import celery_redlock.testing ({exc}); "
-                "install the test extra too: pip install -e '.[bench,test]'"
-            ) from exc
+        from celery_redlock.testing import RedisNode, RedisNodes
+
         self.broker = RedisNode()
         try:
             self.locks = RedisNodes(LOCK_NODES)

@@ -113,13 +113,8 @@ def versions() -> dict[str, str | None]:
 
 
 def start_nodes(n: int) -> Any:
-    try:
-        from celery_redlock.testing import RedisNodes
-    except ImportError as exc:  # testing.py is also a pytest plugin and imports pytest
-        raise SystemExit(
-            f"cannot import celery_redlock.testing ({exc}); "
-            "install the test extra too: pip install -e '.[bench,test]'"
-        ) from exc
+    from celery_redlock.testing import RedisNodes
+
     return RedisNodes(n)
 
 
