@@ -158,6 +158,7 @@ from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
 from kombu.utils.uuid import uuid
 
+from . import metrics
 from ._nodes import gather
 from .conf import redlock_for, resolve, resolve_beat
 from .exceptions import ConfigurationError, QuorumUnavailable
@@ -424,6 +425,14 @@ class _Held:
         self.next_try = time.monotonic() + min(interval, max(0.05, left / 2))
 
 
+#: Scheduler counter -> metrics event.
+_METRIC = {
+    "sent": "beat_sent",
+    "skipped": "beat_skipped",
+    "outages": "beat_outage",
+    "missed": "beat_missed",
+}
+
 #: Named in configuration errors.
 _WHO = "celery_redlock beat de-duplication"
 
@@ -557,7 +566,7 @@ class RedlockSchedulerMixin:
             )
             self._redlock_hold(_Held(outgoing, slot, key, task_id, value, "split"))
             return SlotSkipped(entry.name, slot.label, "split")
-        self.redlock_skipped += 1
+        self._redlock_count("skipped", entry.name)
         logger.info(
             "beat: slot %s of entry %r already sent by %s", slot.label, entry.name, _who(holder)
         )
@@ -629,7 +638,7 @@ class RedlockSchedulerMixin:
         result = super().apply_async(  # type: ignore[misc]
             _with_options(entry, options), producer=producer, advance=False
         )
-        self.redlock_sent += 1
+        self._redlock_count("sent", entry.name)
         return result
 
     def _redlock_outage(
@@ -642,7 +651,7 @@ class RedlockSchedulerMixin:
         producer: Any,
         exc: Exception,
     ) -> Any:
-        self.redlock_outages += 1
+        self._redlock_count("outages", entry.name)
         if self.redlock_publish_on_outage:
             logger.error(
                 "beat: Redlock quorum unavailable, publishing slot %s of entry %r WITHOUT a claim "
@@ -666,8 +675,13 @@ class RedlockSchedulerMixin:
         held.plan_retry(self.redlock_retry_interval, self.redlock_min_ttl)
         self._redlock_held[held.entry.name] = held
 
+    def _redlock_count(self, counter: str, entry_name: str) -> None:
+        """Count in the scheduler's attribute and in :mod:`celery_redlock.metrics`."""
+        setattr(self, f"redlock_{counter}", getattr(self, f"redlock_{counter}") + 1)
+        metrics.count(_METRIC[counter], entry_name)
+
     def _redlock_give_up(self, held: _Held, why: str) -> None:
-        self.redlock_missed += 1
+        self._redlock_count("missed", held.entry.name)
         cause = "no Redlock quorum" if held.reason == "outage" else "no beat won it on a quorum"
         logger.error(
             "beat: slot %s of entry %r was NOT sent: %s while it was due (%s, %d attempts)",
@@ -706,7 +720,7 @@ class RedlockSchedulerMixin:
             try:
                 won, holder = self._redlock_claim(held.key, held.value, held.slot)
             except QuorumUnavailable as exc:
-                self.redlock_outages += 1
+                self._redlock_count("outages", name)
                 held.reason = "outage"
                 if time.monotonic() - held.logged >= 60:
                     held.logged = time.monotonic()
@@ -723,7 +737,7 @@ class RedlockSchedulerMixin:
                 continue  # split again: next tick
             del self._redlock_held[name]
             if not won:
-                self.redlock_skipped += 1
+                self._redlock_count("skipped", name)
                 logger.info(
                     "beat: slot %s of entry %r was sent by %s meanwhile",
                     held.slot.label,

@@ -9,9 +9,9 @@ exported to Prometheus when ``prometheus_client`` is installed (the
 
 Events: ``acquired``, ``contended``, ``dropped``, ``retried``, ``raised``,
 ``waited``, ``exhausted``, ``lost``, ``outage``, ``parent_released``,
-``beat_sent``, ``beat_skipped``, ``beat_outage``. The ``lock`` label is the lock
-name (the task's ``lock_name``), never an argument value, so its cardinality
-is that of your task list.
+``beat_sent``, ``beat_skipped``, ``beat_outage``, ``beat_missed``. The ``lock``
+label is the task's ``lock_name`` (the entry name for beat events), never an
+argument value, so its cardinality is that of your task list.
 
 In a prefork worker every child process counts for itself; use
 ``prometheus_client``'s multiprocess mode to add them up.
@@ -39,6 +39,7 @@ EVENTS = (
     "beat_sent",
     "beat_skipped",
     "beat_outage",
+    "beat_missed",
 )
 
 _counts: Counter = Counter()

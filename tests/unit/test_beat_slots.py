@@ -20,6 +20,7 @@ from celery.result import AsyncResult
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 from freezegun import freeze_time
 
+from celery_redlock import metrics
 from celery_redlock.beat import (
     HEADER,
     RedlockScheduler,
@@ -352,6 +353,7 @@ def key_values(servers, pattern="redlock:beat:*") -> list[dict]:
 
 
 def test_winner_publishes_with_its_claim_id_and_the_slot_header(beat_app, servers):
+    metrics.reset()
     with freeze_time("2023-11-14 22:13:23+00:00"):
         a, b = MemoryScheduler(app=beat_app), MemoryScheduler(app=beat_app)
         won = a.apply_async(a.schedule["every-10s"])
@@ -370,6 +372,8 @@ def test_winner_publishes_with_its_claim_id_and_the_slot_header(beat_app, server
         assert value.split("|")[0] == won.id and value.split("|")[2].isdigit()
         assert 59_000 < pttl <= 60_000
     assert (a.redlock_sent, a.redlock_skipped, b.redlock_sent, b.redlock_skipped) == (1, 0, 0, 1)
+    counted = metrics.snapshot()
+    assert counted["beat_sent"] == {"every-10s": 1} and counted["beat_skipped"] == {"every-10s": 1}
 
 
 def test_loser_still_advances_its_schedule(beat_app):
