@@ -235,21 +235,32 @@ def celery_nodes() -> list[str]:
     return value or list(DEFAULT_CELERY_NODES)
 
 
-def locked_task(app: Any, body: Callable[[], None], *, name: str, nodes: Sequence[str]) -> Any:
+def locked_task(
+    app: Any, body: Callable[[], None], *, name: str, nodes: Sequence[str], token: bool = True
+) -> Any:
     """Register a ``LockedTask`` called ``name`` whose ``run(i)`` calls ``body()``.
 
     Default settings except the nodes: fencing on, heartbeat on (ttl / 3),
     TTL 10 s, ``drop`` on contention. ``lock_on="i"``, so every distinct
-    argument is its own lock key. ``run`` declares ``fencing_token=None``, so
-    the token is passed in; a missing one raises, and the task then does not
-    count as executed.
+    argument is its own lock key. With ``token`` (the default) ``run`` declares
+    ``fencing_token=None``, so the token is written back and passed in before
+    the body; a missing one raises, and the task then does not count as
+    executed. Without it the body never reads the token, so none is written
+    (lazy fencing: the cost of a task that does not use it).
     """
     from celery_redlock import LockedTask
 
-    def run(i: Any, fencing_token: Any = None) -> None:
-        if fencing_token is None:
-            raise RuntimeError(f"{name}: no fencing token was passed")
-        body()
+    if token:
+
+        def run(i: Any, fencing_token: Any = None) -> None:
+            if fencing_token is None:
+                raise RuntimeError(f"{name}: no fencing token was passed")
+            body()
+
+    else:
+
+        def run(i: Any) -> None:
+            body()
 
     run.__name__ = run.__qualname__ = name.replace(".", "_").replace("-", "_")
     return app.task(name=name, base=LockedTask, lock_on="i", lock_nodes=list(nodes))(run)

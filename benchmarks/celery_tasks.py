@@ -10,8 +10,10 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
 * ``plain``: ``@app.task``, the reference: every ratio is to it;
 * ``redlock-1`` / ``redlock-3``: ``LockedTask`` on 1 / 3 lock nodes, default
   settings except the nodes (fencing on, heartbeat on, TTL 10 s), one lock key
-  per argument (``adapters.locked_task``, the same task the harness's
-  ``--celery-candidate adapters:celery_task`` registers);
+  per argument, the fencing token passed in (``adapters.locked_task``, the same
+  task the harness's ``--celery-candidate adapters:celery_task`` registers);
+* ``redlock-3-lazy``: the same on 3 nodes, but ``run`` does not take the token,
+  so it is never written back (one lock round fewer);
 * ``once``: celery-once ``QueueOnce`` (``graceful=False``), Redis backend on db 2
   of the broker server;
 * ``singleton``: celery-singleton ``Singleton``, backend on db 3 of the broker
@@ -83,6 +85,7 @@ VARIANTS = [
     ("plain", "crl_bench.plain", "plain Celery"),
     ("redlock-1", "crl_bench.redlock_1", "celery_redlock, 1 node"),
     ("redlock-3", "crl_bench.redlock_3", "celery_redlock, 3 nodes"),
+    ("redlock-3-lazy", "crl_bench.redlock_3_lazy", "celery_redlock, 3 nodes, token unread"),
     ("once", "crl_bench.once", "celery-once QueueOnce"),
     ("singleton", "crl_bench.singleton", "celery-singleton Singleton"),
 ]
@@ -147,6 +150,9 @@ def make_app() -> Any:
 
     _adapters.locked_task(app, _task_body, name="crl_bench.redlock_1", nodes=nodes[:1])
     _adapters.locked_task(app, _task_body, name="crl_bench.redlock_3", nodes=nodes[:LOCK_NODES])
+    _adapters.locked_task(
+        app, _task_body, name="crl_bench.redlock_3_lazy", nodes=nodes[:LOCK_NODES], token=False
+    )
 
     @app.task(name="crl_bench.once", base=QueueOnce, once={"graceful": False})
     def once(i: Any) -> None:

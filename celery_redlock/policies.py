@@ -85,7 +85,14 @@ def take(task: Any, plan: LockPlan, name: str) -> Lease:
 def _attempt(task: Any, plan: LockPlan, name: str) -> Lease | Holder:
     """One try; an outage becomes a retry (or, once attempts are spent, the error)."""
     try:
-        return plan.redlock.try_acquire(name, ttl=plan.settings.ttl, owner=plan.owner(task.request))
+        # A body that takes the token gets it written before it runs; any other
+        # lease writes it on the first read of lease.fencing_token, if ever.
+        return plan.redlock.try_acquire(
+            name,
+            ttl=plan.settings.ttl,
+            owner=plan.owner(task.request),
+            fence=plan.token_arg is not None,
+        )
     except QuorumUnavailable as exc:
         metrics.count("outage", plan.lock_name)
         attempt = attempt_of(task.request)

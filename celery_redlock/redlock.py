@@ -61,6 +61,45 @@ time floor covers both: a token is never below the microsecond clock of the
 nodes that granted it, which keeps growing across restarts. This relies on the
 nodes' clocks not stepping back by more than the time between two grants.
 
+Lazy fencing
+------------
+
+``try_acquire(..., fence=False)`` grants the lease after phase 1 alone and
+keeps the granting nodes and the candidate token. Phase 2 runs on the first
+read of :attr:`Lease.fencing_token` instead, with the same checks (owner on
+each node, only if larger, a quorum within validity); if it falls short the
+lease is marked lost and the read raises :class:`LockLost`. A lease whose
+token is never read writes no fence. This is as monotonic as the eager path:
+
+* A token is issued only once it has landed on a majority, and the owner
+  check puts each of those writes inside the time my key lived on that node,
+  however late in the lease the write comes (owner values are unique per
+  attempt: :func:`make_owner`).
+* Take two grants that both issued a token. Their write-back majorities
+  share a node, and on it the two keys' lives do not overlap: a key is set
+  only where no other owner's key is. Whichever key came first, its
+  write-back on that node came before the other's phase 1 there, so the
+  later grant read a fence at least as large as the earlier token and took a
+  larger one. A later grant needs a majority where my key is already gone, so
+  once one exists my lazy write-back can no longer reach a quorum: the read
+  raises.
+* The phase-1 candidate needs no recomputing at read time. While my key is on
+  a node, nobody else can write that node's fence value: FENCE needs the
+  writer's own key there, and ACQUIRE never writes the fence. So on every node
+  where the late write can land, the fence value is still the one phase 1
+  read (or my own write), and the candidate is larger than that. If the fence
+  key expired in between, the only-if-larger write succeeds anyway. If the
+  node lost its data, my key went too and the write does not land there.
+* The time floor is the same as the eager path's: the candidate comes from
+  the same phase-1 replies, and any later grant's phase 1 on a shared node
+  runs after mine there.
+* A lease whose token is never read issues no token. Nothing has to be larger
+  than a token nobody saw. Tokens are strictly increasing over the grants that
+  issue one; a grant that skips the write-back only leaves a gap.
+
+The fence key's retention then counts from the last write-back, not the last
+grant; the time floor covers a fence key that expired.
+
 Lua never does arithmetic on tokens (Lua 5.1 numbers are doubles); tokens
 travel as decimal strings and are compared digit-wise.
 
@@ -168,7 +207,9 @@ class Lease:
         owner: the owner value written on the nodes.
         ttl: the TTL the nodes were given, in seconds.
         fencing_token: strictly larger than every earlier grant's (None when
-            fencing is off).
+            fencing is off). On a lazy lease (``try_acquire(..., fence=False)``)
+            the first read writes the token back to the nodes (one round trip)
+            and raises :class:`LockLost` if that no longer lands on a quorum.
     """
 
     __slots__ = (
@@ -177,7 +218,9 @@ class Lease:
         "fence_key",
         "owner",
         "ttl",
-        "fencing_token",
+        "_token",
+        "_pending",
+        "_fence_lock",
         "_expires",
         "_lost",
         "_redlock",
@@ -194,6 +237,7 @@ class Lease:
         ttl: float,
         fencing_token: int | None,
         expires: float,
+        pending: tuple[tuple[int, ...], int] | None = None,
     ):
         self._redlock = redlock
         self.name = name
@@ -201,9 +245,25 @@ class Lease:
         self.fence_key = fence_key
         self.owner = owner
         self.ttl = ttl
-        self.fencing_token = fencing_token
+        self._token = fencing_token
+        # Lazy lease: (granting node indexes, phase-1 candidate token) until the
+        # first read of fencing_token writes the token back.
+        self._pending = pending
+        self._fence_lock = threading.Lock()
         self._expires = expires
         self._lost = threading.Event()
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token; on a lazy lease the first read writes it back (may raise LockLost)."""
+        token = self._token
+        if token is not None or self._pending is None:
+            return token
+        with self._fence_lock:  # concurrent first reads write it once
+            if self._token is None:
+                self._token = self._redlock._fence_lazy(self)
+                self._pending = None
+            return self._token
 
     @property
     def redlock(self) -> Redlock:
@@ -233,7 +293,7 @@ class Lease:
 
     def __repr__(self) -> str:
         return (
-            f"<Lease {self.name!r} token={self.fencing_token} "
+            f"<Lease {self.name!r} token={'unread' if self._pending else self._token} "
             f"remaining={self.remaining():.3f}s{' LOST' if self.lost else ''}>"
         )
 
@@ -248,7 +308,8 @@ class Redlock:
         node_timeout: seconds each node gets to answer, per round.
         drift_factor: clock drift allowed, as a fraction of the TTL.
         key_prefix: first part of every key written.
-        fencing: hand out fencing tokens (one more round trip per acquire).
+        fencing: hand out fencing tokens (one more round trip per acquire, or per
+            first token read of a lease taken with ``fence=False``).
         fence_retention: seconds a fence value is kept after its last grant.
         clock: monotonic clock, seconds (injectable for tests).
         sleep: sleep function (injectable for tests).
@@ -326,8 +387,13 @@ class Redlock:
 
     # -- acquire ------------------------------------------------------------
 
-    def try_acquire(self, name: str, *, ttl: float, owner: str | None = None) -> Lease | Holder:
+    def try_acquire(
+        self, name: str, *, ttl: float, owner: str | None = None, fence: bool = True
+    ) -> Lease | Holder:
         """One attempt: the :class:`Lease`, or the :class:`Holder` in the way.
+
+        With ``fence=False`` (and fencing on) the lease is granted after phase 1;
+        the token is written back on the first read of ``lease.fencing_token``.
 
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
@@ -347,11 +413,14 @@ class Redlock:
         errors = self._errors(replies)
         granted = [i for i, r in enumerate(replies) if _is_list(r) and int(r[0]) == 1]
         expires = start + ttl - (ttl * self.drift_factor + DRIFT_FLOOR)
-        token = None
         if len(granted) >= self.quorum and self.clock() < expires:
-            if self.fencing:
-                token = self._fence(granted, replies, key, fence_key, owner, expires)
-            if not self.fencing or token is not None:
+            if not self.fencing:
+                return Lease(self, name, key, fence_key, owner, ttl, None, expires)
+            if not fence:
+                pending = (tuple(granted), self._candidate(granted, replies))
+                return Lease(self, name, key, fence_key, owner, ttl, None, expires, pending)
+            token = self._fence(granted, replies, key, fence_key, owner, expires)
+            if token is not None:
                 return Lease(self, name, key, fence_key, owner, ttl, token, expires)
         self._release_everywhere(key, owner)
         if len(self.nodes) - len(errors) < self.quorum:
@@ -370,10 +439,46 @@ class Redlock:
         expires: float,
     ) -> int | None:
         """Phase 2: compute the token and write it back; None if it did not land on a quorum."""
+        return self._write_back(
+            granted, self._candidate(granted, replies), key, fence_key, owner, expires
+        )
+
+    @staticmethod
+    def _candidate(granted: Sequence[int], replies: list[Any]) -> int:
+        """max(largest fence + 1, largest node TIME in µs) over the granting nodes."""
         token = 0
         for i in granted:
             _, fence, seconds, micros = replies[i]
             token = max(token, int(fence) + 1, int(seconds) * 1_000_000 + int(micros))
+        return token
+
+    def _fence_lazy(self, lease: Lease) -> int:
+        """Phase 2 of a lazy lease, on the first read of its token (the lease's lock is held)."""
+        granted, token = lease._pending
+        written = None
+        if not lease.lost:
+            written = self._write_back(
+                granted, token, lease.key, lease.fence_key, lease.owner, lease._expires
+            )
+        # A heartbeat may have marked it lost meanwhile, or shortened it: check again.
+        if written is None or lease.lost:
+            lease.mark_lost()
+            raise LockLost(
+                f"lock {lease.name!r} is no longer held: its fencing token could not be written",
+                lease.name,
+            )
+        return written
+
+    def _write_back(
+        self,
+        granted: Sequence[int],
+        token: int,
+        key: str,
+        fence_key: str,
+        owner: str,
+        expires: float,
+    ) -> int | None:
+        """Write ``token`` where the granting nodes still hold ``owner``; None short of a quorum."""
         remaining = expires - self.clock()
         if remaining <= 0:
             return None
@@ -400,6 +505,7 @@ class Redlock:
         owner: str | None = None,
         retry_delay: float = 0.05,
         retry_delay_max: float = 1.0,
+        fence: bool = True,
     ) -> Lease | None:
         """Take the lock on a quorum.
 
@@ -409,6 +515,8 @@ class Redlock:
             blocking: keep trying (exponential backoff, full jitter) while contended.
             timeout: with ``blocking``, give up after this many seconds (None: never).
             owner: the owner value to write (default: :func:`make_owner`).
+            fence: write the fencing token back before returning the lease; with
+                False it is written on the first read of ``lease.fencing_token``.
 
         Returns:
             The :class:`Lease`, or None if another owner holds the lock.
@@ -424,7 +532,7 @@ class Redlock:
         attempt = 0
         while True:
             try:
-                result = self.try_acquire(name, ttl=ttl, owner=owner)
+                result = self.try_acquire(name, ttl=ttl, owner=owner, fence=fence)
             except QuorumUnavailable:
                 if not blocking or (timeout is not None and self.clock() - start >= timeout):
                     raise

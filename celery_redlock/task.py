@@ -28,7 +28,11 @@ How it works, per execution, on the worker:
    :func:`current_lease` in an unbound task), and its fencing token as the
    ``fencing_token`` keyword when ``run`` declares that parameter with a
    default. The token is never written into ``request.kwargs`` or a retry
-   message.
+   message. When ``run`` does not declare it, the token is written to the
+   lock nodes only on the first read of ``request.redlock.fencing_token``
+   (one round trip, then cached); that read raises
+   :class:`~celery_redlock.exceptions.LockLost` if the lease is gone by then.
+   A body that never reads it saves the round trip.
 5. The lock is released in ``finally``, whatever the outcome: success,
    exception, ``retry()``, ``Ignore``, ``Reject``, soft time limit. If the
    worker process dies, the parent process releases it at once (see

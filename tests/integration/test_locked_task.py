@@ -268,6 +268,39 @@ def test_eager_runs_through_the_lock(eager_app: Celery):
     assert first.result < second.result
 
 
+def test_token_is_written_before_the_body_only_when_run_takes_it(eager_app: Celery):
+    """Without a ``fencing_token`` parameter the lease is lazy: nothing is written until the
+    body reads ``current_lease().fencing_token``. With it, the token is on the nodes before
+    the body starts. Both tasks share a lock name; tokens grow across them."""
+    seen = []
+
+    def fences(lease):
+        return [node.get("fence") for node in lease.redlock.inspect(lease.name)]
+
+    @eager_app.task(base=LockedTask, shared=False, lock_on=(), lock_name="lazy-mixed")
+    def lazy():
+        lease = current_lease()
+        before = fences(lease)
+        token = lease.fencing_token
+        seen.append(("lazy", token, before, fences(lease)))
+        return token
+
+    @eager_app.task(base=LockedTask, shared=False, lock_on=(), lock_name="lazy-mixed")
+    def eager(fencing_token=None):
+        seen.append(("eager", fencing_token, fences(current_lease()), None))
+        return fencing_token
+
+    tokens = [(lazy if i % 2 else eager).delay().get() for i in range(6)]
+    assert all(isinstance(t, int) for t in tokens)
+    assert all(y > x for x, y in zip(tokens, tokens[1:])), tokens
+    for kind, token, before, after in seen:
+        if kind == "lazy":
+            assert str(token) not in before  # not written before the read
+            assert after == [str(token)] * len(after)
+        else:
+            assert before == [str(token)] * len(before)  # written before the body ran
+
+
 def test_eager_drop(eager_app: Celery):
     ran = []
 

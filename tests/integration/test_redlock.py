@@ -404,3 +404,56 @@ def test_quorum_unavailable_is_not_raised_for_contention(nodes):
         assert rl.acquire(NAME, ttl=10) is None
     except QuorumUnavailable:  # pragma: no cover
         pytest.fail("contention reported as an outage")
+
+
+def test_eager_and_lazy_grants_from_two_threads_issue_increasing_tokens(nodes):
+    """A few hundred grants, alternating fence=True / fence=False, from two threads and two
+    clients. Inside the lock each thread appends the token it issued (the lock orders the
+    appends) and checks that a quorum records it; a third of the lazy leases never read
+    theirs. Every issued token must be larger than the one before it."""
+    issued: list[int] = []
+    unread: list[int] = [0]
+    missing: list[tuple] = []  # tokens handed out but not recorded on a quorum
+    errors: list[BaseException] = []
+    per_thread = 150
+
+    def work(index: int) -> None:
+        rl = Redlock(nodes.urls)
+        try:
+            for i in range(per_thread):
+                eager = (i + index) % 2 == 0
+                lease = None
+                while lease is None:
+                    lease = rl.acquire(
+                        NAME,
+                        ttl=5,
+                        blocking=True,
+                        timeout=1,
+                        retry_delay=0.001,
+                        retry_delay_max=0.005,
+                        fence=eager,
+                    )
+                try:
+                    if eager or i % 3:
+                        issued.append(lease.fencing_token)
+                        fences = [r.get("fence") for r in rl.inspect(NAME)]
+                        if fences.count(str(issued[-1])) < rl.quorum:
+                            missing.append((eager, issued[-1], fences))
+                    else:
+                        unread[0] += 1
+                finally:
+                    rl.release(lease)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert not missing, missing[:3]
+    assert len(issued) + unread[0] == 2 * per_thread and unread[0] > 0
+    assert all(y > x for x, y in zip(issued, issued[1:]))
+    _, fence_key = Redlock(nodes.urls).keys(NAME)
+    assert node_values(nodes, fence_key) == [str(issued[-1])] * len(nodes)

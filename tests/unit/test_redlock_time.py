@@ -8,6 +8,8 @@ move too, since fakeredis expires keys by reading ``time.time()``.
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 
 import fakeredis
@@ -305,3 +307,162 @@ def test_full_jitter_is_uniform_up_to_the_capped_exponential():
     assert full_jitter(10, 0.05, 1.0, rng=lambda: 1.0) == pytest.approx(1.0)
     assert full_jitter(10_000, 0.05, 1.0, rng=lambda: 0.5) == pytest.approx(0.5)
     assert full_jitter(5, 0.05, 1.0, rng=lambda: 0.0) == 0.0
+
+
+# -- lazy fencing (fence=False): the token is written back on its first read ------------
+
+
+def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
+    """Record the name of every script the Redlock runs (optionally slowing FENCE down)."""
+    real = redlock_module.run_script
+    calls: list[str] = []
+
+    def spy(script, *args, **kwargs):
+        calls.append(script.name)
+        if script is _scripts.FENCE and delay:
+            time.sleep(delay)
+        return real(script, *args, **kwargs)
+
+    monkeypatch.setattr(redlock_module, "run_script", spy)
+    return calls
+
+
+def test_lazy_lease_writes_the_fence_only_when_the_token_is_read(rl, servers, monkeypatch):
+    first = rl.acquire("job", ttl=TTL)
+    rl.release(first)
+    _, fence_key = rl.keys("job")
+    calls = count_scripts(monkeypatch)
+    lease = rl.acquire("job", ttl=TTL, fence=False)
+    assert calls == ["acquire"]  # phase 1 only
+    assert [c.get(lease.key) for c in peek(servers)] == [lease.owner] * 3
+    assert [c.get(fence_key) for c in peek(servers)] == [str(first.fencing_token)] * 3
+    assert "unread" in repr(lease) and calls == ["acquire"]  # repr does no I/O
+
+    token = lease.fencing_token
+    assert calls == ["acquire", "fence"]
+    assert token > first.fencing_token
+    assert [c.get(fence_key) for c in peek(servers)] == [str(token)] * 3
+    assert lease.fencing_token == token and lease.fencing_token == token
+    assert calls == ["acquire", "fence"]  # later reads are cached: no I/O
+    assert not lease.lost
+
+
+def test_lazy_lease_never_read_writes_no_fence_and_extends_and_releases(rl, servers, monkeypatch):
+    _, fence_key = rl.keys("job")
+    lease = rl.acquire("job", ttl=TTL, fence=False)
+    assert rl.extend(lease) is True
+    rl.release(lease)
+    assert [c.exists(fence_key) for c in peek(servers)] == [0] * 3
+    assert [c.exists(lease.key) for c in peek(servers)] == [0] * 3
+    calls = count_scripts(monkeypatch)
+    with pytest.raises(LockLost):
+        _ = lease.fencing_token  # released: nothing to write the token for
+    assert calls == []
+    assert [c.exists(fence_key) for c in peek(servers)] == [0] * 3
+
+
+def test_lazy_read_after_the_key_is_gone_on_a_majority_raises_and_marks_lost(rl, servers):
+    lease = rl.try_acquire("job", ttl=TTL, fence=False)
+    assert isinstance(lease, Lease)
+    _, fence_key = rl.keys("job")
+    for client in peek(servers)[:2]:
+        client.set(lease.key, make_owner())  # expired and taken by someone else
+    with pytest.raises(LockLost, match="job"):
+        _ = lease.fencing_token
+    assert lease.lost
+    with pytest.raises(LockLost):
+        _ = lease.fencing_token  # and it stays so
+    # the one node that still held the key may record the candidate; no quorum does
+    assert sum(1 for c in peek(servers) if c.exists(fence_key)) <= 1
+
+
+def test_lazy_read_after_validity_ran_out_raises_without_io(rl, clock, monkeypatch):
+    lease = rl.acquire("job", ttl=TTL, fence=False)
+    clock.advance(TTL)
+    calls = count_scripts(monkeypatch)
+    with pytest.raises(LockLost):
+        _ = lease.fencing_token
+    assert calls == [] and lease.lost
+
+
+def test_lazy_token_cannot_be_issued_after_a_later_eager_grant(servers, clock):
+    """A later grant needs the lazy lease's key gone on a majority: the lazy read then fails."""
+    a = Redlock(clients(servers), clock=clock)
+    b = Redlock(clients(servers), clock=clock)
+    lazy = a.acquire("job", ttl=TTL, fence=False)
+    for client in peek(servers):  # the keys expire behind the client's back (a long pause)
+        client.delete(lazy.key)
+    eager = b.acquire("job", ttl=TTL)
+    assert eager is not None and not lazy.lost  # the lazy client does not know yet
+    with pytest.raises(LockLost):
+        _ = lazy.fencing_token
+    assert lazy.lost
+    _, fence_key = a.keys("job")
+    assert [c.get(fence_key) for c in peek(servers)] == [str(eager.fencing_token)] * 3
+    # and only on 1 of 3 nodes: a lazy lease whose key survives on a minority still fails
+    b.release(eager)
+    lazy = a.acquire("job", ttl=TTL, fence=False)
+    for client in peek(servers)[:2]:
+        client.delete(lazy.key)
+    later = b.acquire("job", ttl=TTL)
+    assert later is not None and later.fencing_token > eager.fencing_token
+    with pytest.raises(LockLost):
+        _ = lazy.fencing_token
+    assert [c.get(fence_key) for c in peek(servers)][:2] == [str(later.fencing_token)] * 2
+
+
+def test_concurrent_first_reads_write_the_token_once(rl, monkeypatch):
+    lease = rl.acquire("job", ttl=TTL, fence=False)
+    calls = count_scripts(monkeypatch, delay=0.05)
+    start = threading.Barrier(4)
+    seen: list[int] = []
+
+    def read():
+        start.wait(5)
+        seen.append(lease.fencing_token)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert len(seen) == 4 and len(set(seen)) == 1
+    assert calls == ["fence"]
+
+
+def test_lazy_with_fencing_off_has_no_token_and_no_io(servers, clock, monkeypatch):
+    rl = Redlock(clients(servers), clock=clock, fencing=False)
+    lease = rl.acquire("job", ttl=TTL, fence=False)
+    calls = count_scripts(monkeypatch)
+    assert lease.fencing_token is None and calls == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_interleaved_eager_and_lazy_grants_issue_increasing_tokens(servers, seed):
+    """Node TIME frozen, so only the fence values make tokens grow; some lazy tokens are never
+    read, some are read late (after an extension), some leases lapse and are taken over."""
+    rng = random.Random(seed)
+    issued: list[int] = []
+    with freeze_time("2030-01-01 00:00:00") as frozen:
+        rls = [Redlock(clients(servers), clock=time.monotonic) for _ in range(2)]
+        for _ in range(60):
+            rl = rng.choice(rls)
+            eager = rng.random() < 0.5
+            lease = rl.acquire("job", ttl=2, fence=eager)
+            assert lease is not None
+            mode = rng.choice(["read", "read-late", "unread", "lapse"])
+            if mode == "read-late":
+                frozen.tick(1)
+                assert rl.extend(lease) is True
+            if mode != "unread" and mode != "lapse":
+                issued.append(lease.fencing_token)
+            if mode == "lapse":
+                frozen.tick(2.1)  # the keys expire on the nodes; the next grant takes over
+                if eager:
+                    issued.append(lease.fencing_token)
+                else:
+                    with pytest.raises(LockLost):
+                        _ = lease.fencing_token
+                continue
+            rl.release(lease)
+    assert issued and all(y > x for x, y in zip(issued, issued[1:])), issued
