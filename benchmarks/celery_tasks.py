@@ -64,6 +64,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
+from locks import cpu_model, loadavg, log, versions  # noqa: E402
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"
@@ -177,39 +178,6 @@ def __getattr__(name: str) -> Any:  # PEP 562: ``celery -A celery_tasks:app`` bu
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {}
-    for pkg in ("celery_redlock", "celery", "kombu", "billiard", "redis", "celery_once",
-                "celery-singleton", "prometheus_client", "hiredis"):  # fmt: skip
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
 
 
 def _median(values: list[float]) -> float:
@@ -675,7 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(),
         "platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
-        "versions": versions(), "loadavg_start": loadavg(), "reps": a.reps, "n": a.n,
+        "versions": versions(
+            "celery_redlock", "celery", "kombu", "billiard", "redis", "celery_once",
+            "celery-singleton", "prometheus_client", "hiredis",
+        ), "loadavg_start": loadavg(), "reps": a.reps, "n": a.n,
         "pools": [f"{p}:{c}" for p, c in pools], "variants": variants, "lock_nodes": LOCK_NODES,
         "warmup_tasks": WARMUP_TASKS, "logdir": logdir,
     }  # fmt: skip

@@ -100,11 +100,12 @@ def cpu_model() -> str:
     return platform.processor() or "?"
 
 
-def versions() -> dict[str, str | None]:
+def versions(*packages: str) -> dict[str, str | None]:
+    """Installed versions of ``packages`` (None for those missing)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {}
-    for pkg in ("celery_redlock", "redis", "pottery", "hiredis"):
+    for pkg in packages:
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -418,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(),
         "platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
-        "versions": versions(), "hiredis_available": bool(redis.utils.HIREDIS_AVAILABLE),
+        "versions": versions("celery_redlock", "redis", "pottery", "hiredis"),
+        "hiredis_available": bool(redis.utils.HIREDIS_AVAILABLE),
         "loadavg_start": loadavg(), "reps": a.reps, "n": a.n, "block": a.block,
         "ttl_s": _adapters.TTL, "n_nodes": N_NODES,
     }  # fmt: skip
