@@ -77,6 +77,7 @@ class Node:
         kw = self.pool.connection_kwargs
         # redis-py's defaults (localhost:6379) filled in, so "redis://h" and
         # "redis://h:6379/0" are seen as the same server.
+        self._identity: tuple[Any, ...]
         if kw.get("path"):
             self._identity = (kw["path"], None, kw.get("db", 0))
         else:

@@ -45,6 +45,7 @@ EVENTS = (
 _counts: Counter = Counter()
 _lock = threading.Lock()
 
+_prom: Any
 try:  # optional export
     import prometheus_client as _prom
 except ImportError:  # pragma: no cover - depends on the installed extras

@@ -454,6 +454,7 @@ class Redlock:
 
     def _fence_lazy(self, lease: Lease) -> int:
         """Phase 2 of a lazy lease, on the first read of its token (the lease's lock is held)."""
+        assert lease._pending is not None  # only lazy leases get here
         granted, token = lease._pending
         written = None
         if not lease.lost:
@@ -655,7 +656,7 @@ class Redlock:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         key, fence_key = self.keys(name)
         replies = run_script(_scripts.INSPECT, self.nodes, (key, fence_key), (), self.node_timeout)
-        out = []
+        out: list[dict[str, Any]] = []
         for node, r in zip(self.nodes, replies):
             if isinstance(r, Exception):
                 out.append({"node": node.name, "error": str(r)})
