@@ -21,8 +21,10 @@ Contention (another holder has the key), by ``lock_on_duplicate``:
     seconds, then gives up as ``lock_on_exhausted`` says. It keeps a worker
     slot busy meanwhile; prefer ``retry`` for long waits.
 
-A redelivered message (same task id, same retry count) while the first
-delivery still holds the key is always dropped: the work is already running.
+A redelivered message (same task id, same retry count) whose first delivery
+holds the key waits up to 1.5 TTL: if the first delivery still runs, it keeps
+renewing, and this copy is dropped (the work is already running); if it died
+with its worker process, its lease lapses within one TTL and this copy runs.
 
 An outage (fewer than a quorum of nodes answer) is never mistaken for
 contention and never drops work: the task is retried with the same backoff,
@@ -67,16 +69,29 @@ def take(task: Any, plan: LockPlan, name: str) -> Lease:
     if isinstance(result, Lease):
         return result
     metrics.count("contended", plan.lock_name)
-    if result.task_id == request.id and (result.retries or 0) >= (request.retries or 0):
-        _drop(task, plan, name, result, why="is a redelivery of the running task")
+    settings = plan.settings
     if result.task_id == request.id:
-        # The earlier run of this very task (which called retry()) is letting go.
-        return _wait(task, plan, name, result)
-    policy = plan.settings.on_duplicate
+        # This very task holds it: an earlier run that called retry() and is
+        # letting go, or an earlier delivery of this message. That one either
+        # still runs (its heartbeat renews it) or died with its worker process
+        # (task_reject_on_worker_lost requeues without telling us), and then its
+        # lease lapses within one TTL. Waiting tells them apart.
+        redelivery = (result.retries or 0) >= (request.retries or 0)
+        limit = settings.ttl * 1.5 if redelivery else settings.wait_timeout
+        waited = _wait(task, plan, name, result, limit)
+        if isinstance(waited, Lease):
+            return waited
+        if redelivery:
+            _drop(task, plan, name, waited, why="is a redelivery of the running task")
+        _exhausted(task, plan, name, waited, f"after waiting {limit}s")
+    policy = settings.on_duplicate
     if policy == "retry" and not request.is_eager:
         _retry(task, plan, name, result)
     if policy in ("wait", "retry"):
-        return _wait(task, plan, name, result)
+        waited = _wait(task, plan, name, result, settings.wait_timeout)
+        if isinstance(waited, Lease):
+            return waited
+        _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     if policy == "raise":
         _raise(plan, name, result)
     _drop(task, plan, name, result)
@@ -157,11 +172,12 @@ def _republish(task: Any, plan: LockPlan, attempt: int, reason: str) -> NoReturn
     raise Retry(reason, when=countdown, sig=sig)
 
 
-def _wait(task: Any, plan: LockPlan, name: str, holder: Holder) -> Lease:
+def _wait(task: Any, plan: LockPlan, name: str, holder: Holder, timeout: float) -> Lease | Holder:
+    """Poll with jittered backoff for up to ``timeout`` seconds: the lease, or the last holder."""
     redlock = plan.redlock
     settings = plan.settings
     metrics.count("waited", plan.lock_name)
-    deadline = redlock.clock() + settings.wait_timeout
+    deadline = redlock.clock() + timeout
     attempt = 0
     while True:
         delay = full_jitter(
@@ -176,7 +192,7 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder) -> Lease:
             return result
         holder = result
         attempt += 1
-    _exhausted(task, plan, name, holder, f"after waiting {settings.wait_timeout}s")
+    return holder
 
 
 def _exhausted(task: Any, plan: LockPlan, name: str, holder: Holder, after: str) -> NoReturn:
