@@ -207,6 +207,7 @@ def demo_beat(tasks) -> list:
     print("two beats, 'tick' every second: each slot sent once")
     time.sleep(6)
     ticks = journal(tasks, "tick")
+    syncs = journal(tasks, "sync")
     slots = [t["slot"] for t in ticks]
     unique = len(slots) == len(set(slots))
     seconds = sorted(int(float(s)) for s in set(slots))
@@ -218,6 +219,11 @@ def demo_beat(tasks) -> list:
             f"{len(slots)} ticks, {len(set(slots))} slots",
         ),
         ("beat: no slot missed", gapless, f"slots {seconds[0]}..{seconds[-1]}" if seconds else ""),
+        (
+            "beat + execution lock: a slow periodic task never overlaps itself",
+            len(syncs) >= 2 and no_overlap(syncs),
+            f"{len(syncs)} runs of 2.5 s, the slots in between dropped",
+        ),
     ]
 
 

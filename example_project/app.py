@@ -19,7 +19,10 @@ app.conf.update(
     beat_schedule={
         # Every second; two beats run, each slot is sent once.
         "tick": {"task": "example_project.tasks.tick", "schedule": 1.0},
-        # Every minute; its previous run may still be going: the execution lock drops the overlap.
+        # Every second, but each run takes 2.5 s: the execution lock drops the slots
+        # that arrive while the previous run is still going.
+        "sync": {"task": "example_project.tasks.sync", "schedule": 1.0},
+        # Every minute.
         "nightly-report": {"task": "example_project.tasks.report", "schedule": crontab()},
     },
 )

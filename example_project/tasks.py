@@ -105,5 +105,13 @@ def tick(self):
 
 
 @app.task(base=LockedTask, lock_on=())
+def sync():
+    """Sent every second by beat but runs 2.5 s: overlapping slots are dropped, never run twice."""
+    start = time.time()
+    time.sleep(2.5)
+    record("sync", start=start, end=time.time())
+
+
+@app.task(base=LockedTask, lock_on=())
 def report():
     record("report")
