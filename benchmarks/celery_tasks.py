@@ -47,7 +47,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import pstats
@@ -64,7 +63,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
-from locks import cpu_model, loadavg, log, versions  # noqa: E402
+from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"
@@ -670,16 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["duration_s"] = time.monotonic() - t0
     summ = summarize(raw)
     targets = evaluate(summ, raw)
-    md = render(meta, raw, summ, targets)
-    print(md)
-    if a.md:
-        with open(a.md, "w") as fh:
-            fh.write(md)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"meta": meta, "summary": summ, "targets": targets, "raw": raw}, fh)
-        log(f"wrote {a.json}")
-    return 1 if a.strict and not all(t["pass"] for t in targets) else 0
+    return finish(a, meta, raw, summ, targets, render(meta, raw, summ, targets))
 
 
 if __name__ == "__main__":

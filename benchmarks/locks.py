@@ -100,6 +100,19 @@ def cpu_model() -> str:
     return platform.processor() or "?"
 
 
+def finish(a: Any, meta: dict, raw: Any, summ: Any, targets: list[dict], md: str) -> int:
+    """Print the report, save it where ``--md`` / ``--json`` say; the exit status."""
+    print(md)
+    if a.md:
+        with open(a.md, "w") as fh:
+            fh.write(md)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"meta": meta, "summary": summ, "targets": targets, "raw": raw}, fh)
+        log(f"wrote {a.json}")
+    return 1 if a.strict and not all(t["pass"] for t in targets) else 0
+
+
 def versions(*packages: str) -> dict[str, str | None]:
     """Installed versions of ``packages`` (None for those missing)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -436,16 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["duration_s"] = time.monotonic() - t0
     summ = summarize(raw)
     targets = evaluate(raw, summ)
-    md = render(meta, raw, summ, targets)
-    print(md)
-    if a.md:
-        with open(a.md, "w") as fh:
-            fh.write(md)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"meta": meta, "summary": summ, "targets": targets, "raw": raw}, fh)
-        log(f"wrote {a.json}")
-    return 1 if a.strict and not all(t["pass"] for t in targets) else 0
+    return finish(a, meta, raw, summ, targets, render(meta, raw, summ, targets))
 
 
 if __name__ == "__main__":

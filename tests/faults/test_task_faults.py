@@ -34,11 +34,8 @@ PREFIX = "crl-faults"
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[Topology]:
-    topo = lockapp.make_topology(PREFIX)
-    try:
+    with lockapp.make_topology(PREFIX) as topo:
         yield topo
-    finally:
-        topo.close()
 
 
 @pytest.fixture(scope="module")

@@ -594,6 +594,12 @@ class Topology:
         except AssertionError:
             raise AssertionError(f"lock keys left behind: {self.lock_keys()}") from None
 
+    def __enter__(self) -> Topology:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         # An AsyncResult that waited on a result unsubscribes when collected; collect
         # them while the hub is up, or each retries its reconnect for a minute at exit.
