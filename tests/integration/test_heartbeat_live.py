@@ -21,15 +21,6 @@ INTERVAL = 0.3
 NODE_TIMEOUT = 0.5
 
 
-@pytest.fixture
-def default_heartbeat():
-    """The process's heartbeat, emptied and stopped after the test."""
-    yield heartbeat.default
-    for lease in heartbeat.held():
-        heartbeat.drop(lease)
-    heartbeat.stop(timeout=5)
-
-
 def test_the_thread_keeps_a_short_lease_alive_until_dropped(redis_nodes3, default_heartbeat):
     redlock = Redlock(redis_nodes3.urls, node_timeout=NODE_TIMEOUT)
     lease = redlock.acquire("hb-alive", ttl=TTL)

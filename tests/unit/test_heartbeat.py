@@ -86,15 +86,6 @@ def hb(clock):
     beat.stop()
 
 
-@pytest.fixture
-def default_heartbeat():
-    """The process's heartbeat, emptied and stopped after the test."""
-    yield heartbeat.default
-    for lease in heartbeat.held():
-        heartbeat.drop(lease)
-    heartbeat.stop(timeout=5)
-
-
 # -- rounds -------------------------------------------------------------------
 
 
