@@ -2,8 +2,8 @@
 
 Redis runs Lua 5.1, whose numbers are doubles: a fencing token above 2**53
 would lose precision, and large numbers print in exponent form. So no script
-does arithmetic on a token or formats one; tokens travel as decimal strings,
-Python computes them, and Lua only compares them (as strings of digits).
+does number arithmetic on a token; tokens travel as decimal strings, Lua
+compares them and takes their successor as strings of digits.
 
 Every script is idempotent when re-sent, so a reply lost to a timeout never
 turns into a wrong answer on the next call.
@@ -38,22 +38,46 @@ local function greater(a, b)
 end
 """
 
+# Decimal-string successor of a fence value (digits only, no leading zeros).
+_SUCCESSOR = """
+local function successor(s)
+  local i = #s
+  while i > 0 and string.byte(s, i) == 57 do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #s) end
+  return string.sub(s, 1, i - 1) .. string.char(string.byte(s, i) + 1) .. string.rep('0', #s - i)
+end
+"""
+
 # KEYS[1] lock key, KEYS[2] fence key
-# ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] "1" to report fence state
-# Returns {1} or {1, fence, time_s, time_us} when granted (or already mine:
-# the TTL is refreshed, which makes a re-sent acquire harmless);
-# {0, holder, pttl_ms} when another owner holds it.
+# ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] fence retention in ms ('' with
+# fencing off), ARGV[4] the client's clock in microseconds (decimal).
+# Returns {0, holder, pttl_ms} when another owner holds the key. Otherwise the
+# key is set (or, already mine, its TTL refreshed: a re-sent acquire is
+# harmless) and it returns {1} with fencing off, else {1, fence}: the node's
+# fence value, moved on to its successor by this grant, or seeded with
+# max(client clock, node clock to the second) where the node has none. A
+# re-sent acquire returns the value its first send wrote.
 ACQUIRE = Script(
     "acquire",
-    """
+    _GREATER
+    + _SUCCESSOR
+    + """
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then
   return {0, holder, redis.call('PTTL', KEYS[1])}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if ARGV[3] ~= '1' then return {1} end
-local now = redis.call('TIME')
-return {1, redis.call('GET', KEYS[2]) or '0', now[1], now[2]}
+if ARGV[3] == '' then return {1} end
+local fence = redis.call('GET', KEYS[2])
+if fence then
+  if holder then return {1, fence} end
+  fence = successor(fence)
+else
+  fence = redis.call('TIME')[1] .. '000000'
+  if greater(ARGV[4], fence) then fence = ARGV[4] end
+end
+redis.call('SET', KEYS[2], fence, 'PX', ARGV[3])
+return {1, fence}
 """,
 )
 

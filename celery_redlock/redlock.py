@@ -32,76 +32,80 @@ is left: ``validity = ttl - elapsed - (ttl * drift_factor + 2 ms)``.
 Otherwise the key is released on every node, including the ones that did not
 answer, because their reply may only have been lost.
 
-Fencing tokens, and why two phases
-==================================
+Fencing tokens
+==============
 
-Each node keeps a fence value per name. Phase 1 (the acquire call) returns
-it together with the node's ``TIME``. The client computes::
+Each node keeps a fence value per name. The acquire call, where it sets my
+key, moves that value on to its successor and returns it; a node without one
+(a new name, an expired fence key, a node that lost its data) seeds it with
+``max(client clock, node clock to the second)`` in microseconds. The token is
+the **largest value among the granting nodes**, and it is issued only once a
+quorum records it (or more):
 
-    token = max(largest fence returned + 1, largest node TIME in microseconds)
+* When a quorum of the granting nodes returned that very value, phase 1 has
+  already recorded it on a quorum, and the lease is granted after one round.
+  This is the usual case: nodes that saw the same grants hold the same value,
+  and a new name is seeded alike everywhere, from the client's clock.
+* Otherwise (a node was down for some grants, or restarted, or the clocks
+  disagreed on a seed) phase 2 writes the token back on the granting nodes,
+  only where the node still holds my owner value, and only if it is larger.
+  The lease is granted only if that landed on a quorum within validity.
 
-and phase 2 writes the token back on the nodes that granted the lock, only
-where the node still holds my owner value, and only if it is larger. The lease
-is granted only if phase 2 landed on a quorum within validity.
-
-Any later grant needs a majority, which meets the majority that recorded the
-token, so the later phase 1 sees it and the later token is strictly larger.
-One phase is not enough. With three nodes A, B, C and per-node counters
-incremented inside the acquire (token = the largest increment)::
+Any later grant needs a majority, which meets the quorum that recorded the
+token, so the later phase 1 moves a value at least as large as the token to
+its successor, and the later token is strictly larger. The largest value
+alone is not enough. With three nodes A, B, C, counters incremented inside the
+acquire, token = the largest increment and no write-back::
 
     t0  client 1 wins A, B       A=1 B=1 C=0    token 1
     t1  lease 1 lapses; client 2 wins B, C      B=2 C=1    token 2
     t2  lease 2 lapses; client 3 wins A, C      A=2 C=2    token 2   <- not larger
 
-With the write-back, C records 2 at t1, so client 3 reads it and takes 3.
+Here token 2 sat on B alone at t1, so phase 2 writes it on C, and client 3
+reads it and takes 3.
 
 A node that restarts without its data loses its fence values, and a fence key
 that was not granted for ``fence_retention`` (7 days by default) expires. The
-time floor covers both: a token is never below the microsecond clock of the
-nodes that granted it, which keeps growing across restarts. This relies on the
-nodes' clocks not stepping back by more than the time between two grants.
+seed covers both: values grow by one per grant, far slower than a microsecond
+clock, so every token stays below the clock it was seeded from, and a value
+seeded later from the clock is larger. This relies on the clocks (the
+client's that seeds, or the node's) not being behind by more than the time
+between the seed and the reseed.
 
 Lazy fencing
 ------------
 
-``try_acquire(..., fence=False)`` grants the lease after phase 1 alone and
-keeps the granting nodes and the candidate token. Phase 2 runs on the first
-read of :attr:`Lease.fencing_token` instead, with the same checks (owner on
-each node, only if larger, a quorum within validity); if it falls short the
-lease is marked lost and the read raises :class:`LockLost`. A lease whose
-token is never read writes no fence. This is as monotonic as the eager path:
+``try_acquire(..., fence=False)`` grants the lease after phase 1 alone even
+when phase 2 is due, and keeps the granting nodes and the candidate token.
+Phase 2 runs on the first read of :attr:`Lease.fencing_token` instead, with
+the same checks (owner on each node, only if larger, a quorum within
+validity); if it falls short the lease is marked lost and the read raises
+:class:`LockLost`. This is as monotonic as the eager path:
 
-* A token is issued only once it has landed on a majority, and the owner
-  check puts each of those writes inside the time my key lived on that node,
-  however late in the lease the write comes (owner values are unique per
-  attempt: :func:`make_owner`).
-* Take two grants that both issued a token. Their write-back majorities
-  share a node, and on it the two keys' lives do not overlap: a key is set
-  only where no other owner's key is. Whichever key came first, its
-  write-back on that node came before the other's phase 1 there, so the
-  later grant read a fence at least as large as the earlier token and took a
-  larger one. A later grant needs a majority where my key is already gone, so
-  once one exists my lazy write-back can no longer reach a quorum: the read
-  raises.
+* A token is issued only once it is on a majority, and the owner check puts
+  each of those writes inside the time my key lived on that node, however
+  late in the lease the write comes (owner values are unique per attempt:
+  :func:`make_owner`).
+* Take two grants that both issued a token. Their majorities share a node,
+  and on it the two keys' lives do not overlap: a key is set only where no
+  other owner's key is. Whichever key came first, its value on that node was
+  written before the other's phase 1 there, so the later grant read a fence
+  at least as large as the earlier token and took a larger one. A later grant
+  needs a majority where my key is already gone, so once one exists my lazy
+  write-back can no longer reach a quorum: the read raises.
 * The phase-1 candidate needs no recomputing at read time. While my key is on
-  a node, nobody else can write that node's fence value: FENCE needs the
-  writer's own key there, and ACQUIRE never writes the fence. So on every node
-  where the late write can land, the fence value is still the one phase 1
-  read (or my own write), and the candidate is larger than that. If the fence
-  key expired in between, the only-if-larger write succeeds anyway. If the
-  node lost its data, my key went too and the write does not land there.
-* The time floor is the same as the eager path's: the candidate comes from
-  the same phase-1 replies, and any later grant's phase 1 on a shared node
-  runs after mine there.
-* A lease whose token is never read issues no token. Nothing has to be larger
-  than a token nobody saw. Tokens are strictly increasing over the grants that
-  issue one; a grant that skips the write-back only leaves a gap.
+  a node, nobody else can write that node's fence value: ACQUIRE writes it
+  only where it sets its own key, and FENCE needs the writer's own key there.
+  So on every node where the late write can land, the fence value is still
+  the one my phase 1 wrote (or my own write-back), and the candidate is at
+  least that. If the node lost its data, my key went too and the write does
+  not land there.
 
-The fence key's retention then counts from the last write-back, not the last
-grant; the time floor covers a fence key that expired.
+A failed attempt (no quorum, or no validity left) leaves the fence values its
+phase 1 moved on: tokens skip a number, and never go back.
 
-Lua never does arithmetic on tokens (Lua 5.1 numbers are doubles); tokens
-travel as decimal strings and are compared digit-wise.
+Lua never does number arithmetic on tokens (Lua 5.1 numbers are doubles);
+tokens travel as decimal strings, compared and incremented digit-wise.
 
 Keys
 ====
@@ -208,8 +212,9 @@ class Lease:
         ttl: the TTL the nodes were given, in seconds.
         fencing_token: strictly larger than every earlier grant's (None when
             fencing is off). On a lazy lease (``try_acquire(..., fence=False)``)
-            the first read writes the token back to the nodes (one round trip)
-            and raises :class:`LockLost` if that no longer lands on a quorum.
+            whose nodes disagreed, the first read writes the token back (one
+            round trip) and raises :class:`LockLost` if that no longer lands
+            on a quorum.
     """
 
     __slots__ = (
@@ -308,8 +313,8 @@ class Redlock:
         node_timeout: seconds each node gets to answer, per round.
         drift_factor: clock drift allowed, as a fraction of the TTL.
         key_prefix: first part of every key written.
-        fencing: hand out fencing tokens (one more round trip per acquire, or per
-            first token read of a lease taken with ``fence=False``).
+        fencing: hand out fencing tokens (a second round trip only when the
+            granting nodes disagree on the fence value; see the module docstring).
         fence_retention: seconds a fence value is kept after its last grant.
         clock: monotonic clock, seconds (injectable for tests).
         sleep: sleep function (injectable for tests).
@@ -369,6 +374,8 @@ class Redlock:
         self.key_prefix = key_prefix
         self.fencing = bool(fencing)
         self.fence_retention = float(fence_retention)
+        # ACQUIRE's fence argument: the retention in ms, or empty with fencing off.
+        self._fence_arg = str(_ms(self.fence_retention)) if self.fencing else ""
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
@@ -407,7 +414,7 @@ class Redlock:
             _scripts.ACQUIRE,
             self.nodes,
             (key, fence_key),
-            (owner, ttl_ms, "1" if self.fencing else "0"),
+            (owner, ttl_ms, self._fence_arg, time.time_ns() // 1000),
             self.node_timeout,
         )
         errors = self._errors(replies)
@@ -416,11 +423,13 @@ class Redlock:
         if len(granted) >= self.quorum and self.clock() < expires:
             if not self.fencing:
                 return Lease(self, name, key, fence_key, owner, ttl, None, expires)
+            token, agreed = self._candidate(granted, replies)
+            if agreed >= self.quorum:  # already on a quorum: phase 2 has nothing to add
+                return Lease(self, name, key, fence_key, owner, ttl, token, expires)
             if not fence:
-                pending = (tuple(granted), self._candidate(granted, replies))
+                pending = (tuple(granted), token)
                 return Lease(self, name, key, fence_key, owner, ttl, None, expires, pending)
-            token = self._fence(granted, replies, key, fence_key, owner, expires)
-            if token is not None:
+            if self._write_back(granted, token, key, fence_key, owner, expires) is not None:
                 return Lease(self, name, key, fence_key, owner, ttl, token, expires)
         self._release_everywhere(key, owner)
         if len(self.nodes) - len(errors) < self.quorum:
@@ -429,28 +438,12 @@ class Redlock:
             [(_text(r[1]), int(r[2])) for r in replies if _is_list(r) and int(r[0]) == 0]
         )
 
-    def _fence(
-        self,
-        granted: list[int],
-        replies: list[Any],
-        key: str,
-        fence_key: str,
-        owner: str,
-        expires: float,
-    ) -> int | None:
-        """Phase 2: compute the token and write it back; None if it did not land on a quorum."""
-        return self._write_back(
-            granted, self._candidate(granted, replies), key, fence_key, owner, expires
-        )
-
     @staticmethod
-    def _candidate(granted: Sequence[int], replies: list[Any]) -> int:
-        """max(largest fence + 1, largest node TIME in µs) over the granting nodes."""
-        token = 0
-        for i in granted:
-            _, fence, seconds, micros = replies[i]
-            token = max(token, int(fence) + 1, int(seconds) * 1_000_000 + int(micros))
-        return token
+    def _candidate(granted: Sequence[int], replies: list[Any]) -> tuple[int, int]:
+        """The largest fence value among the granting nodes, and how many nodes hold it."""
+        values = [int(replies[i][1]) for i in granted]
+        token = max(values)
+        return token, values.count(token)
 
     def _fence_lazy(self, lease: Lease) -> int:
         """Phase 2 of a lazy lease, on the first read of its token (the lease's lock is held)."""

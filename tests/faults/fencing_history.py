@@ -9,8 +9,8 @@ processes, and the two weakened token schemes the tests compare against.
 * :func:`one_phase_grant` is the scheme the docstring of ``celery_redlock.redlock``
   warns against: each granting node INCRs a counter inside the acquire and the
   token is the largest increment (no write-back, no time floor).
-* :class:`NoTimeFloorRedlock` is the real client with the nodes' TIME ignored, so
-  only the fence value written back in phase 2 can make tokens grow.
+* :class:`NoTimeFloorRedlock` is the real client with the clocks left out of the
+  seed, so only the fence values can make tokens grow.
 """
 
 from __future__ import annotations
@@ -135,11 +135,25 @@ def one_phase_grant(rl: Redlock, name: str, ttl: float = 10.0) -> int | None:
 # -- the real client without its time floor -------------------------------------------
 
 
-class NoTimeFloorRedlock(Redlock):
-    """The real two-phase client, but phase 2 sees every node's TIME as 0."""
+# The real acquire script, but a node without a fence value starts from 1, not the clock.
+NO_FLOOR_ACQUIRE = _scripts.Script(
+    "acquire_no_floor",
+    _scripts.ACQUIRE.text.replace(
+        "fence = redis.call('TIME')[1] .. '000000'\n"
+        "  if greater(ARGV[4], fence) then fence = ARGV[4] end",
+        "fence = '1'",
+    ),
+)
+assert NO_FLOOR_ACQUIRE.text != _scripts.ACQUIRE.text
 
-    def _fence(self, granted, replies, *args, **kwargs):
-        replies = list(replies)
-        for i in granted:
-            replies[i] = [replies[i][0], replies[i][1], b"0", b"0"]
-        return super()._fence(granted, replies, *args, **kwargs)
+
+class NoTimeFloorRedlock(Redlock):
+    """The real client, but seeding fence values with 1 instead of the clock: only the
+    values moved on in phase 1 and written back in phase 2 can make tokens grow."""
+
+    def try_acquire(self, *args, **kwargs):
+        real, _scripts.ACQUIRE = _scripts.ACQUIRE, NO_FLOOR_ACQUIRE
+        try:
+            return super().try_acquire(*args, **kwargs)
+        finally:
+            _scripts.ACQUIRE = real

@@ -268,10 +268,13 @@ def test_eager_runs_through_the_lock(eager_app: Celery):
     assert first.result < second.result
 
 
-def test_token_is_written_before_the_body_only_when_run_takes_it(eager_app: Celery):
-    """Without a ``fencing_token`` parameter the lease is lazy: nothing is written until the
-    body reads ``current_lease().fencing_token``. With it, the token is on the nodes before
-    the body starts. Both tasks share a lock name; tokens grow across them."""
+def test_token_is_on_a_quorum_before_the_body_or_at_the_first_read(
+    eager_app: Celery, topology: Topology
+):
+    """Nodes that agree give the token with the acquire, to both kinds of task. Where one
+    node is ahead (it saw grants the others missed), the token must be written back: before
+    the body when ``run`` takes ``fencing_token``, at the first read of
+    ``current_lease().fencing_token`` when it does not. Tokens grow across both tasks."""
     seen = []
 
     def fences(lease):
@@ -290,15 +293,26 @@ def test_token_is_written_before_the_body_only_when_run_takes_it(eager_app: Cele
         seen.append(("eager", fencing_token, fences(current_lease()), None))
         return fencing_token
 
-    tokens = [(lazy if i % 2 else eager).delay().get() for i in range(6)]
+    def put_first_node_ahead():
+        fence_key = eager._lock_plan.redlock.keys(eager._lock_plan.keys.build((), {}))[1]
+        with topology.quorum[0].client() as client:
+            ahead = int(client.get(fence_key)) + 1000
+            client.set(fence_key, str(ahead))
+
+    tokens = []
+    for i in range(8):
+        if i >= 4:
+            put_first_node_ahead()
+        tokens.append((lazy if i % 2 else eager).delay().get())
     assert all(isinstance(t, int) for t in tokens)
     assert all(y > x for x, y in zip(tokens, tokens[1:])), tokens
-    for kind, token, before, after in seen:
-        if kind == "lazy":
-            assert str(token) not in before  # not written before the read
-            assert after == [str(token)] * len(after)
-        else:
-            assert before == [str(token)] * len(before)  # written before the body ran
+    for i, (kind, token, before, after) in enumerate(seen):
+        everywhere = [str(token)] * len(before)
+        if i < 4 or kind == "eager":  # the nodes agreed, or phase 2 ran before the body
+            assert before == everywhere
+        else:  # the lazy lease wrote its token back at the read, not before
+            assert before.count(str(token)) == 1
+            assert after == everywhere
 
 
 def test_eager_drop(eager_app: Celery):

@@ -297,7 +297,7 @@ def test_claim_that_lost_the_majority_is_withdrawn(redis_nodes5):
 
 
 def test_failed_contended_acquire_leaves_no_key(redis_nodes5):
-    """Grants on a minority (3, 4) are withdrawn; no fence is written for them."""
+    """Grants on a minority (3, 4) are withdrawn; their fence values moved on, no more."""
     rl = Redlock(redis_nodes5.urls)
     lock_key, fence_key = rl.keys(NAME)
     for i in range(3):
@@ -307,8 +307,12 @@ def test_failed_contended_acquire_leaves_no_key(redis_nodes5):
     assert result == Holder("holder|-|h|1|x", pytest.approx(10, abs=0.5))
     assert rl.acquire(NAME, ttl=10) is None
     assert node_values(redis_nodes5, lock_key) == ["holder|-|h|1|x"] * 3 + [None] * 2
-    assert node_values(redis_nodes5, fence_key) == [None] * 5
-    assert {i: k for i, k in lock_keys(redis_nodes5, rl).items() if i >= 3} == {3: [], 4: []}
+    fences = node_values(redis_nodes5, fence_key)
+    assert fences[:3] == [None] * 3 and fences[3] is not None and fences[4] is not None
+    assert {i: k for i, k in lock_keys(redis_nodes5, rl).items() if i >= 3} == {
+        3: [fence_key],
+        4: [fence_key],
+    }
 
 
 def test_split_vote_leaves_no_key_and_no_holder(redis_nodes5):
@@ -370,8 +374,8 @@ def test_acquire_is_idempotent_for_the_same_owner(nodes):
     rl = Redlock(nodes.urls)
     owner = make_owner()
     first = rl.acquire(NAME, ttl=10, owner=owner)
-    again = rl.acquire(NAME, ttl=10, owner=owner)  # a re-sent acquire
-    assert again is not None and again.fencing_token > first.fencing_token
+    again = rl.acquire(NAME, ttl=10, owner=owner)  # a re-sent acquire: the same grant
+    assert again is not None and again.fencing_token == first.fencing_token
     assert Redlock(nodes.urls).acquire(NAME, ttl=10) is None
 
 
@@ -390,9 +394,9 @@ def test_lost_script_cache_falls_back_to_eval(nodes):
     for node, before in zip(nodes, evals_before):
         with node.client() as client:
             stats = client.info("commandstats")
-            # acquire, fence, extend: each EVAL'd once, then cached again
-            assert stats["cmdstat_eval"]["calls"] == before + 3
-            assert stats["cmdstat_evalsha"]["failed_calls"] >= 3  # the NOSCRIPT replies
+            # acquire and extend (the nodes agree: no fence round): each EVAL'd once
+            assert stats["cmdstat_eval"]["calls"] == before + 2
+            assert stats["cmdstat_evalsha"]["failed_calls"] >= 2  # the NOSCRIPT replies
     rl.release(lease)
     assert node_values(nodes, lease.key) == [None] * len(nodes)
 
@@ -456,4 +460,6 @@ def test_eager_and_lazy_grants_from_two_threads_issue_increasing_tokens(nodes):
     assert len(issued) + unread[0] == 2 * per_thread and unread[0] > 0
     assert all(y > x for x, y in zip(issued, issued[1:]))
     _, fence_key = Redlock(nodes.urls).keys(NAME)
-    assert node_values(nodes, fence_key) == [str(issued[-1])] * len(nodes)
+    # the last token is on a quorum; unread grants and withdrawn attempts may have moved on
+    at_least = [int(v) >= issued[-1] for v in node_values(nodes, fence_key)]
+    assert at_least.count(True) >= Redlock(nodes.urls).quorum

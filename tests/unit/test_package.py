@@ -21,9 +21,7 @@ def test_all_is_sorted_and_complete():
 
 def test_every_setting_is_documented_in_the_readme():
     readme = (ROOT / "README.rst").read_text()
-    missing = [
-        s.name for s in conf.SETTINGS + conf.BEAT_SETTINGS if f"``{s.name}``" not in readme
-    ]
+    missing = [s.name for s in conf.SETTINGS + conf.BEAT_SETTINGS if f"``{s.name}``" not in readme]
     assert not missing, f"settings missing from README.rst: {missing}"
 
 

@@ -128,21 +128,88 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
 ):
     """A quorum granted, but the validity ran out (in phase 1, or in the fence phase)."""
     real = redlock_module.run_script
+    scripts_run = []
 
     def slow_nodes(script, *args, **kwargs):
         replies = real(script, *args, **kwargs)
+        scripts_run.append(script.name)
         if script.name == slow_script:
             clock.advance(TTL)
         return replies
 
     monkeypatch.setattr(redlock_module, "run_script", slow_nodes)
     rl = Redlock(clients(servers), clock=clock)
-    assert rl.acquire("job", ttl=TTL) is None
     lock_key, fence_key = rl.keys("job")
+    # one node ahead of the others: the nodes disagree, so a fence phase is due
+    peek(servers)[0].set(fence_key, "5000000000000000")
+    assert rl.acquire("job", ttl=TTL) is None
+    assert slow_script in scripts_run and scripts_run[-1] == "release"
     for client in peek(servers):
         assert client.exists(lock_key) == 0  # withdrawn from every node
-        if slow_script == "acquire":  # no token was computed: no fence written either
-            assert client.exists(fence_key) == 0
+    fences = [client.get(fence_key) for client in peek(servers)]
+    if slow_script == "acquire":  # phase 1 moved the values on; nothing was written back
+        assert fences[0] == "5000000000000001" and fences[1] == fences[2] != fences[0]
+    else:  # written back, but not issued: a value on a quorum that nobody saw is harmless
+        assert fences == ["5000000000000001"] * 3
+
+
+def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(servers):
+    scripts = []
+    real = redlock_module.run_script
+
+    def recording(script, *args, **kwargs):
+        scripts.append(script.name)
+        return real(script, *args, **kwargs)
+
+    rl = Redlock(clients(servers))
+    lock_key, fence_key = rl.keys("job")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(redlock_module, "run_script", recording)
+        first = rl.acquire("job", ttl=TTL)  # a new name: seeded alike from the client's clock
+        rl.release(first)
+        second = rl.acquire("job", ttl=TTL)
+        rl.release(second)
+        assert scripts == ["acquire", "release", "acquire", "release"]
+        assert second.fencing_token == first.fencing_token + 1
+        # a node that missed some grants disagrees, but a quorum agrees: still one round
+        peek(servers)[2].set(fence_key, "7")
+        scripts.clear()
+        third = rl.acquire("job", ttl=TTL)
+        rl.release(third)
+        assert scripts == ["acquire", "release"]
+        assert third.fencing_token == second.fencing_token + 1
+        assert peek(servers)[2].get(fence_key) == "8"
+        # the largest value on one node only: phase 2 writes it on the others
+        ahead = put_one_node_ahead(servers, fence_key, 0)
+        scripts.clear()
+        third = rl.acquire("job", ttl=TTL)
+        assert scripts == ["acquire", "fence"]
+    assert third.fencing_token == ahead + 1
+    assert [c.get(fence_key) for c in peek(servers)] == [str(third.fencing_token)] * 3
+    rl.release(third)
+
+
+def put_one_node_ahead(servers, fence_key: str, index: int) -> int:
+    """Give one node a fence value the others lack (it saw grants they missed); returns it.
+
+    Raising one node's value never breaks monotonicity; it makes the next
+    grant's nodes disagree, so that grant needs its phase 2.
+    """
+    clients_ = peek(servers)
+    seed = time.time_ns() // 1000  # what a node without a value would start from
+    ahead = max([seed] + [int(c.get(fence_key) or 0) for c in clients_]) + 10**9
+    clients_[index].set(fence_key, str(ahead))
+    return ahead
+
+
+def test_fence_values_count_on_as_decimal_strings_past_two_to_the_53(servers):
+    rl = Redlock(clients(servers))
+    _, fence_key = rl.keys("job")
+    for client in peek(servers):
+        client.set(fence_key, "99999999999999999999")  # 10**20 - 1: no double holds it exactly
+    lease = rl.acquire("job", ttl=TTL)
+    assert lease.fencing_token == 10**20
+    assert [c.get(fence_key) for c in peek(servers)] == ["100000000000000000000"] * 3
 
 
 def test_expired_lease_frees_the_nodes_and_the_next_token_is_larger(servers):
@@ -331,40 +398,57 @@ def test_lazy_lease_writes_the_fence_only_when_the_token_is_read(rl, servers, mo
     first = rl.acquire("job", ttl=TTL)
     rl.release(first)
     _, fence_key = rl.keys("job")
+    ahead = put_one_node_ahead(servers, fence_key, 0)
     calls = count_scripts(monkeypatch)
     lease = rl.acquire("job", ttl=TTL, fence=False)
     assert calls == ["acquire"]  # phase 1 only
     assert [c.get(lease.key) for c in peek(servers)] == [lease.owner] * 3
-    assert [c.get(fence_key) for c in peek(servers)] == [str(first.fencing_token)] * 3
+    behind = str(first.fencing_token + 1)
+    assert [c.get(fence_key) for c in peek(servers)] == [str(ahead + 1), behind, behind]
     assert "unread" in repr(lease) and calls == ["acquire"]  # repr does no I/O
 
     token = lease.fencing_token
     assert calls == ["acquire", "fence"]
-    assert token > first.fencing_token
+    assert token == ahead + 1
     assert [c.get(fence_key) for c in peek(servers)] == [str(token)] * 3
     assert lease.fencing_token == token and lease.fencing_token == token
     assert calls == ["acquire", "fence"]  # later reads are cached: no I/O
     assert not lease.lost
 
 
-def test_lazy_lease_never_read_writes_no_fence_and_extends_and_releases(rl, servers, monkeypatch):
+def test_lazy_lease_never_read_writes_nothing_back_and_extends_and_releases(
+    rl, servers, monkeypatch
+):
     _, fence_key = rl.keys("job")
+    put_one_node_ahead(servers, fence_key, 0)
     lease = rl.acquire("job", ttl=TTL, fence=False)
+    after_phase_1 = [c.get(fence_key) for c in peek(servers)]
+    assert after_phase_1[1] == after_phase_1[2] != after_phase_1[0]
     assert rl.extend(lease) is True
     rl.release(lease)
-    assert [c.exists(fence_key) for c in peek(servers)] == [0] * 3
+    assert [c.get(fence_key) for c in peek(servers)] == after_phase_1
     assert [c.exists(lease.key) for c in peek(servers)] == [0] * 3
     calls = count_scripts(monkeypatch)
     with pytest.raises(LockLost):
         _ = lease.fencing_token  # released: nothing to write the token for
     assert calls == []
-    assert [c.exists(fence_key) for c in peek(servers)] == [0] * 3
+    assert [c.get(fence_key) for c in peek(servers)] == after_phase_1
+
+
+def test_lazy_lease_whose_nodes_agree_has_its_token_at_once(rl, servers, monkeypatch):
+    calls = count_scripts(monkeypatch)
+    lease = rl.acquire("job", ttl=TTL, fence=False)
+    assert "unread" not in repr(lease)
+    rl.release(lease)
+    assert lease.fencing_token is not None and calls == ["acquire", "release"]
 
 
 def test_lazy_read_after_the_key_is_gone_on_a_majority_raises_and_marks_lost(rl, servers):
+    _, fence_key = rl.keys("job")
+    put_one_node_ahead(servers, fence_key, 2)
     lease = rl.try_acquire("job", ttl=TTL, fence=False)
     assert isinstance(lease, Lease)
-    _, fence_key = rl.keys("job")
+    candidate = peek(servers)[2].get(fence_key)
     for client in peek(servers)[:2]:
         client.set(lease.key, make_owner())  # expired and taken by someone else
     with pytest.raises(LockLost, match="job"):
@@ -372,11 +456,12 @@ def test_lazy_read_after_the_key_is_gone_on_a_majority_raises_and_marks_lost(rl,
     assert lease.lost
     with pytest.raises(LockLost):
         _ = lease.fencing_token  # and it stays so
-    # the one node that still held the key may record the candidate; no quorum does
-    assert sum(1 for c in peek(servers) if c.exists(fence_key)) <= 1
+    # the one node that still holds the key records the candidate; no quorum does
+    assert [c.get(fence_key) == candidate for c in peek(servers)] == [False, False, True]
 
 
-def test_lazy_read_after_validity_ran_out_raises_without_io(rl, clock, monkeypatch):
+def test_lazy_read_after_validity_ran_out_raises_without_io(rl, servers, clock, monkeypatch):
+    put_one_node_ahead(servers, rl.keys("job")[1], 0)
     lease = rl.acquire("job", ttl=TTL, fence=False)
     clock.advance(TTL)
     calls = count_scripts(monkeypatch)
@@ -389,6 +474,8 @@ def test_lazy_token_cannot_be_issued_after_a_later_eager_grant(servers, clock):
     """A later grant needs the lazy lease's key gone on a majority: the lazy read then fails."""
     a = Redlock(clients(servers), clock=clock)
     b = Redlock(clients(servers), clock=clock)
+    _, fence_key = a.keys("job")
+    put_one_node_ahead(servers, fence_key, 0)
     lazy = a.acquire("job", ttl=TTL, fence=False)
     for client in peek(servers):  # the keys expire behind the client's back (a long pause)
         client.delete(lazy.key)
@@ -397,10 +484,11 @@ def test_lazy_token_cannot_be_issued_after_a_later_eager_grant(servers, clock):
     with pytest.raises(LockLost):
         _ = lazy.fencing_token
     assert lazy.lost
-    _, fence_key = a.keys("job")
     assert [c.get(fence_key) for c in peek(servers)] == [str(eager.fencing_token)] * 3
-    # and only on 1 of 3 nodes: a lazy lease whose key survives on a minority still fails
+    # and only on 1 of 3 nodes: a lazy lease whose key survives on a minority still fails,
+    # even with a candidate above the later grant's token
     b.release(eager)
+    put_one_node_ahead(servers, fence_key, 2)
     lazy = a.acquire("job", ttl=TTL, fence=False)
     for client in peek(servers)[:2]:
         client.delete(lazy.key)
@@ -411,7 +499,8 @@ def test_lazy_token_cannot_be_issued_after_a_later_eager_grant(servers, clock):
     assert [c.get(fence_key) for c in peek(servers)][:2] == [str(later.fencing_token)] * 2
 
 
-def test_concurrent_first_reads_write_the_token_once(rl, monkeypatch):
+def test_concurrent_first_reads_write_the_token_once(rl, servers, monkeypatch):
+    put_one_node_ahead(servers, rl.keys("job")[1], 1)
     lease = rl.acquire("job", ttl=TTL, fence=False)
     calls = count_scripts(monkeypatch, delay=0.05)
     start = threading.Barrier(4)
@@ -439,13 +528,17 @@ def test_lazy_with_fencing_off_has_no_token_and_no_io(servers, clock, monkeypatc
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_interleaved_eager_and_lazy_grants_issue_increasing_tokens(servers, seed):
-    """Node TIME frozen, so only the fence values make tokens grow; some lazy tokens are never
-    read, some are read late (after an extension), some leases lapse and are taken over."""
+    """Clocks frozen, so only the fence values make tokens grow; some lazy tokens are never
+    read, some are read late (after an extension), some leases lapse and are taken over,
+    and now and then one node gets ahead of the others (it saw grants they missed)."""
     rng = random.Random(seed)
     issued: list[int] = []
     with freeze_time("2030-01-01 00:00:00") as frozen:
         rls = [Redlock(clients(servers), clock=time.monotonic) for _ in range(2)]
+        fence_key = rls[0].keys("job")[1]
         for _ in range(60):
+            if rng.random() < 0.3:
+                put_one_node_ahead(servers, fence_key, rng.randrange(3))
             rl = rng.choice(rls)
             eager = rng.random() < 0.5
             lease = rl.acquire("job", ttl=2, fence=eager)
@@ -458,7 +551,7 @@ def test_interleaved_eager_and_lazy_grants_issue_increasing_tokens(servers, seed
                 issued.append(lease.fencing_token)
             if mode == "lapse":
                 frozen.tick(2.1)  # the keys expire on the nodes; the next grant takes over
-                if eager:
+                if eager or "unread" not in repr(lease):  # issued at the grant
                     issued.append(lease.fencing_token)
                 else:
                     with pytest.raises(LockLost):
