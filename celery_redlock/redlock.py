@@ -254,9 +254,10 @@ class Lease:
         # Lazy lease: (granting node indexes, phase-1 candidate token) until the
         # first read of fencing_token writes the token back.
         self._pending = pending
-        self._fence_lock = threading.Lock()
+        self._fence_lock = threading.Lock() if pending else None
         self._expires = expires
-        self._lost = threading.Event()
+        # Set once, by the heartbeat thread or a release; a plain flag is enough.
+        self._lost = False
 
     @property
     def fencing_token(self) -> int | None:
@@ -264,6 +265,7 @@ class Lease:
         token = self._token
         if token is not None or self._pending is None:
             return token
+        assert self._fence_lock is not None
         with self._fence_lock:  # concurrent first reads write it once
             if self._token is None:
                 self._token = self._redlock._fence_lazy(self)
@@ -281,10 +283,10 @@ class Lease:
     @property
     def lost(self) -> bool:
         """True once a renewal failed to reach a quorum or the validity ran out."""
-        return self._lost.is_set() or self.remaining() <= 0
+        return self._lost or self.remaining() <= 0
 
     def mark_lost(self) -> None:
-        self._lost.set()
+        self._lost = True
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lease is still held."""
@@ -400,7 +402,8 @@ class Redlock:
         """One attempt: the :class:`Lease`, or the :class:`Holder` in the way.
 
         With ``fence=False`` (and fencing on) the lease is granted after phase 1;
-        the token is written back on the first read of ``lease.fencing_token``.
+        if the nodes disagree, the token is written back on the first read of
+        ``lease.fencing_token``.
 
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
@@ -417,8 +420,7 @@ class Redlock:
             (owner, ttl_ms, self._fence_arg, time.time_ns() // 1000),
             self.node_timeout,
         )
-        errors = self._errors(replies)
-        granted = [i for i, r in enumerate(replies) if _is_list(r) and int(r[0]) == 1]
+        granted = [i for i, r in enumerate(replies) if _is_list(r) and r[0] == 1]
         expires = start + ttl - (ttl * self.drift_factor + DRIFT_FLOOR)
         if len(granted) >= self.quorum and self.clock() < expires:
             if not self.fencing:
@@ -432,11 +434,10 @@ class Redlock:
             if self._write_back(granted, token, key, fence_key, owner, expires) is not None:
                 return Lease(self, name, key, fence_key, owner, ttl, token, expires)
         self._release_everywhere(key, owner)
+        errors = self._errors(replies)
         if len(self.nodes) - len(errors) < self.quorum:
             raise QuorumUnavailable(errors, self.quorum, len(self.nodes))
-        return _holder(
-            [(_text(r[1]), int(r[2])) for r in replies if _is_list(r) and int(r[0]) == 0]
-        )
+        return _holder([(_text(r[1]), int(r[2])) for r in replies if _is_list(r) and r[0] == 0])
 
     @staticmethod
     def _candidate(granted: Sequence[int], replies: list[Any]) -> tuple[int, int]:
