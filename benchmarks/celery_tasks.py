@@ -17,7 +17,12 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
 * ``once``: celery-once ``QueueOnce`` (``graceful=False``), Redis backend on db 2
   of the broker server;
 * ``singleton``: celery-singleton ``Singleton``, backend on db 3 of the broker
-  server.
+  server;
+* ``floor-3``: no library, the least any execution-time lock on 3 nodes can
+  send: one ``SET key 1 NX PX`` round before the body and one ``DEL`` round
+  after it, pre-encoded, on blocking raw sockets to the same three lock nodes
+  (no Lua, no fencing, no checks, no heartbeat). What it costs is what the
+  lock servers and the kernel take; its ratio bounds every 3-node variant.
 
 Topology (all on 127.0.0.1, started here with ``celery_redlock.testing`` and
 stopped at the end): one **broker server** (broker db 1, celery-once db 2,
@@ -88,6 +93,7 @@ VARIANTS = [
     ("redlock-3-lazy", "crl_bench.redlock_3_lazy", "celery_redlock, 3 nodes, token unread"),
     ("once", "crl_bench.once", "celery-once QueueOnce"),
     ("singleton", "crl_bench.singleton", "celery-singleton Singleton"),
+    ("floor-3", "crl_bench.floor_3", "floor: SET NX + DEL on 3 nodes, raw sockets"),
 ]
 LABELS = {k: label for k, _, label in VARIANTS}
 
@@ -120,6 +126,48 @@ def _task_body() -> None:
         _body_client = redis.Redis.from_url(_broker_base() + "/0")
     if _body_client.incr(COUNTER) == TARGET:
         _body_client.rpush(DONE_LIST, 1)
+
+
+class _FloorNodes:
+    """Raw sockets to the lock nodes, per process: one write, then one read per node."""
+
+    def __init__(self, urls: list[str]):
+        import socket
+        from urllib.parse import urlsplit
+
+        self.pid = os.getpid()
+        self.socks = []
+        for url in urls:
+            parts = urlsplit(url)
+            sock = socket.create_connection((parts.hostname, parts.port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks.append(sock)
+
+    def round(self, *args: bytes) -> None:
+        command = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+        for sock in self.socks:
+            sock.sendall(command)
+        for sock in self.socks:
+            reply = sock.recv(64)
+            while not reply.endswith(b"\r\n"):
+                reply += sock.recv(64)
+            if reply[:1] == b"-":
+                raise RuntimeError(f"floor: {reply!r}")
+
+
+_floor: _FloorNodes | None = None
+
+
+def _floor_task_body(i: Any) -> None:
+    global _floor
+    if _floor is None or _floor.pid != os.getpid():
+        _floor = _FloorNodes(_adapters.celery_nodes()[:LOCK_NODES])
+    key = f"crl_bench:floor:{i}".encode()
+    _floor.round(b"SET", key, b"1", b"NX", b"PX", b"10000")
+    try:
+        _task_body()
+    finally:
+        _floor.round(b"DEL", key)
 
 
 def make_app() -> Any:
@@ -161,6 +209,10 @@ def make_app() -> Any:
     @app.task(name="crl_bench.singleton", base=Singleton)
     def singleton(i: Any) -> None:
         _task_body()
+
+    @app.task(name="crl_bench.floor_3")
+    def floor_3(i: Any) -> None:
+        _floor_task_body(i)
 
     return app
 
