@@ -95,24 +95,45 @@ def _option(group: str, *decls: str, **attrs: Any) -> Callable[..., Any]:
 
 _TASK = click.argument("task", required=False)
 _TIMEOUT = _option(
-    "Connection Options", "--timeout", type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_TIMEOUT, show_default=True,
+    "Connection Options",
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
     help="Seconds each Redis node gets to answer one round.",
 )
 _LIMIT = _option(
-    "Listing Options", "--limit", type=click.IntRange(min=1), default=100, show_default=True,
+    "Listing Options",
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
     help="Stop after this many keys per node.",
 )
 #: TASK with --args/--kwargs, or --name: which lock a command is about (see _lock_target).
 _LOCK = (
     _TASK,
-    _option("Lock Options", "--args", "args_", type=JSON_ARRAY,
-            help="The task's positional arguments as a JSON array."),
-    _option("Lock Options", "--kwargs", "kwargs_", type=JSON_OBJECT,
-            help="The task's keyword arguments as a JSON object."),
-    _option("Lock Options", "--name", "lock_name",
-            help="A lock name as `list` shows it (or its full Redis key), instead of TASK and "
-            "its arguments. With TASK too, TASK only picks the nodes and prefix."),
+    _option(
+        "Lock Options",
+        "--args",
+        "args_",
+        type=JSON_ARRAY,
+        help="The task's positional arguments as a JSON array.",
+    ),
+    _option(
+        "Lock Options",
+        "--kwargs",
+        "kwargs_",
+        type=JSON_OBJECT,
+        help="The task's keyword arguments as a JSON object.",
+    ),
+    _option(
+        "Lock Options",
+        "--name",
+        "lock_name",
+        help="A lock name as `list` shows it (or its full Redis key), instead of TASK and "
+        "its arguments. With TASK too, TASK only picks the nodes and prefix.",
+    ),
 )
 
 
@@ -259,31 +280,49 @@ def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
                 else "may evict any key, locks included"
             )
             limit = "" if p.maxmemory else " (maxmemory is 0 now: it starts once a limit is set)"
-            add("WARNING", p.name,
+            add(
+                "WARNING",
+                p.name,
                 f"maxmemory-policy {p.policy} {why}: a held lock can vanish under memory "
-                f"pressure and a second execution start{limit}. Set maxmemory-policy noeviction.")
+                f"pressure and a second execution start{limit}. Set maxmemory-policy noeviction.",
+            )
         if p.role not in ("master", "?"):
-            add("WARNING", p.name,
+            add(
+                "WARNING",
+                p.name,
                 f"role {p.role}: lock nodes must be independent masters (a replica refuses "
-                "writes; a failover to one loses recent locks).")
+                "writes; a failover to one loses recent locks).",
+            )
         if p.run_id:
             other = seen_run_ids.setdefault(p.run_id, p.name)
             if other != p.name:
-                add("WARNING", p.name,
+                add(
+                    "WARNING",
+                    p.name,
                     f"same server as {other} (run_id {p.run_id}): one server counted twice "
-                    "breaks the quorum arithmetic.")
+                    "breaks the quorum arithmetic.",
+                )
         if p.latency > node_timeout:
-            add("WARNING", p.name,
+            add(
+                "WARNING",
+                p.name,
                 f"answers in {_ms_text(p.latency)}, slower than redlock_node_timeout "
-                f"({_ms_text(node_timeout)}): the workers count it as down.")
+                f"({_ms_text(node_timeout)}): the workers count it as down.",
+            )
         if p.aof is False:
-            add("note", p.name,
+            add(
+                "note",
+                p.name,
                 "no AOF: a restart forgets the locks a node held; keep a restarted node out "
-                "for longer than the longest lock TTL, or run appendonly yes.")
+                "for longer than the longest lock TTL, or run appendonly yes.",
+            )
         elif p.aof and p.fsync not in ("always", None):
-            add("note", p.name,
+            add(
+                "note",
+                p.name,
                 f"appendfsync {p.fsync}: a crash may lose the last writes (up to about a "
-                "second); appendfsync always closes that window.")
+                "second); appendfsync always closes that window.",
+            )
     order = {"DOWN": 0, "WARNING": 1, "note": 2}
     return [
         f"{level:<7} {', '.join(names)}: {message}"
@@ -295,9 +334,15 @@ def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
 
 
 @_command(
-    "status", *_LOCK,
-    _option("Output Options", "--json", "as_json", is_flag=True,
-            help="Print one JSON object instead of text."),
+    "status",
+    *_LOCK,
+    _option(
+        "Output Options",
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print one JSON object instead of text.",
+    ),
 )
 def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: Any) -> None:
     """Show who holds one lock: the quorum's view and every node's.
@@ -399,11 +444,14 @@ def list_(
 
 
 @_command(
-    "release", *_LOCK,
-    _option("Release Options", "-f", "--force", is_flag=True,
-            help="Do not ask for confirmation."),
-    _option("Release Options", "--task-id",
-            help="Release only if the holder is this task id (no confirmation needed)."),
+    "release",
+    *_LOCK,
+    _option("Release Options", "-f", "--force", is_flag=True, help="Do not ask for confirmation."),
+    _option(
+        "Release Options",
+        "--task-id",
+        help="Release only if the holder is this task id (no confirmation needed).",
+    ),
 )
 def release(
     app: Any, echo: Callable, force: bool, task_id: str | None, timeout: float, **options: Any
@@ -442,8 +490,7 @@ def release(
                 echo(f"Nothing to release: {key} is free on every node that answered.")
             else:
                 raise click.ClickException(
-                    f"not released: {key} is not held by task {task_id} "
-                    f"(holder: {lock.describe()})"
+                    f"not released: {key} is not held by task {task_id} (holder: {lock.describe()})"
                 )
             return
         if not lock.owners:
@@ -462,8 +509,11 @@ def release(
                     f"not deleted: {key} was taken by another holder meanwhile; run again"
                 )
         replies = gather(client.nodes, ("DEL", key), timeout)
-    errors = [(node.name, _error_text(reply))
-              for node, reply in zip(client.nodes, replies) if isinstance(reply, Exception)]
+    errors = [
+        (node.name, _error_text(reply))
+        for node, reply in zip(client.nodes, replies)
+        if isinstance(reply, Exception)
+    ]
     deleted = sum(1 for r in replies if r == 1)
     missing = total - deleted - len(errors)
     had_none = f" ({missing} had no such key)." if missing else "."
@@ -585,7 +635,11 @@ def _target_settings(app: Any, task: str | None) -> tuple[str, conf.LockSettings
 
 
 def _lock_target(
-    app: Any, task: str | None, args_: list | None, kwargs_: dict | None, lock_name: str | None,
+    app: Any,
+    task: str | None,
+    args_: list | None,
+    kwargs_: dict | None,
+    lock_name: str | None,
     **preload_options: Any,
 ) -> tuple[str, conf.LockSettings, str]:
     """(label, settings, lock name) of the one lock a command is about."""

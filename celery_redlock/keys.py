@@ -58,6 +58,7 @@ import inspect
 import json
 import re
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Union
 
 from kombu.utils.json import JSONEncoder as _KombuJSONEncoder
@@ -96,6 +97,18 @@ _ENCODE_ERRORS = (TypeError, ValueError, RecursionError)
 
 def _canonical(value: Any) -> str:
     return _FINAL.encode(json.loads(_FIRST.encode(value)))
+
+
+# Values the JSON round trip gives back unchanged, so their canonical form is
+# just _FINAL's. Exact types only: subclasses (IntEnum, str enums...) take the
+# general path.
+_PLAIN: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring_ascii,  # what _FINAL writes for a string
+    int: int.__repr__,  # and for an int
+    float: _FINAL.encode,
+    bool: _FINAL.encode,
+    type(None): _FINAL.encode,
+}
 
 
 def _hash(text: str) -> str:
@@ -164,7 +177,11 @@ class KeyBuilder:
         )
         self._pick = lock_on if callable(lock_on) else None
         self._selectors: tuple | None = None
-        if self._pick is None and lock_on is not None:
+        if self._pick is not None:
+            fields: Sequence[str] = [""]
+        elif lock_on is None:
+            fields = [name for name in params if name != self._token]
+        else:
             names = [lock_on] if isinstance(lock_on, str) else lock_on
             if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
                 raise ConfigurationError(
@@ -172,6 +189,17 @@ class KeyBuilder:
                     f"list of them or a callable, got {type(lock_on).__name__}"
                 )
             self._selectors = tuple(self._parse(name, params) for name in names)
+            fields = names
+        # The keys of every payload hashed, as the canonical form sorts them,
+        # with their JSON labels: plain values are then written directly.
+        self._fields = tuple((f, encode_basestring_ascii(f) + ":") for f in sorted(set(fields)))
+        # Fast binding for the common signature: named parameters only.
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        self._simple = all(p.kind in kinds for p in params.values())
+        self._positional = tuple(
+            name for name, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        )
+        self._params = tuple((name, p.default) for name, p in params.items())
 
     def _parse(self, selector: str, params: Mapping[str, inspect.Parameter]) -> tuple:
         head, *rest = selector.split(".")
@@ -211,14 +239,7 @@ class KeyBuilder:
                 ) from exc
             return self._finish({"": value}, "the value returned by lock_on")
 
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise LockKeyError(
-                f"task {self.task_name!r}: arguments do not match run: {exc}"
-            ) from exc
-        bound.apply_defaults()
-        arguments = bound.arguments  # a fresh dict: safe to change
+        arguments = self._bind(args, kwargs)  # a fresh dict: safe to change
         if self._selectors is None:
             if self._token is not None:
                 arguments.pop(self._token, None)
@@ -226,6 +247,32 @@ class KeyBuilder:
         return self._finish(
             {s[0]: self._resolve(arguments, *s) for s in self._selectors}, "selector"
         )
+
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``signature.bind(*args, **kwargs)`` with defaults applied: ``{name: value}`` in order."""
+        if self._simple and len(args) <= len(self._positional):
+            # Named parameters only: bind by hand, several times faster than inspect.
+            arguments = dict(zip(self._positional, args))
+            used = 0
+            for name, default in self._params[len(args) :]:
+                if name in kwargs:
+                    arguments[name] = kwargs[name]
+                    used += 1
+                elif default is inspect.Parameter.empty:
+                    break  # missing: let inspect word the error
+                else:
+                    arguments[name] = default
+            else:
+                if used == len(kwargs):  # else unknown, or given twice
+                    return arguments
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise LockKeyError(
+                f"task {self.task_name!r}: arguments do not match run: {exc}"
+            ) from exc
+        bound.apply_defaults()
+        return bound.arguments
 
     def _resolve(
         self, arguments: dict, selector: str, head: str, steps: tuple, in_varkw: bool
@@ -259,9 +306,20 @@ class KeyBuilder:
             f"task {self.task_name!r}: lock_on selector {selector!r} is missing at {step!r}"
         )
 
+    def _plain(self, payload: dict) -> str | None:
+        """The canonical form of ``payload`` if its values are all plain, else None."""
+        parts = []
+        for name, label in self._fields:
+            value = payload[name]
+            encode = _PLAIN.get(type(value))
+            if encode is None:
+                return None
+            parts.append(label + encode(value))
+        return "{" + ",".join(parts) + "}"
+
     def _finish(self, payload: dict, what: str) -> str:
         try:
-            text = _canonical(payload)
+            text = self._plain(payload) or _canonical(payload)
         except _ENCODE_ERRORS as whole:
             # Errors only: encode one entry at a time so the message can name the culprit.
             label, error = what, whole

@@ -63,18 +63,32 @@ if _prom is not None:
     )
 
 
+# Labelled children, looked up once per label set: ``labels()`` costs more than
+# the update itself, and these are updated on every task. Prometheus keeps the
+# same child per label set, so a cached one is the one it exports.
+_event_children: dict[tuple[str, str], Any] = {}
+_acquire_children: dict[str, Any] = {}
+
+
 def count(event: str, lock: str) -> None:
     """Count one ``event`` of ``lock``."""
+    key = (event, lock)
     with _lock:
-        _counts[(event, lock)] += 1
+        _counts[key] += 1
     if _prom is not None:
-        _EVENTS.labels(event, lock).inc()
+        child = _event_children.get(key)
+        if child is None:
+            child = _event_children[key] = _EVENTS.labels(event, lock)
+        child.inc()
 
 
 def observe(seconds: float, lock: str) -> None:
     """Record how long one acquisition took."""
     if _prom is not None:
-        _ACQUIRE.labels(lock).observe(seconds)
+        child = _acquire_children.get(lock)
+        if child is None:
+            child = _acquire_children[lock] = _ACQUIRE.labels(lock)
+        child.observe(seconds)
 
 
 def snapshot() -> dict[str, dict[str, Any]]:

@@ -58,14 +58,18 @@ logger = logging.getLogger("celery_redlock.policies")
 ATTEMPT_HEADER = "redlock_attempt"
 
 
-def take(task: Any, plan: LockPlan, name: str) -> Lease:
+def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
     """Take ``name`` for the running execution of ``task``, or apply the policy.
+
+    ``request`` is ``task.request``, if the caller has it at hand (reading it
+    costs a thread-local lookup).
 
     Returns the lease, or raises ``Ignore`` (dropped), ``Retry`` (re-published),
     :class:`LockContended` or :class:`QuorumUnavailable`.
     """
-    request = task.request
-    result = _attempt(task, plan, name)
+    if request is None:
+        request = task.request
+    result = _attempt(task, plan, name, request)
     if isinstance(result, Lease):
         return result
     metrics.count("contended", plan.lock_name)
@@ -97,7 +101,7 @@ def take(task: Any, plan: LockPlan, name: str) -> Lease:
     _drop(task, plan, name, result)
 
 
-def _attempt(task: Any, plan: LockPlan, name: str) -> Lease | Holder:
+def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Holder:
     """One try; an outage becomes a retry (or, once attempts are spent, the error)."""
     try:
         # A body that takes the token gets it written before it runs; any other
@@ -105,20 +109,18 @@ def _attempt(task: Any, plan: LockPlan, name: str) -> Lease | Holder:
         return plan.redlock.try_acquire(
             name,
             ttl=plan.settings.ttl,
-            owner=plan.owner(task.request),
+            owner=plan.owner(request),
             fence=plan.token_arg is not None,
         )
     except QuorumUnavailable as exc:
         metrics.count("outage", plan.lock_name)
-        attempt = attempt_of(task.request)
-        if task.request.is_eager or attempt >= plan.settings.retry_max_attempts:
+        attempt = attempt_of(request)
+        if request.is_eager or attempt >= plan.settings.retry_max_attempts:
             logger.error(
-                "%s[%s]: lock service unavailable, giving up: %s", task.name, task.request.id, exc
+                "%s[%s]: lock service unavailable, giving up: %s", task.name, request.id, exc
             )
             raise
-        logger.warning(
-            "%s[%s]: lock service unavailable, retrying: %s", task.name, task.request.id, exc
-        )
+        logger.warning("%s[%s]: lock service unavailable, retrying: %s", task.name, request.id, exc)
         _republish(task, plan, attempt, reason=f"lock service unavailable: {exc}")
 
 
@@ -177,6 +179,7 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder, timeout: float) 
     redlock = plan.redlock
     settings = plan.settings
     metrics.count("waited", plan.lock_name)
+    request = task.request
     deadline = redlock.clock() + timeout
     attempt = 0
     while True:
@@ -187,7 +190,7 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder, timeout: float) 
         if left <= 0:
             break
         redlock.sleep(min(delay, left))
-        result = _attempt(task, plan, name)
+        result = _attempt(task, plan, name, request)
         if isinstance(result, Lease):
             return result
         holder = result

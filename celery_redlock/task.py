@@ -28,11 +28,11 @@ How it works, per execution, on the worker:
    :func:`current_lease` in an unbound task), and its fencing token as the
    ``fencing_token`` keyword when ``run`` declares that parameter with a
    default. The token is never written into ``request.kwargs`` or a retry
-   message. When ``run`` does not declare it, the token is written to the
-   lock nodes only on the first read of ``request.redlock.fencing_token``
-   (one round trip, then cached); that read raises
-   :class:`~celery_redlock.exceptions.LockLost` if the lease is gone by then.
-   A body that never reads it saves the round trip.
+   message. Usually the acquire itself yields it; when the nodes disagree it
+   must be written back in a second round, which waits for the first read
+   of ``request.redlock.fencing_token`` if ``run`` does not declare it
+   (then cached; that read raises :class:`~celery_redlock.exceptions.LockLost`
+   if the lease is gone by then).
 5. The lock is released in ``finally``, whatever the outcome: success,
    exception, ``retry()``, ``Ignore``, ``Reject``, soft time limit. If the
    worker process dies, the parent process releases it at once (see
@@ -158,20 +158,28 @@ class LockedTask(Task):
         if plan is None or request.called_directly:
             return self.run(*args, **kwargs)
         name = plan.keys.build(args, kwargs)
-        started = plan.redlock.clock()
-        lease = policies.take(self, plan, name)
-        metrics.observe(plan.redlock.clock() - started, plan.lock_name)
+        clock = plan.redlock.clock
+        started = clock()
+        lease = policies.take(self, plan, name, request)
+        metrics.observe(clock() - started, plan.lock_name)
         metrics.count("acquired", plan.lock_name)
         try:
             request.redlock = lease
-            heartbeat.hold(
-                lease, plan.settings.heartbeat_interval, on_lost=functools.partial(_lost, self)
-            )
+            heartbeat.hold(lease, plan.settings.heartbeat_interval, self._lock_lost)
             if plan.token_arg is not None:
-                kwargs = {**kwargs, plan.token_arg: lease.fencing_token}
+                # This call's own dict (``**kwargs`` always is): request.kwargs stays as sent.
+                kwargs[plan.token_arg] = lease.fencing_token
             return self.run(*args, **kwargs)
         finally:
             _release(plan.redlock, lease)
+
+    def _lock_lost(self, lease: Lease) -> None:
+        """The heartbeat's ``on_lost``: count it and send the ``lock_lost`` signal."""
+        from .signals import lock_lost
+
+        if self._lock_plan is not None:
+            metrics.count("lost", self._lock_plan.lock_name)
+        lock_lost.send(sender=self, lease=lease)
 
     @property
     def redlock(self) -> Lease | None:
@@ -201,13 +209,6 @@ def _release(redlock: Redlock, lease: Lease) -> None:
             return
         except Exception:  # noqa: BLE001 - SoftTimeLimitExceeded lands here
             continue
-
-
-def _lost(task: Any, lease: Lease) -> None:
-    from .signals import lock_lost
-
-    metrics.count("lost", task._lock_plan.lock_name)
-    lock_lost.send(sender=task, lease=lease)
 
 
 def _is_plain_function(cls: type) -> bool:
