@@ -20,9 +20,14 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
   server;
 * ``floor-3``: no library, the least any execution-time lock on 3 nodes can
   send: one ``SET key 1 NX PX`` round before the body and one ``DEL`` round
-  after it, pre-encoded, on blocking raw sockets to the same three lock nodes
-  (no Lua, no fencing, no checks, no heartbeat). What it costs is what the
-  lock servers and the kernel take; its ratio bounds every 3-node variant.
+  after it, on raw non-blocking sockets to the same three lock nodes, one
+  ``poll`` per round (no Lua, no fencing, no checks, no heartbeat). What it
+  costs is what the lock servers and the kernel take; its ratio bounds every
+  3-node variant;
+* ``floor-3-scripts``: the same raw client running celery_redlock's own
+  acquire and release scripts (fence values included): the difference to
+  ``floor-3`` is what the scripts cost, the difference to ``redlock-3`` what
+  the library's Python costs.
 
 Topology (all on 127.0.0.1, started here with ``celery_redlock.testing`` and
 stopped at the end): one **broker server** (broker db 1, celery-once db 2,
@@ -94,6 +99,7 @@ VARIANTS = [
     ("once", "crl_bench.once", "celery-once QueueOnce"),
     ("singleton", "crl_bench.singleton", "celery-singleton Singleton"),
     ("floor-3", "crl_bench.floor_3", "floor: SET NX + DEL on 3 nodes, raw sockets"),
+    ("floor-3-scripts", "crl_bench.floor_3_scripts", "floor with our acquire/release scripts"),
 ]
 LABELS = {k: label for k, _, label in VARIANTS}
 
@@ -129,45 +135,76 @@ def _task_body() -> None:
 
 
 class _FloorNodes:
-    """Raw sockets to the lock nodes, per process: one write, then one read per node."""
+    """Raw non-blocking sockets to the lock nodes, per process: a round writes one
+    command to every node, then reads the replies as one ``poll`` reports them."""
 
     def __init__(self, urls: list[str]):
         import socket
         from urllib.parse import urlsplit
 
+        from celery_redlock import _scripts
+
         self.pid = os.getpid()
-        self.socks = []
+        self.socks = {}
         for url in urls:
             parts = urlsplit(url)
             sock = socket.create_connection((parts.hostname, parts.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.socks.append(sock)
+            self.socks[sock.fileno()] = sock
+        for script in (_scripts.ACQUIRE, _scripts.RELEASE):
+            self.round(b"SCRIPT", b"LOAD", script.text.encode())
+        for sock in self.socks.values():
+            sock.setblocking(False)
 
     def round(self, *args: bytes) -> None:
-        command = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
-        for sock in self.socks:
+        import select
+
+        from celery_redlock._nodes import _pack, _parse, _Partial
+
+        command = _pack(args)
+        poller = select.poll()
+        waiting = {}
+        for fd, sock in self.socks.items():
             sock.sendall(command)
-        for sock in self.socks:
-            reply = sock.recv(64)
-            while not reply.endswith(b"\r\n"):
-                reply += sock.recv(64)
-            if reply[:1] == b"-":
-                raise RuntimeError(f"floor: {reply!r}")
+            poller.register(fd, select.POLLIN)
+            waiting[fd] = b""
+        while waiting:
+            for fd, _ in poller.poll(5000):
+                buf = waiting[fd] + self.socks[fd].recv(65536)
+                try:
+                    reply = _parse(buf, 0)[0]
+                except _Partial:
+                    waiting[fd] = buf
+                    continue
+                if isinstance(reply, Exception):
+                    raise reply
+                poller.unregister(fd)
+                del waiting[fd]
 
 
 _floor: _FloorNodes | None = None
 
 
-def _floor_task_body(i: Any) -> None:
+def _floor_task_body(i: Any, scripts: bool) -> None:
+    """The no-op body between a floor acquire round and a floor release round."""
     global _floor
     if _floor is None or _floor.pid != os.getpid():
         _floor = _FloorNodes(_adapters.celery_nodes()[:LOCK_NODES])
     key = f"crl_bench:floor:{i}".encode()
-    _floor.round(b"SET", key, b"1", b"NX", b"PX", b"10000")
+    if scripts:
+        from celery_redlock import _scripts
+
+        now = b"%d" % (time.time_ns() // 1000)
+        acquire = (_scripts.ACQUIRE.sha.encode(), b"2", key, key + b":f", b"o", b"10000", b"9", now)
+        _floor.round(b"EVALSHA", *acquire)
+        release: tuple[bytes, ...] = (b"EVALSHA", _scripts.RELEASE.sha.encode(), b"1", key, b"o")
+    else:
+        _floor.round(b"SET", key, b"1", b"NX", b"PX", b"10000")
+        release = (b"DEL", key)
     try:
         _task_body()
     finally:
-        _floor.round(b"DEL", key)
+        _floor.round(*release)
 
 
 def make_app() -> Any:
@@ -212,7 +249,11 @@ def make_app() -> Any:
 
     @app.task(name="crl_bench.floor_3")
     def floor_3(i: Any) -> None:
-        _floor_task_body(i)
+        _floor_task_body(i, scripts=False)
+
+    @app.task(name="crl_bench.floor_3_scripts")
+    def floor_3_scripts(i: Any) -> None:
+        _floor_task_body(i, scripts=True)
 
     return app
 
