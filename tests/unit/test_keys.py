@@ -12,27 +12,12 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from signatures import charge, flexible, process, spread
 
 from celery_redlock.exceptions import ConfigurationError, LockKeyError
 from celery_redlock.keys import DIGEST_LENGTH, KeyBuilder, digest
 
 KEY_RE = re.compile(rf"^charge:\{{[0-9a-f]{{{DIGEST_LENGTH}}}\}}$")
-
-
-def charge(account_id, amount=10, *, currency="EUR", fencing_token=None):
-    pass
-
-
-def process(order, items=(), note=None):
-    pass
-
-
-def flexible(tenant, **options):
-    pass
-
-
-def spread(first, *rest, **extra):
-    pass
 
 
 def kb(func=charge, lock_on=None, **kw):

@@ -23,25 +23,10 @@ from decimal import Decimal
 
 import pytest
 from kombu.utils.json import JSONEncoder
+from signatures import charge, flexible, process, spread
 
 from celery_redlock.exceptions import LockKeyError
 from celery_redlock.keys import DIGEST_LENGTH, KeyBuilder
-
-
-def charge(account_id, amount=10, *, currency="EUR", fencing_token=None):
-    pass
-
-
-def process(order, items=(), note=None):
-    pass
-
-
-def flexible(tenant, **options):
-    pass
-
-
-def spread(first, *rest, **extra):
-    pass
 
 
 def positional_only(a, b=2, /, c=3):
