@@ -232,7 +232,6 @@ def test_crontab_slot_across_midnight_in_a_utc_app(app):
 
 
 def test_solar_slot_is_the_event_to_the_second_whatever_last_run_at(app):
-    pytest.importorskip("ephem")
     from celery.schedules import solar
 
     sunrise = solar("sunrise", 52.52, 13.40, app=app)
@@ -251,7 +250,6 @@ def test_solar_slot_is_the_event_to_the_second_whatever_last_run_at(app):
 
 
 def test_solar_slot_not_yet_due_is_the_upcoming_event(app):
-    pytest.importorskip("ephem")
     from celery.schedules import solar
 
     sunset = solar("sunset", 52.52, 13.40, app=app)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import prometheus_client as prom
 import pytest
 
 from celery_redlock import metrics
@@ -45,8 +46,6 @@ def test_without_prometheus_only_in_process(monkeypatch):
 
 
 def test_prometheus_export_follows_every_update():
-    prom = pytest.importorskip("prometheus_client")
-
     def events(event, lock):
         value = prom.REGISTRY.get_sample_value(
             "celery_redlock_events_total", {"event": event, "lock": lock}
