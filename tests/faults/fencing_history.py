@@ -1,11 +1,8 @@
-"""Helpers for the fencing tests: a history checker, the grant loop run by worker
-processes, and the two weakened token schemes the tests compare against.
+"""Helpers for the fencing tests: a history checker and the two weakened token
+schemes the tests compare against (the grant loop is ``tests/recorded_grants.py``).
 
 * :func:`first_non_increase` finds where a history of tokens (in grant order)
   stops growing.
-* :func:`grant_loop` takes a lock again and again and, while holding it, appends
-  the token to a list on a recorder node outside the quorum: the lock orders the
-  appends, so the list is the grant order.
 * :func:`one_phase_grant` is the scheme the docstring of ``celery_redlock.redlock``
   warns against: each granting node INCRs a counter inside the acquire and the
   token is the largest increment (no write-back, no time floor).
@@ -15,22 +12,16 @@ processes, and the two weakened token schemes the tests compare against.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Sequence
-
-import redis
 
 from celery_redlock import _scripts
 from celery_redlock._nodes import run_script
-from celery_redlock.exceptions import QuorumUnavailable
 from celery_redlock.redlock import Redlock, make_owner
 
 __all__ = [
     "NoTimeFloorRedlock",
     "assert_strictly_increasing",
     "first_non_increase",
-    "grant_loop",
     "one_phase_grant",
 ]
 
@@ -50,55 +41,6 @@ def assert_strictly_increasing(tokens: Sequence[int]) -> None:
         if bad
         else ""
     )
-
-
-# -- the grant loop (runs in worker processes) ------------------------------------------
-
-
-def grant_loop(
-    urls: Sequence[str],
-    recorder_url: str,
-    name: str,
-    target: int,
-    ttl: float,
-    seconds: float,
-) -> None:
-    """Take ``name`` until the recorder holds ``target`` tokens (or ``seconds`` pass).
-
-    Recorder keys: ``tokens`` (grant order), ``who`` (pid per grant),
-    ``occupancy`` / ``overlaps`` (another holder was inside), ``late`` (the
-    lease had lapsed by the end of the critical section, so the order of that
-    append is not guaranteed), ``quorum_errors``.
-    """
-    rl = Redlock(urls, node_timeout=0.5)  # outcomes, not timing, are under test
-    rec = redis.Redis.from_url(recorder_url, socket_timeout=5, retry=None)
-    pid = str(os.getpid())
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        try:
-            lease = rl.acquire(
-                name, ttl=ttl, blocking=True, timeout=0.5, retry_delay=0.003, retry_delay_max=0.012
-            )
-        except QuorumUnavailable:
-            rec.incr("quorum_errors")
-            continue
-        if lease is None:
-            if rec.llen("tokens") >= target:
-                return
-            continue
-        try:
-            pipe = rec.pipeline(transaction=False)
-            pipe.incr("occupancy").rpush("tokens", lease.fencing_token).rpush("who", pid)
-            inside, count, _ = pipe.execute()
-            if inside != 1:
-                rec.incr("overlaps")
-            if lease.remaining() <= 0:
-                rec.incr("late")
-            rec.decr("occupancy")
-        finally:
-            rl.release(lease)
-        if count >= target:
-            return
 
 
 # -- the one-phase scheme ------------------------------------------------------------

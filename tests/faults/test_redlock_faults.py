@@ -19,9 +19,9 @@ from fencing_history import (  # noqa: E402
     NoTimeFloorRedlock,
     assert_strictly_increasing,
     first_non_increase,
-    grant_loop,
     one_phase_grant,
 )
+from recorded_grants import grant_loop  # noqa: E402
 
 from celery_redlock.exceptions import QuorumUnavailable
 from celery_redlock.redlock import Redlock
@@ -270,7 +270,18 @@ def test_fencing_tokens_strictly_increase_over_thousands_of_grants_with_restarts
     target, ttl, procs = 6000, 1.0, 3
     ctx = multiprocessing.get_context("fork")  # no thread runs in this process
     workers = [
-        ctx.Process(target=grant_loop, args=(nodes.urls, recorder.url, NAME, target, ttl, 40))
+        ctx.Process(
+            target=grant_loop,
+            args=(nodes.urls, recorder.url, NAME, target, 40),
+            # outcomes, not timing, are under test: a generous node_timeout
+            kwargs=dict(
+                ttl=ttl,
+                node_timeout=0.5,
+                acquire_timeout=0.5,
+                retry_delay=0.003,
+                retry_delay_max=0.012,
+            ),
+        )
         for _ in range(procs)
     ]
     rng = random.Random(20260101)
@@ -417,7 +428,7 @@ def test_history_checker_finds_the_first_non_increase():
 def test_grant_loop_records_tokens_in_grant_order(redis_nodes3, redis_node_factory):
     """The worker used above, in-process and alone: every grant is recorded once."""
     recorder = redis_node_factory(1)[0]
-    grant_loop(redis_nodes3.urls, recorder.url, NAME, 25, 5.0, 10)
+    grant_loop(redis_nodes3.urls, recorder.url, NAME, 25, 10)
     with recorder.client() as rec:
         tokens = [int(t) for t in rec.lrange("tokens", 0, -1)]
         assert rec.get("occupancy") == "0"

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-import redis
+from recorded_grants import grant_loop
 
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
@@ -49,38 +49,13 @@ def node_values(nodes, key: str) -> list:
 
 
 def contend(urls, recorder_url, name, target, seconds, start=None, per_worker_names=False, index=0):
-    """Take ``name`` again and again until ``target`` grants were recorded (or
-    ``seconds`` passed); in each critical section, check that nobody else is
-    inside (INCR/DECR occupancy on the recorder) and append the fencing token
-    (the lock orders the appends)."""
+    """The shared grant loop, with every worker starting together (``start``) and,
+    for the control run, each locking its own name."""
     if start is not None:
         start.wait(30)  # every process and thread starts together
-    rl = Redlock(urls)
-    rec = redis.Redis.from_url(recorder_url, socket_timeout=5, retry=None)
     if per_worker_names:
         name = f"{name}-{index}"
-    who = f"{os.getpid()}:{threading.get_ident()}"
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        lease = rl.acquire(
-            name, ttl=5, blocking=True, timeout=0.2, retry_delay=0.002, retry_delay_max=0.02
-        )
-        if lease is None:
-            if rec.llen("tokens") >= target:
-                return
-            continue
-        try:
-            pipe = rec.pipeline(transaction=False)
-            pipe.incr("occupancy").rpush("tokens", lease.fencing_token).rpush("who", who)
-            inside, count, _ = pipe.execute()
-            if inside != 1:
-                rec.incr("overlaps")
-            time.sleep(0.0005)  # widen the critical section
-            rec.decr("occupancy")
-        finally:
-            rl.release(lease)
-        if count >= target:
-            return
+    grant_loop(urls, recorder_url, name, target, seconds, hold=0.0005)
 
 
 def run_threads(n, *args, **kwargs):
@@ -98,6 +73,7 @@ def results(recorder):
         who = rec.lrange("who", 0, -1)
         overlaps = int(rec.get("overlaps") or 0)
         occupancy = int(rec.get("occupancy") or 0)
+        assert rec.get("quorum_errors") is None  # all nodes are healthy here
     return tokens, who, overlaps, occupancy
 
 
