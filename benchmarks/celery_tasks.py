@@ -60,6 +60,7 @@ import argparse
 import os
 import platform
 import pstats
+import select
 import signal
 import statistics
 import subprocess
@@ -74,6 +75,9 @@ sys.path.insert(0, HERE)
 
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
+
+from celery_redlock import _scripts  # noqa: E402
+from celery_redlock._nodes import _pack, _parse, _Partial  # noqa: E402  (the floor's wire)
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"
@@ -142,8 +146,6 @@ class _FloorNodes:
         import socket
         from urllib.parse import urlsplit
 
-        from celery_redlock import _scripts
-
         self.pid = os.getpid()
         self.socks = {}
         for url in urls:
@@ -157,10 +159,6 @@ class _FloorNodes:
             sock.setblocking(False)
 
     def round(self, *args: bytes) -> None:
-        import select
-
-        from celery_redlock._nodes import _pack, _parse, _Partial
-
         command = _pack(args)
         poller = select.poll()
         waiting = {}
@@ -192,8 +190,6 @@ def _floor_task_body(i: Any, scripts: bool) -> None:
         _floor = _FloorNodes(_adapters.celery_nodes()[:LOCK_NODES])
     key = f"crl_bench:floor:{i}".encode()
     if scripts:
-        from celery_redlock import _scripts
-
         now = b"%d" % (time.time_ns() // 1000)
         acquire = (_scripts.ACQUIRE.sha.encode(), b"2", key, key + b":f", b"o", b"10000", b"9", now)
         _floor.round(b"EVALSHA", *acquire)
