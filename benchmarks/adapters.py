@@ -236,7 +236,13 @@ def celery_nodes() -> list[str]:
 
 
 def locked_task(
-    app: Any, body: Callable[[], None], *, name: str, nodes: Sequence[str], token: bool = True
+    app: Any,
+    body: Callable[[], None],
+    *,
+    name: str,
+    nodes: Sequence[str],
+    token: bool = True,
+    **options: Any,
 ) -> Any:
     """Register a ``LockedTask`` called ``name`` whose ``run(i)`` calls ``body()``.
 
@@ -246,7 +252,8 @@ def locked_task(
     ``fencing_token=None``, so the token is written back and passed in before
     the body; a missing one raises, and the task then does not count as
     executed. Without it the body never reads the token, so none is written
-    (lazy fencing: the cost of a task that does not use it).
+    (lazy fencing: the cost of a task that does not use it). Further
+    ``options`` are task options (e.g. ``lock_enqueue="until_finished"``).
     """
     from celery_redlock import LockedTask
 
@@ -263,7 +270,7 @@ def locked_task(
             body()
 
     run.__name__ = run.__qualname__ = name.replace(".", "_").replace("-", "_")
-    return app.task(name=name, base=LockedTask, lock_on="i", lock_nodes=list(nodes))(run)
+    return app.task(name=name, base=LockedTask, lock_on="i", lock_nodes=list(nodes), **options)(run)
 
 
 def celery_task(app: Any, body: Callable[[], None]) -> Any:

@@ -14,6 +14,10 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
   task the harness's ``--celery-candidate adapters:celery_task`` registers);
 * ``redlock-3-lazy``: the same on 3 nodes, but ``run`` does not take the token,
   so it is never written back (one lock round fewer);
+* ``redlock-3-enqueue``: ``redlock-3`` with ``lock_enqueue="until_finished"``:
+  ``apply_async`` claims the key on the 3 nodes before publishing, the worker
+  takes the lock under the claim and drops it at the end (distinct arguments,
+  so nothing is deduplicated: every task must still run exactly once);
 * ``once``: celery-once ``QueueOnce`` (``graceful=False``), Redis backend on db 2
   of the broker server;
 * ``singleton``: celery-singleton ``Singleton``, backend on db 3 of the broker
@@ -88,6 +92,8 @@ DONE_LIST = "crl_bench:finished"
 TARGET = 10**9
 WARMUP_TASKS = 50
 LOCK_NODES = 3
+#: ``lock_enqueue`` of the claiming tasks: one in the system, queued or running.
+ENQUEUE_MODE = "until_finished"
 
 #: Base URL (no db) of the broker server: broker db 1, celery-once db 2,
 #: celery-singleton db 3, counter db 0.
@@ -100,6 +106,7 @@ VARIANTS = [
     ("redlock-1", "crl_bench.redlock_1", "celery_redlock, 1 node"),
     ("redlock-3", "crl_bench.redlock_3", "celery_redlock, 3 nodes"),
     ("redlock-3-lazy", "crl_bench.redlock_3_lazy", "celery_redlock, 3 nodes, token unread"),
+    ("redlock-3-enqueue", "crl_bench.redlock_3_enqueue", "celery_redlock, 3 nodes, enqueue claim"),
     ("once", "crl_bench.once", "celery-once QueueOnce"),
     ("singleton", "crl_bench.singleton", "celery-singleton Singleton"),
     ("floor-3", "crl_bench.floor_3", "floor: SET NX + DEL on 3 nodes, raw sockets"),
@@ -234,6 +241,9 @@ def make_app() -> Any:
     _adapters.locked_task(
         app, _task_body, name="crl_bench.redlock_3_lazy", nodes=nodes[:LOCK_NODES], token=False
     )
+    for n_nodes in (1, LOCK_NODES):  # enqueue-time claims; enqueue.py times their .delay()
+        _adapters.locked_task(app, _task_body, name=f"crl_bench.redlock_{n_nodes}_enqueue",
+                              nodes=nodes[:n_nodes], lock_enqueue=ENQUEUE_MODE)  # fmt: skip
 
     @app.task(name="crl_bench.once", base=QueueOnce, once={"graceful": False})
     def once(i: Any) -> None:
@@ -420,12 +430,14 @@ def lock_leftovers(broker: str, node_urls: list[str]) -> dict[str, Any]:
     for db, name in ((2, "once_db2_keys"), (3, "singleton_db3_keys")):
         with redis.Redis.from_url(f"{broker}/{db}") as c:
             out[name] = c.dbsize()
-    locks, fences = [], []
+    locks, claims, fences = [], [], []
     for url in node_urls:
         with redis.Redis.from_url(url) as c:
             locks.append(sum(1 for _ in c.scan_iter(match="redlock:lock:*", count=1000)))
+            claims.append(sum(1 for _ in c.scan_iter(match="redlock:claim:*", count=1000)))
             fences.append(sum(1 for _ in c.scan_iter(match="redlock:fence:*", count=1000)))
     out["redlock_lock_keys_per_node"] = locks
+    out["redlock_claim_keys_per_node"] = claims
     out["redlock_fence_keys_per_node"] = fences
     return out
 
@@ -527,6 +539,7 @@ def evaluate(summ: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Any]]:
     ok = all(v["exactly_once"] for p in summ.values() for v in p.values())
     clean = all(
         not any(p["leftovers"]["redlock_lock_keys_per_node"])
+        and not any(p["leftovers"]["redlock_claim_keys_per_node"])
         and p["leftovers"]["once_db2_keys"] == 0
         and p["leftovers"]["singleton_db3_keys"] == 0
         for p in raw["pools"].values()
@@ -535,7 +548,7 @@ def evaluate(summ: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Any]]:
     res.append({"id": "exactly-once", "target": "every task executed exactly once, every variant",
                 "value": f"{runs} runs checked", "pass": ok, "per_rep": [],
                 "reps_passing": None})  # fmt: skip
-    res.append({"id": "no-lock-left", "target": "no lock key left after the runs",
+    res.append({"id": "no-lock-left", "target": "no lock or claim key left after the runs",
                 "value": "checked per pool", "pass": clean, "per_rep": [],
                 "reps_passing": None})  # fmt: skip
     return res
@@ -596,6 +609,12 @@ def render(meta: dict[str, Any], raw: dict[str, Any], summ: dict[str, Any], targ
     for p in raw["pools"].values():
         out.append(f"Left after the runs, {p['worker']}: {p['leftovers']}.")
     out.append("")
+    out += targets_section(targets, "Load averages per run are in the JSON.")
+    return "\n".join(out) + "\n"
+
+
+def targets_section(targets: list[dict[str, Any]], note: str = "") -> list[str]:
+    """The "Targets" table: ratio targets with their per-rep ranges, then the checks."""
     rows = []
     for t in targets:
         if t["per_rep"]:
@@ -605,11 +624,11 @@ def render(meta: dict[str, Any], raw: dict[str, Any], summ: dict[str, Any], targ
                              "PASS" if t["pass"] else "**FAIL**"))  # fmt: skip
         else:
             rows.append(_row(t["target"], t["value"], "", "", "PASS" if t["pass"] else "**FAIL**"))
-    out += ["### Targets", ""]
+    out = ["### Targets", ""]
     out += _table(["target", "measured", "per-rep range", "reps passing", "result"], rows)
-    out.append("The result is judged on the medians; the per-rep columns show how firm it is. "
-               "Load averages per run are in the JSON.")  # fmt: skip
-    return "\n".join(out) + "\n"
+    judged = "The result is judged on the medians; the per-rep columns show how firm it is."
+    out.append(f"{judged} {note}".rstrip())
+    return out
 
 
 # --------------------------------------------------------------------------- #
@@ -621,9 +640,7 @@ def profile(variant: str, n: int, reps: int, outdir: str, top: int) -> int:
 
     nodes_ctx = start_nodes()
     with nodes_ctx as (broker_node, lock_nodes):
-        os.environ[BROKER_ENV] = broker = broker_node.url.rsplit("/", 1)[0]
-        os.environ[NODES_ENV] = ",".join(lock_nodes.urls)
-        app = make_app()
+        broker, app = app_on(broker_node, lock_nodes)
         task = app.tasks[dict((k, t) for k, t, _ in VARIANTS)[variant]]
         prof = os.path.join(outdir, f"celery-worker-solo-{variant}.prof")
         logpath = os.path.join(outdir, f"celery-worker-solo-{variant}.log")
@@ -671,6 +688,17 @@ class start_nodes:
     def __exit__(self, *exc: object) -> None:
         self.locks.close()
         self.broker.close()
+
+
+def app_on(broker_node: Any, lock_nodes: Any) -> tuple[str, Any]:
+    """The broker server's URL (no db) and the app on it and on ``lock_nodes``.
+
+    Also sets the environment variables a worker started from here reads.
+    """
+    broker = broker_node.url.rsplit("/", 1)[0]
+    os.environ[BROKER_ENV] = broker
+    os.environ[NODES_ENV] = ",".join(lock_nodes.urls)
+    return broker, make_app()
 
 
 def parse_pools(text: str) -> list[tuple[str, int]]:
@@ -745,9 +773,7 @@ def main(argv: list[str] | None = None) -> int:
             meta["redis_server"] = c.info("server")["redis_version"]
         meta["broker_port"] = broker_node.port
         meta["lock_ports"] = [nd.port for nd in lock_nodes]
-        os.environ[BROKER_ENV] = broker_node.url.rsplit("/", 1)[0]
-        os.environ[NODES_ENV] = ",".join(lock_nodes.urls)
-        app = make_app()
+        _, app = app_on(broker_node, lock_nodes)
         log(f"broker on {broker_node.port}, lock nodes on {meta['lock_ports']}; {a.reps} reps "
             f"x {a.n} tasks x {len(variants)} variants; loadavg {loadavg()}")  # fmt: skip
         for pool, conc in pools:

@@ -2,9 +2,17 @@
 
 A Redlock on a majority of N independent Redis nodes, renewed by a heartbeat,
 with a fencing token that grows with every grant. See README.rst.
+
+The lock itself (:class:`Redlock`, :class:`Lease`, the errors) is a core that
+imports neither celery nor kombu; the Celery layer (:class:`LockedTask`,
+:func:`current_lease`, :func:`plan_of`, :class:`ImproperlyConfigured`) is
+loaded on first use of one of its names.
 """
 
+import importlib as _importlib
+
 from .exceptions import (
+    AlreadyEnqueued,
     ConfigurationError,
     LockContended,
     LockError,
@@ -14,23 +22,52 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .redlock import Holder, Lease, Redlock
-from .task import LockedTask, current_lease
+from .redlock import Claim, Finished, Holder, Lease, Redlock
 
 __version__ = "0.1.0"
 
+# Celery-layer names, imported on first access (PEP 562).
+_LAZY = {
+    "ImproperlyConfigured": "conf",
+    "LockPlan": "plan",
+    "LockedTask": "task",
+    "current_lease": "task",
+    "plan_of": "plan",
+    "superseded_by": "enqueue",
+}
+
 __all__ = [
+    "AlreadyEnqueued",
+    "Claim",
     "ConfigurationError",
+    "Finished",
     "Holder",
+    "ImproperlyConfigured",
     "Lease",
     "LockContended",
     "LockError",
     "LockKeyError",
     "LockLost",
     "LockNotAcquired",
+    "LockPlan",
     "LockedTask",
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",
     "current_lease",
+    "plan_of",
+    "superseded_by",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -15,22 +15,51 @@ module packs the command once, writes it to each non-blocking socket, waits on
 all of them with one ``poll`` and parses the RESP2 replies itself. redis-py's
 per-command path (a timeout set, a poll and a send per node, then a poll and a
 recv per reply, plus its parser) costs more client CPU and system calls than
-the round trip on a fast network. Other nodes (``rediss://``, ``redis.Redis``
-clients with settings of their own, test doubles) go through redis-py's
-``send_packed_command`` / ``read_response``.
+the round trip on a fast network. Other nodes (``rediss://``, ``sentinel://``,
+``redis.Redis`` clients with settings of their own, test doubles) go through
+redis-py's ``send_packed_command`` / ``read_response``.
+
+A ``sentinel://`` node (grammar: :func:`sentinel_options`) is a client from
+redis-py's public ``redis.sentinel.Sentinel.master_for``: each new connection
+asks the sentinels where the master is, so after a failover the connection
+that fails is dropped and the next one reaches the new master.
+
+With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
+scripts a lease rests on (:data:`CONFIRMED`) in the same round.
+
+redis-py internals
+==================
+
+This is the only module of the package that touches redis-py's private
+names, and it is the one to check when ``install_requires`` (``redis<9``) and
+the tox matrix (``redis{5,6,7,8}``) move to a new major. It uses, all present
+with the same meaning from 5.0 to 8.x:
+
+* ``redis._parsers.Encoder`` (``encode``) to pack values like redis-py does;
+* ``redis._parsers.BaseParser.parse_error`` to map an error reply to redis-py's
+  exception classes;
+* ``redis._parsers.socket.SERVER_CLOSED_CONNECTION_ERROR`` (the message text);
+* ``Connection._sock`` (the connected socket: ``setblocking``, ``fileno``,
+  ``send``, ``recv``) and ``Connection._host_error()`` (``host:port`` or the
+  socket path, for error messages).
+
+The one public difference between the majors that matters here, how to turn
+off ``CLIENT SETINFO`` on connect, is settled once in ``_NO_CLIENT_SETINFO``.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import select
 import time
 from collections.abc import Sequence
 from typing import Any, Union
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
+import redis.sentinel
 from redis._parsers import BaseParser, Encoder
 from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
@@ -38,25 +67,38 @@ from redis.exceptions import InvalidResponse, NoScriptError, RedisError, Respons
 from ._scripts import Script
 from .exceptions import ConfigurationError
 
-__all__ = ["Node", "gather", "run_script", "mask_url", "NodeSpec"]
+__all__ = ["Node", "NotReplicated", "gather", "run_script", "mask_url", "NodeSpec"]
 
 NodeSpec = Union[str, "redis.Redis"]
 
-_SCHEMES = ("redis", "rediss", "unix")
+# "Send no CLIENT SETINFO on connect": redis-py 8 spells it driver_info=None
+# (and deprecates lib_name/lib_version), 5 to 7 only know lib_name/lib_version.
+_NO_CLIENT_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
 class Node:
     """One independent Redis master.
 
     Args:
-        spec: a URL (``redis://``, ``rediss://``, ``unix://``) or a ``redis.Redis``.
-            A client is used as given: its own timeouts and retries apply.
+        spec: a URL (``redis://``, ``rediss://``, ``unix://``, ``sentinel://``:
+            see :func:`sentinel_options`) or a ``redis.Redis``. A client is used
+            as given: its own timeouts and retries apply.
         timeout: socket and connect timeout in seconds for a node built from a URL.
+        min_replicas: how many of the node's replicas must confirm a grant, a
+            renewal or a fence write (``WAIT``, pipelined in the same round)
+            before it counts; 0 sends no ``WAIT``.
     """
 
-    __slots__ = ("name", "pool", "lean", "_identity", "_idle", "_pid")
+    __slots__ = ("name", "pool", "lean", "min_replicas", "_identity", "_idle", "_pid")
 
-    def __init__(self, spec: NodeSpec, timeout: float):
+    def __init__(self, spec: NodeSpec, timeout: float, min_replicas: int = 0):
+        self.min_replicas = min_replicas
         if isinstance(spec, str):
             scheme = urlsplit(spec).scheme
             if scheme not in _SCHEMES:
@@ -64,18 +106,21 @@ class Node:
                     f"Redis node URL {mask_url(spec)!r} must start with one of "
                     + ", ".join(f"{s}://" for s in _SCHEMES)
                 )
+            fail_fast = dict(
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=None,
+                health_check_interval=0,
+                # RESP2 and no CLIENT SETINFO: a new connection costs no
+                # extra round trip, so a hung node cannot stall a connect.
+                protocol=2,
+                **_NO_CLIENT_SETINFO,
+            )
             try:
-                client = redis.Redis.from_url(
-                    spec,
-                    socket_timeout=timeout,
-                    socket_connect_timeout=timeout,
-                    retry=None,
-                    health_check_interval=0,
-                    # RESP2 and no CLIENT SETINFO: a new connection costs no
-                    # extra round trip, so a hung node cannot stall a connect.
-                    protocol=2,
-                    driver_info=None,
-                )
+                if scheme == "sentinel":
+                    client = _sentinel_master(spec, fail_fast)
+                else:
+                    client = redis.Redis.from_url(spec, **fail_fast)
             except (ValueError, TypeError) as exc:
                 raise ConfigurationError(f"Redis node URL {mask_url(spec)!r}: {exc}") from exc
             self.name = mask_url(spec)
@@ -110,6 +155,14 @@ class Node:
             self._identity = (host, port, kw.get("db", 0))
         if isinstance(spec, redis.Redis) and "server" in kw:  # fakeredis: one server per node
             self._identity = ("fake", id(kw["server"]), kw.get("db", 0))
+        if isinstance(self.pool, redis.sentinel.SentinelConnectionPool):
+            sentinels = self.pool.sentinel_manager.sentinels
+            self._identity = (
+                "sentinel",
+                frozenset(_address(s.connection_pool.connection_kwargs) for s in sentinels),
+                self.pool.service_name,
+                kw.get("db", 0),
+            )
         # Idle connections of this process. A plain list, not the pool's
         # checkout (its lock and bookkeeping cost more than the round trip on
         # loopback); list.pop and list.append are atomic, so threads may share it.
@@ -157,6 +210,153 @@ class Node:
         return f"<Node {self.name}>"
 
 
+# -- Sentinel-managed nodes ---------------------------------------------------------------------
+
+#: The port of a sentinel given without one.
+SENTINEL_PORT = 26379
+
+#: Query options of a ``sentinel://`` URL: TLS (to the master and the sentinels
+#: alike), the sentinels' own AUTH, and redis-py's ``min_other_sentinels``.
+_SENTINEL_QUERY = {
+    "db": int,
+    "ssl": "flag",
+    "ssl_ca_certs": str,
+    "ssl_ca_path": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_cert_reqs": str,
+    "ssl_check_hostname": "flag",
+    "sentinel_username": str,
+    "sentinel_password": str,
+    "min_other_sentinels": int,
+}
+
+
+def sentinel_options(url: str) -> dict[str, Any]:
+    """What a ``sentinel://`` URL says.
+
+    The grammar::
+
+        sentinel://[[username]:password@]host[:port][,host[:port]...]/service[/db][?options]
+
+    * the hosts are the sentinels (port 26379 when omitted), separated by commas;
+    * ``service`` is the master's name in the sentinels (``sentinel monitor <service> ...``);
+    * ``username``/``password`` and ``db`` are the master's (and its replicas');
+    * options: ``db=N``; ``ssl=true`` and redis-py's ``ssl_ca_certs``,
+      ``ssl_ca_path``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``
+      (``none``/``optional``/``required``), ``ssl_check_hostname``, which apply
+      to the master and the sentinels alike (any ``ssl_*`` option turns TLS on);
+      ``sentinel_username``/``sentinel_password`` for sentinels that require
+      AUTH of their own; ``min_other_sentinels``.
+
+    Returns:
+        ``{"sentinels": [(host, port), ...], "service": str, "master": {...},
+        "sentinel": {...}, "min_other_sentinels": int}``: the connection
+        options of the master and of the sentinels.
+
+    Raises:
+        ValueError: the URL does not follow the grammar.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "sentinel":
+        raise ValueError("a Sentinel URL starts with sentinel://")
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    sentinels = []
+    for item in hostlist.split(","):
+        host, port = _host_port(item.strip())
+        sentinels.append((host, port))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError("the path must be /service or /service/db (the master's name)")
+    master: dict[str, Any] = {}
+    sentinel: dict[str, Any] = {}
+    if userinfo:
+        username, has_password, password = userinfo.partition(":")
+        if username:
+            master["username"] = unquote(username)
+        if has_password:
+            master["password"] = unquote(password)
+    if len(path) == 2:
+        master["db"] = _integer("db", path[1])
+    others = 0
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        kind = _SENTINEL_QUERY.get(name)
+        if kind is None:
+            raise ValueError(
+                f"unknown option {name!r}; known: " + ", ".join(sorted(_SENTINEL_QUERY))
+            )
+        if name == "db":
+            master["db"] = _integer(name, value)
+        elif name == "min_other_sentinels":
+            others = _integer(name, value)
+        elif name.startswith("sentinel_"):
+            sentinel[name[len("sentinel_") :]] = value
+        elif kind == "flag":
+            flag = value.lower()
+            if flag not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"option {name!r} must be true or false, not {value!r}")
+            master[name] = flag in ("true", "1", "yes")
+        else:
+            master[name] = value
+    tls = {k: v for k, v in master.items() if k.startswith("ssl")}
+    if any(k != "ssl" for k in tls) and "ssl" not in tls:
+        tls["ssl"] = master["ssl"] = True
+    if tls.get("ssl"):
+        sentinel.update(tls)
+    else:
+        for k in tls:
+            master.pop(k)
+    return {
+        "sentinels": sentinels,
+        "service": path[0],
+        "master": master,
+        "sentinel": sentinel,
+        "min_other_sentinels": others,
+    }
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    if not item:
+        raise ValueError("an empty sentinel address")
+    if item.startswith("["):  # [ipv6]:port
+        host, _, rest = item[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port = item.partition(":")
+    if not host:
+        raise ValueError(f"sentinel address {item!r} has no host")
+    return host, _integer("port", port) if port else SENTINEL_PORT
+
+
+def _integer(name: str, text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"{name} must be a whole number, not {text!r}")
+    return int(text)
+
+
+def _sentinel_master(url: str, fail_fast: dict[str, Any]) -> redis.Redis:
+    """A client of the master that the sentinels of ``url`` name, through redis-py's Sentinel.
+
+    The master is looked up when a connection is opened, so after a failover
+    the next new connection reaches the new master. The sentinels are asked
+    with the node's fail-fast timeouts: one in turn, each within the node
+    timeout (redis-py moves the one that answered to the front).
+    """
+    options = sentinel_options(url)
+    sentinel = redis.sentinel.Sentinel(
+        options["sentinels"],
+        min_other_sentinels=options["min_other_sentinels"],
+        sentinel_kwargs={**fail_fast, **options["sentinel"]},
+        **fail_fast,
+        **options["master"],
+    )
+    return sentinel.master_for(options["service"])
+
+
+def _address(kw: dict[str, Any]) -> tuple[str, int]:
+    return kw.get("host") or "localhost", int(kw.get("port") or 6379)
+
+
 # user:password@ (greedy: a password may contain "@"; a "/" or a space ends the
 # URL), and a password given in the query string.
 _URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^\s/]+@")
@@ -179,7 +379,12 @@ def _describe(client: redis.Redis) -> str:
     return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
 
-def gather(nodes: Sequence[Node], args: Sequence[Any], timeout: float) -> list[Any]:
+def gather(
+    nodes: Sequence[Node],
+    args: Sequence[Any],
+    timeout: float,
+    then: Sequence[Any] | None = None,
+) -> list[Any]:
     """Send one command to every node at once and collect the replies.
 
     Every command is written before any reply is read, so the nodes work in
@@ -191,22 +396,27 @@ def gather(nodes: Sequence[Node], args: Sequence[Any], timeout: float) -> list[A
         nodes: where to send it.
         args: the command, the same for every node (packed once).
         timeout: one deadline for the whole round, in seconds.
+        then: a second command, pipelined after the first on the same
+            connection (written with it, in the same round trip), or None.
 
     Returns:
         One item per node, in order: the reply, or the exception that stands
         for it (``ResponseError`` from the server, ``ConnectionError`` /
         ``TimeoutError`` for a node that failed or did not answer in time).
+        With ``then``, a node's item is the pair of replies, or the first
+        reply alone when that is an error.
     """
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
-    wire = _pack(args)
+    wire = _pack(args) if then is None else _pack(args) + _pack(then)
+    count = 1 if then is None else 2
     packed = None  # redis-py's packing, for the other nodes: their encoding may differ
     calls = []
     for i, node in enumerate(nodes):
         conn, reused = node.connection()
         if not node.lean and packed is None:
-            packed = conn.pack_command(*args)
-        calls.append(_Call(i, node, conn, reused, wire if node.lean else packed))
+            packed = conn.pack_commands([args] if then is None else [args, then])
+        calls.append(_Call(i, node, conn, reused, wire if node.lean else packed, count))
     # Connected nodes first: a new connection may wait on a handshake (AUTH,
     # SELECT) with a hung node, and meanwhile the others are already working.
     calls.sort(key=lambda call: not call.reused)
@@ -233,11 +443,12 @@ class _Call:
     """One node's command in flight: its connection and, on the lean path, the
     bytes still to send and the reply bytes received so far."""
 
-    __slots__ = ("i", "node", "conn", "reused", "command", "out", "buf")
+    __slots__ = ("i", "node", "conn", "reused", "command", "out", "buf", "count")
 
-    def __init__(self, i: int, node: Node, conn: Any, reused: bool, command: Any):
+    def __init__(self, i: int, node: Node, conn: Any, reused: bool, command: Any, count: int = 1):
         self.i, self.node, self.conn, self.reused, self.command = i, node, conn, reused, command
         self.out = self.buf = b""
+        self.count = count  # replies expected: 2 when a command is pipelined after the first
 
     def renew(self) -> None:
         """Go on with a new connection (the server closed the reused one)."""
@@ -334,7 +545,9 @@ def _step(call: _Call) -> Any:
         if not chunk:
             raise redis.exceptions.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)
         call.buf += chunk
-        reply = _parse(call.buf, 0)[0]
+        reply, pos = _parse(call.buf, 0)
+        if call.count == 2:
+            reply = _pair(reply, _parse(call.buf, pos)[0])
     except (_Partial, BlockingIOError):
         return _PENDING
     except (RedisError, OSError) as exc:
@@ -350,16 +563,56 @@ def _step(call: _Call) -> Any:
 def _read(call: _Call, deadline: float) -> Any:
     """One reply through redis-py, or the exception standing for it; the
     connection goes back or is closed."""
+    got: list[Any] = []
     try:
-        # A reply already buffered is read even past the deadline.
-        reply = call.conn.read_response(timeout=max(deadline - time.monotonic(), _LAST_LOOK))
-    except ResponseError as exc:  # the server answered: the connection is fine
-        reply = exc
+        while len(got) < call.count:
+            try:
+                # A reply already buffered is read even past the deadline.
+                got.append(_read_response(call.conn, max(deadline - time.monotonic(), _LAST_LOOK)))
+            except ResponseError as exc:  # the server answered: the connection is fine
+                got.append(exc)
     except (RedisError, OSError) as exc:
         call.node.discard(call.conn)
         return _as_redis_error(exc)
+    if isinstance(got[0], ResponseError) and "READONLY" in str(got[0]):
+        # The master we are connected to is a replica now (a failover demoted
+        # it; a script's write reports it as ERR on Redis 6): drop the
+        # connection, so the next one asks the sentinels where the master is.
+        call.node.discard(call.conn)
+        return redis.exceptions.ConnectionError(f"the node is a replica now: {got[0]}")
     call.node.put_back(call.conn)
-    return reply
+    return got[0] if call.count == 1 else _pair(*got)
+
+
+def _read_response(conn: Any, timeout: float) -> Any:
+    """``conn.read_response`` within ``timeout`` seconds.
+
+    redis-py 6+ takes the timeout as an argument; redis-py 5's connections
+    (and its Sentinel-managed ones) do not, so there the socket's own timeout
+    is set for the read and put back after it.
+    """
+    if _takes_timeout(type(conn)):
+        return conn.read_response(timeout=timeout)
+    sock = conn._sock
+    sock.settimeout(timeout)
+    try:
+        return conn.read_response()
+    finally:
+        if conn._sock is sock:  # still connected: back to its own timeout
+            sock.settimeout(conn.socket_timeout)
+
+
+_TAKES_TIMEOUT: dict[Any, bool] = {}
+
+
+def _takes_timeout(cls: Any) -> bool:
+    known = _TAKES_TIMEOUT.get(cls)
+    if known is None:
+        params = inspect.signature(cls.read_response).parameters
+        known = _TAKES_TIMEOUT[cls] = "timeout" in params or any(
+            p.kind is p.VAR_KEYWORD for p in params.values()
+        )
+    return known
 
 
 def _connect_within(conn: Any, deadline: float) -> None:
@@ -378,6 +631,11 @@ def _closed_by_server(reply: Any) -> bool:
     return isinstance(reply, redis.exceptions.ConnectionError) and not isinstance(
         reply, redis.exceptions.TimeoutError
     )
+
+
+def _pair(first: Any, second: Any) -> Any:
+    """The replies of a pipelined pair: the first alone when it is an error."""
+    return first if isinstance(first, Exception) else (first, second)
 
 
 #: Seconds a read may still wait once the deadline has passed.
@@ -460,6 +718,25 @@ def _parse(buf: bytes, pos: int) -> tuple[Any, int]:
     raise InvalidResponse(f"Protocol Error: {kind + line!r}")
 
 
+#: The scripts whose writes a lease rests on: a grant, a renewal, a fence
+#: write. On nodes with ``min_replicas``, each is followed by ``WAIT``.
+CONFIRMED = frozenset({"acquire", "extend", "fence"})
+
+
+class NotReplicated(RedisError):
+    """A node's write that its replicas did not confirm in time: it does not count.
+
+    Attributes:
+        reply: the node's reply to the script, which stands only on the primary.
+        confirmed: how many replicas confirmed it.
+    """
+
+    def __init__(self, message: str, reply: Any = None, confirmed: int = 0):
+        super().__init__(message)
+        self.reply = reply
+        self.confirmed = confirmed
+
+
 def run_script(
     script: Script, nodes: Sequence[Node], keys: Sequence[str], args: Sequence[Any], timeout: float
 ) -> list[Any]:
@@ -468,13 +745,46 @@ def run_script(
     Sent as EVALSHA; a node that lost its script cache (restart, SCRIPT FLUSH)
     gets EVAL in a second round, with a timeout of its own: a hung node must
     not use up the time of a node that merely restarted.
+
+    A script in :data:`CONFIRMED`, sent to nodes with ``min_replicas``, is
+    followed on the same connection by ``WAIT min_replicas ms``, written in
+    the same packet: the round costs no extra trip. ``ms`` is half the round's
+    timeout, so that a server answers a shortfall while the round still
+    waits (a server notices a WAIT timed out at its next tick, every
+    ``1000 / hz`` ms), and the error says so. A node whose ``WAIT`` counts
+    fewer replicas answers with a :class:`NotReplicated` error instead of its
+    reply, so it counts as a node that did not answer.
     """
-    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout)
+    wait = None
+    if nodes and nodes[0].min_replicas and script.name in CONFIRMED:
+        wait = ("WAIT", nodes[0].min_replicas, max(1, int(timeout * 500)))
+    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
         resent = gather(
-            [nodes[i] for i in missing], ("EVAL", script.text, len(keys), *keys, *args), timeout
+            [nodes[i] for i in missing],
+            ("EVAL", script.text, len(keys), *keys, *args),
+            timeout,
+            wait,
         )
         for i, reply in zip(missing, resent):
             replies[i] = reply
+    if wait is not None:
+        replies = [_confirmed(node, reply) for node, reply in zip(nodes, replies)]
     return replies
+
+
+def _confirmed(node: Node, reply: Any) -> Any:
+    """A script's reply, if ``WAIT`` (pipelined after it) counted enough replicas."""
+    if not isinstance(reply, tuple):
+        return reply  # an error: the node did not answer, or the script failed
+    reply, acked = reply
+    if isinstance(acked, int) and acked >= node.min_replicas:
+        return reply
+    if isinstance(acked, Exception):
+        return NotReplicated(f"{node.name}: WAIT failed: {acked}", reply)
+    return NotReplicated(
+        f"{node.name}: {acked} of {node.min_replicas} replicas confirmed the write in time",
+        reply,
+        acked,
+    )

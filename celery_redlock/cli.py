@@ -28,16 +28,12 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import textwrap
-import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 from celery.bin.base import (
@@ -49,11 +45,30 @@ from celery.bin.base import (
 )
 from redis.exceptions import RedisError
 
-from . import _scripts, conf
-from ._nodes import Node, _describe, gather, mask_url, run_script
+from . import conf
+from ._format import (
+    KeyReport,
+    echo_down,
+    glob_escape,
+    ms_text,
+    outage,
+    plural,
+    printable,
+    setting_text,
+    slot_number,
+    slot_time,
+    table,
+    ttl_text,
+    view_cells,
+)
+from ._health import findings, node_row
 from .exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
-from .redlock import Holder, Redlock, _holder
-from .task import LockedTask, LockPlan
+from .plan import plan_of
+from .redlock import STARTED_MARK, Redlock
+from .task import LockedTask
+
+if TYPE_CHECKING:
+    from .plan import LockPlan
 
 __all__ = ["redlock"]
 
@@ -65,10 +80,6 @@ DEFAULT_TIMEOUT = 0.5
 EX_UNAVAILABLE = 2
 #: Keys asked for per SCAN call.
 SCAN_COUNT = 1000
-
-#: ``maxmemory-policy`` values that never evict a key. ``volatile-*`` policies
-#: evict keys with a TTL, which is every lock; ``allkeys-*`` evict anything.
-_SAFE_POLICIES = ("noeviction",)
 
 
 class Unavailable(click.ClickException):
@@ -182,152 +193,25 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     """
     label, settings = _target_settings(app, task)
     with _connect(settings, timeout) as (client, notes):
-        probes = [_Probe.of(node, timeout) for node in client.nodes]
+        infos = client.node_info()
     quorum, total = client.quorum, len(client.nodes)
     echo(
         f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
-        f"redlock_node_timeout {_ms_text(settings.node_timeout)})"
+        f"redlock_node_timeout {ms_text(settings.node_timeout)})"
     )
     echo("")
     header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
-    echo(_table([p.cells() for p in probes], header))
-    findings = [f"WARNING {note}" for note in notes] + _findings(probes, settings.node_timeout)
-    if findings:
-        echo("\n" + "\n".join(findings))
-    down = [(p.name, p.error) for p in probes if p.error is not None]
+    echo(table([node_row(info) for info in infos], header))
+    lines = [f"WARNING {note}" for note in notes] + findings(infos, settings.node_timeout)
+    if lines:
+        echo("\n" + "\n".join(lines))
+    down = [(info.node, info.error) for info in infos if info.error is not None]
     answered = total - len(down)
     reachable = "reachable" if answered >= quorum else "UNREACHABLE"
     echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed)")
-    problem = _outage(down, total, quorum)
+    problem = outage(down, total, quorum)
     if problem:
         raise Unavailable(problem)
-
-
-@dataclass
-class _Probe:
-    """What one node told ``nodes``."""
-
-    name: str
-    error: str | None = None
-    latency: float = 0.0
-    version: str = "-"
-    role: str = "-"
-    policy: str = "-"
-    maxmemory: int = 0
-    aof: bool | None = None
-    fsync: str | None = None
-    run_id: str | None = None
-
-    @classmethod
-    def of(cls, node: Node, timeout: float) -> _Probe:
-        # One node at a time, so the PING latency is this node's alone.
-        probe = cls(node.name)
-        for _ in range(2):  # time the second: the first pays for connecting
-            started = time.perf_counter()
-            pong = gather([node], ("PING",), timeout)[0]
-            probe.latency = time.perf_counter() - started
-            if isinstance(pong, Exception):
-                probe.error = _error_text(pong)
-                return probe
-        info = gather([node], ("INFO",), timeout)[0]
-        if isinstance(info, Exception):
-            probe.error = f"INFO failed: {_error_text(info)}"
-            return probe
-        lines = (line.partition(":") for line in _text(info).splitlines())
-        fields = {k: v.strip() for k, sep, v in lines if sep and not k.startswith("#")}
-        probe.version = fields.get("redis_version", "?")
-        if "valkey_version" in fields:
-            probe.version = f"valkey {fields['valkey_version']}"
-        probe.role = fields.get("role", "?")
-        probe.policy = fields.get("maxmemory_policy", "?")
-        probe.maxmemory = int(fields.get("maxmemory", "0") or 0)
-        probe.aof = fields.get("aof_enabled") == "1" if "aof_enabled" in fields else None
-        probe.run_id = fields.get("run_id")
-        if probe.aof:
-            # CONFIG may be renamed or denied (managed Redis): then the policy shows as "?".
-            reply = gather([node], ("CONFIG", "GET", "appendfsync"), timeout)[0]
-            if isinstance(reply, list) and len(reply) == 2:
-                probe.fsync = _text(reply[1])
-        return probe
-
-    def cells(self) -> list[str]:
-        """The row of the ``nodes`` table."""
-        if self.error is not None:
-            return [self.name, "DOWN", "-", "-", "-", "-"]
-        policy = self.policy if self.policy in _SAFE_POLICIES else f"{self.policy} (UNSAFE)"
-        persistence = "-" if self.aof is None else "aof off"
-        if self.aof:
-            persistence = f"aof, fsync {self.fsync or '?'}"
-        return [self.name, _ms_text(self.latency), self.version, self.role, policy, persistence]
-
-
-def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
-    """The DOWN, WARNING and note lines of ``nodes``; one line per finding, naming its nodes."""
-    found: dict[tuple[str, str], list[str]] = {}  # (level, message) -> node names, in order
-
-    def add(level: str, node: str, message: str) -> None:
-        found.setdefault((level, message), []).append(node)
-
-    seen_run_ids: dict[str, str] = {}
-    for p in probes:
-        if p.error is not None:
-            add("DOWN", p.name, p.error)
-            continue
-        if p.policy not in _SAFE_POLICIES:
-            why = (
-                "evicts keys with a TTL, which is every lock"
-                if p.policy.startswith("volatile-")
-                else "may evict any key, locks included"
-            )
-            limit = "" if p.maxmemory else " (maxmemory is 0 now: it starts once a limit is set)"
-            add(
-                "WARNING",
-                p.name,
-                f"maxmemory-policy {p.policy} {why}: a held lock can vanish under memory "
-                f"pressure and a second execution start{limit}. Set maxmemory-policy noeviction.",
-            )
-        if p.role not in ("master", "?"):
-            add(
-                "WARNING",
-                p.name,
-                f"role {p.role}: lock nodes must be independent masters (a replica refuses "
-                "writes; a failover to one loses recent locks).",
-            )
-        if p.run_id:
-            other = seen_run_ids.setdefault(p.run_id, p.name)
-            if other != p.name:
-                add(
-                    "WARNING",
-                    p.name,
-                    f"same server as {other} (run_id {p.run_id}): one server counted twice "
-                    "breaks the quorum arithmetic.",
-                )
-        if p.latency > node_timeout:
-            add(
-                "WARNING",
-                p.name,
-                f"answers in {_ms_text(p.latency)}, slower than redlock_node_timeout "
-                f"({_ms_text(node_timeout)}): the workers count it as down.",
-            )
-        if p.aof is False:
-            add(
-                "note",
-                p.name,
-                "no AOF: a restart forgets the locks a node held; keep a restarted node out "
-                "for longer than the longest lock TTL, or run appendonly yes.",
-            )
-        elif p.aof and p.fsync not in ("always", None):
-            add(
-                "note",
-                p.name,
-                f"appendfsync {p.fsync}: a crash may lose the last writes (up to about a "
-                "second); appendfsync always closes that window.",
-            )
-    order = {"DOWN": 0, "WARNING": 1, "note": 2}
-    return [
-        f"{level:<7} {', '.join(names)}: {message}"
-        for (level, message), names in sorted(found.items(), key=lambda item: order[item[0][0]])
-    ]
 
 
 # -- status ------------------------------------------------------------------
@@ -347,6 +231,9 @@ def _findings(probes: Sequence[_Probe], node_timeout: float) -> list[str]:
 def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: Any) -> None:
     """Show who holds one lock: the quorum's view and every node's.
 
+    With ``lock_limit`` K > 1, every permit of the key with its holder and the
+    TTL left (the node table is permit 0's, the lock key).
+
     The lock is TASK's for the arguments given with --args/--kwargs (the key
     is computed exactly as the worker computes it), or --name. TASK must be a
     LockedTask of the app.
@@ -354,7 +241,12 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
     label, settings, name = _lock_target(app, **options)
     with _connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
-        lock = _read(client, key, fence_key)
+        lock = _report(client, key, fence_key)
+        # With lock_limit K > 1: permit 0 is the lock key, read above; the others.
+        permits = [lock] + [
+            _report(client, k, skip=dict(lock.down))
+            for k in client.permit_keys(name, settings.limit)[1:]
+        ]
     holder, problem = lock.holder, lock.outage()
     if as_json:
         out: dict[str, Any] = {
@@ -367,7 +259,7 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
             "answered": lock.answered,
             "held": holder.owner is not None,
             "holder": None,
-            "nodes": [v.as_json() for v in lock.views],
+            "nodes": lock.as_json(),
         }
         if holder.owner is not None:
             out["holder"] = {
@@ -376,6 +268,25 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
                 "remaining": holder.remaining,
                 "nodes": lock.votes,
             }
+        if settings.limit > 1:
+            out["limit"] = settings.limit
+            out["permits"] = [
+                {
+                    "permit": index,
+                    "key": permit_key,
+                    "holder": None
+                    if report.holder.owner is None
+                    else {
+                        "owner": report.holder.owner,
+                        "task_id": report.holder.task_id,
+                        "remaining": report.holder.remaining,
+                        "nodes": report.votes,
+                    },
+                }
+                for index, (permit_key, report) in enumerate(
+                    zip(client.permit_keys(name, settings.limit), permits)
+                )
+            ]
         if problem:
             out["error"] = problem
         echo(json.dumps(out, indent=2))
@@ -388,9 +299,23 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
             ["Nodes:", f"{len(lock.views)}, quorum {lock.quorum}"],
             ["Holder:", lock.describe()],
         ]
-        echo(_table(about) + "\n")
-        rows = [[v.node, *v.cells(), v.fence or "-"] for v in lock.views]
-        echo(_table(rows, ["NODE", "HOLDER", "TTL", "FENCE"]))
+        if settings.limit > 1:
+            held = sum(1 for report in permits if report.holder.owner is not None)
+            about[-1] = ["Permits:", f"{held} of {settings.limit} held"]
+        echo(table(about) + "\n")
+        if settings.limit > 1:
+            rows = [
+                [
+                    str(index),
+                    report.summary(),
+                    _remaining(report),
+                    report.nodes_text() if report.present or not report.known else "free",
+                ]
+                for index, report in enumerate(permits)
+            ]
+            echo(table(rows, ["PERMIT", "HOLDER", "TTL", "QUORUM"]) + "\n")
+        rows = [[v.node, *view_cells(v), v.fence or "-"] for v in lock.views]
+        echo(table(rows, ["NODE", "HOLDER", "TTL", "FENCE"]))
         lock.echo_down(echo)
     if problem:
         raise Unavailable(problem)
@@ -405,6 +330,9 @@ def list_(
 ) -> None:
     """List the lock keys on the nodes (all, or only TASK's), with holders and TTLs.
 
+    With ``lock_limit``, a key's permits 1 .. K-1 are listed as ``NAME permit I``
+    beside its lock key (permit 0).
+
     One line per key with the quorum's view (a key is held when a majority of
     all configured nodes hold the same owner), then one line per node. Keys are
     found with SCAN, never KEYS. Without TASK, every node set the app and its
@@ -412,7 +340,7 @@ def list_(
     """
     if task:
         plan = _plan(app, task)
-        groups = [(f"task {task}", plan.settings, _glob_escape(plan.lock_name) + ":{*}")]
+        groups = [(f"task {task}", plan.resolved, glob_escape(plan.lock_name) + ":{*}")]
     else:
         groups = [(label, settings, "*") for label, settings in _all_settings(app)]
     failed = []
@@ -420,24 +348,73 @@ def list_(
         if index:
             echo("")
         with _connect(settings, timeout) as (client, _):
-            base = f"{client.key_prefix}:lock:"
-            scan = _Scan(client, _glob_escape(base) + tail, limit)
+            listing = _Listing(client, "lock", tail, limit)
             rows, held = [], 0
-            for raw_key in scan.keys:
-                name = _text(raw_key)[len(base) :]
-                lock = scan.read(raw_key, f"{client.key_prefix}:fence:{name}")
-                remaining = lock.holder.remaining
-                ttl = _ttl_text(None if remaining is None else int(remaining * 1000))
-                rows.append([name, lock.summary(), ttl, lock.nodes_text()])
-                rows += [["    " + v.node, *v.cells(), ""] for v in lock.views]
+            for name in listing.names:
+                lock = listing.read(f"lock:{name}", f"fence:{name}")
+                rows.append([name, lock.summary(), _remaining(lock), lock.nodes_text()])
+                rows += [["    " + v.node, *view_cells(v), ""] for v in lock.views]
                 held += lock.holder.owner is not None
+            # Permits 1 .. K-1 of the keys with lock_limit K (permit 0 is the lock key).
+            permits = _Listing(client, "permit", tail + ":*" if task else "*", limit)
+            permits.down = listing.down
+            for name in permits.names:
+                report = permits.read(f"permit:{name}")
+                key_name, _, permit = name.rpartition(":")
+                rows.append(
+                    [
+                        f"{key_name} permit {permit}",
+                        report.summary(),
+                        _remaining(report),
+                        report.nodes_text(),
+                    ]
+                )
+                rows += [["    " + v.node, *view_cells(v), ""] for v in report.views]
+                held += report.holder.owner is not None
             header = ["LOCK NAME / NODE", "HOLDER", "TTL", "QUORUM"]
-            summary = f"{_plural(len(scan.keys), 'key')}, {held} held by a quorum."
-            problem = scan.report(echo, f"Locks of {label}", header, rows, summary)
+            keys = len(listing.names) + len(permits.names)
+            summary = f"{plural(keys, 'key')}, {held} held by a quorum."
+            listing.truncated = listing.truncated or permits.truncated
+            problem = listing.report(echo, f"Locks of {label}", header, rows, summary)
+            claims = _Listing(client, "claim", tail, limit)
+            if claims.names:
+                echo("")
+                problem = problem or _list_claims(echo, claims, label, settings)
         if problem:
             failed.append(problem)
     if failed:
         raise Unavailable("; ".join(failed))
+
+
+def _list_claims(
+    echo: Callable, listing: _Listing, label: str, settings: conf.LockSettings
+) -> str | None:
+    """The enqueue claims among the listed keys: task id, age, time left.
+
+    A claim lives ``enqueue_ttl`` past its message's due time, so its age is
+    read from its TTL: the time since the message was due ("due in ..." while
+    its countdown runs). A claim whose run started shows that run's task id.
+    """
+    rows, pending = [], 0
+    for name in listing.names:
+        claim = listing.read(f"claim:{name}")
+        value, remaining = claim.holder.owner, claim.holder.remaining
+        if value is None:
+            rows.append([name, "?", "-", "-", claim.nodes_text()])
+            continue
+        started = value.startswith(STARTED_MARK)
+        pending += not started
+        task_id = f"{value[len(STARTED_MARK) :]} (started)" if started else value
+        age = "-" if remaining is None else _age_text(settings.enqueue_ttl - remaining)
+        ttl = ttl_text(None if remaining is None else int(remaining * 1000))
+        rows.append([name, task_id, age, ttl, claim.nodes_text()])
+    header = ["CLAIM NAME", "TASK ID", "AGE", "TTL", "QUORUM"]
+    summary = f"{plural(len(listing.names), 'claim')}, {pending} waiting for their run."
+    return listing.report(echo, f"Enqueue claims of {label}", header, rows, summary)
+
+
+def _age_text(seconds: float) -> str:
+    return f"due in {ms_text(-seconds)}" if seconds < 0 else ms_text(seconds)
 
 
 # -- release -----------------------------------------------------------------
@@ -452,9 +429,21 @@ def list_(
         "--task-id",
         help="Release only if the holder is this task id (no confirmation needed).",
     ),
+    _option(
+        "Release Options",
+        "--claim",
+        is_flag=True,
+        help="Withdraw the key's enqueue claim instead of its lock (owner-checked).",
+    ),
 )
 def release(
-    app: Any, echo: Callable, force: bool, task_id: str | None, timeout: float, **options: Any
+    app: Any,
+    echo: Callable,
+    force: bool,
+    task_id: str | None,
+    claim: bool,
+    timeout: float,
+    **options: Any,
 ) -> None:
     """Free a stuck lock: delete its key on every node, whatever the holder.
 
@@ -467,6 +456,11 @@ def release(
     (the same owner match the worker uses after a child died), and exits with
     1 if it holds it nowhere.
 
+    With --claim, withdraws the key's enqueue claim instead (lock_enqueue): a
+    claim left by a message that will never run keeps later calls from being
+    queued until its TTL. Only the claim of the task id shown in the prompt
+    (or given with --task-id) is withdrawn, never a newer one.
+
     The fence key is never touched: it remembers the largest fencing token
     granted, so the next holder's token is still larger than the stuck
     holder's and the protected resource keeps rejecting the stuck holder's late
@@ -474,24 +468,19 @@ def release(
     key does not depend on clocks.)
     """
     _, settings, name = _lock_target(app, **options)
+    if claim:
+        _release_claim(echo, settings, name, task_id, force, timeout)
+        return
     with _connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
         total = len(client.nodes)
-        lock = _read(client, key, fence_key)
+        lock = _report(client, key, fence_key)
         problem = lock.outage()
         if problem:
             lock.echo_down(echo)
             raise Unavailable(problem + "; nothing released")
         if task_id is not None:
-            deleted = client.release_owned_by(name, task_id)
-            if deleted:
-                echo(f"Released {key} on {deleted} of {total} nodes (held by task {task_id}).")
-            elif not lock.owners:
-                echo(f"Nothing to release: {key} is free on every node that answered.")
-            else:
-                raise click.ClickException(
-                    f"not released: {key} is not held by task {task_id} (holder: {lock.describe()})"
-                )
+            _release_task_id(echo, client, name, key, task_id, lock, settings.limit)
             return
         if not lock.owners:
             echo(f"Nothing to delete: {key} is free on every node that answered.")
@@ -504,23 +493,77 @@ def release(
                 abort=True,
             )
             # The lock may have changed hands while the operator read the prompt.
-            if _read(client, key, fence_key).owners - lock.owners:
+            if _report(client, key, fence_key).owners - lock.owners:
                 raise click.ClickException(
                     f"not deleted: {key} was taken by another holder meanwhile; run again"
                 )
-        replies = gather(client.nodes, ("DEL", key), timeout)
-    errors = [
-        (node.name, _error_text(reply))
-        for node, reply in zip(client.nodes, replies)
-        if isinstance(reply, Exception)
-    ]
-    deleted = sum(1 for r in replies if r == 1)
+        deletions = client.force_release(name)
+    errors = [(d.node, d.error) for d in deletions if d.error is not None]
+    deleted = sum(1 for d in deletions if d.deleted)
     missing = total - deleted - len(errors)
     had_none = f" ({missing} had no such key)." if missing else "."
     echo(f"Deleted {key} on {deleted} of {total} nodes{had_none}")
-    _echo_down(echo, errors, ": its copy expires with its TTL.")
-    if total - len(errors) < client.quorum:
+    echo_down(echo, errors, ": its copy expires with its TTL.")
+    if not client.has_quorum(total - len(errors)):
         raise Unavailable(f"only {total - len(errors)} of {total} nodes answered the delete")
+
+
+def _release_task_id(
+    echo: Callable,
+    client: Redlock,
+    name: str,
+    key: str,
+    task_id: str,
+    lock: KeyReport,
+    limit: int = 1,
+) -> None:
+    """``release --task-id``: free the lock (with ``lock_limit``, the permit, whatever
+    its index) only where that task holds it."""
+    deleted = client.release_owned_by(name, task_id, limit)
+    if deleted:
+        echo(f"Released {key} on {deleted} of {len(client.nodes)} nodes (held by task {task_id}).")
+    elif not lock.owners:
+        echo(f"Nothing to release: {key} is free on every node that answered.")
+    else:
+        raise click.ClickException(
+            f"not released: {key} is not held by task {task_id} (holder: {lock.describe()})"
+        )
+
+
+def _release_claim(
+    echo: Callable,
+    settings: conf.LockSettings,
+    name: str,
+    task_id: str | None,
+    force: bool,
+    timeout: float,
+) -> None:
+    """``release --claim``: withdraw the enqueue claim of ``name``, owner-checked."""
+    with _connect(settings, timeout) as (client, _):
+        key = client.claim_key(name)
+        current = _report(client, key)
+        problem = current.outage()
+        if problem:
+            current.echo_down(echo)
+            raise Unavailable(problem + "; nothing withdrawn")
+        claimant = current.holder.owner
+        if task_id is None:
+            if claimant is None or claimant.startswith(STARTED_MARK):
+                echo(f"Nothing to withdraw: no task is claimed for {key}.")
+                return
+            if not force:
+                click.confirm(
+                    f"Withdraw the claim {key} of task {claimant}?\n"
+                    "Later calls are queued again; that task still runs if its message exists",
+                    abort=True,
+                )
+            task_id = claimant
+        withdrawn = client.withdraw_claim(name, task_id)
+    if not withdrawn:
+        raise click.ClickException(
+            f"not withdrawn: {key} is not claimed by task {task_id} (claim: {claimant or '-'})"
+        )
+    echo(f"Withdrew {key} of task {task_id} on {withdrawn} of {len(client.nodes)} nodes.")
 
 
 # -- beat-slots --------------------------------------------------------------
@@ -537,26 +580,26 @@ def beat_slots(
     id) is printed as stored.
     """
     with _connect(conf.resolve(app, owner=OWNER), timeout) as (client, _):
-        base = f"{client.key_prefix}:beat:"
-        tail = _glob_escape(entry) + ":*" if entry else "*"
-        scan = _Scan(client, _glob_escape(base) + tail, limit)
+        tail = glob_escape(entry) + ":*" if entry else "*"
+        listing = _Listing(client, "beat", tail, limit)
         slots = []
-        for raw_key in scan.keys:
-            entry_name, _, slot = _text(raw_key)[len(base) :].rpartition(":")
+        for name in listing.names:
+            entry_name, _, slot = name.rpartition(":")
             if entry is None or entry_name == entry:  # "a:*" also matches entry "a:b"
-                # A claim has no fence key: INSPECT reads the claim's own key twice.
-                slots.append((entry_name, slot, scan.read(raw_key, raw_key).views))
-        slots.sort(key=lambda s: (s[0], -_slot_number(s[1])))
+                slots.append((entry_name, slot, listing.read(f"beat:{name}").views))
+        slots.sort(key=lambda s: (s[0], -slot_number(s[1])))
         rows = []
         for entry_name, slot, views in slots:
-            # No values when the claim expired between SCAN and INSPECT.
-            values = Counter(v.value for v in views if v.value is not None)
+            # No values when the claim expired between SCAN and the read.
+            values = Counter(v.holder for v in views if v.holder is not None)
             for value, votes in values.most_common():
-                ttl = _ttl_text(min(v.pttl_ms for v in views if v.value == value))
+                ttl = ttl_text(min(v.pttl_ms for v in views if v.holder == value))
                 nodes = f"{votes}/{len(views)}"
-                rows.append([entry_name, slot, _slot_time(slot), nodes, ttl, _printable(value)])
+                rows.append([entry_name, slot, slot_time(slot), nodes, ttl, printable(value)])
         header = ["ENTRY", "SLOT", "TIME (UTC)", "NODES", "TTL", "CLAIM"]
-        problem = scan.report(echo, "Beat claims", header, rows, f"{_plural(len(slots), 'claim')}.")
+        problem = listing.report(
+            echo, "Beat claims", header, rows, f"{plural(len(slots), 'claim')}."
+        )
     if problem:
         raise Unavailable(problem)
 
@@ -574,31 +617,16 @@ def settings_(app: Any, echo: Callable, task: str | None, **kwargs: Any) -> None
     resolved: conf.LockSettings | None = None
     problem = None
     if task:
-        resolved = _plan(app, task).settings
+        resolved = _plan(app, task).resolved
     else:
         try:
             resolved = conf.resolve(app, owner=OWNER)
         except ConfigurationError as exc:
             problem = str(exc)
-    rows = []
-    for setting in conf.SETTINGS:
-        field = setting.name[len("redlock_") :]
-        override = getattr(app.tasks[task], setting.task_attr, None) if task else None
-        if override is not None:
-            value, source = override, f"task.{setting.task_attr}"
-        elif app.conf.get(setting.name) is not None:
-            value, source = app.conf.get(setting.name), "app.conf"
-        else:
-            value, source = setting.default, "default"
-        # Settings that LockSettings does not carry (beat's, say) show as configured.
-        if resolved is not None and hasattr(resolved, field):
-            if value is None:  # filled in by resolve()
-                derived = {"nodes": "broker_url", "heartbeat_interval": "ttl / 3"}
-                source = derived.get(field, "derived")
-            value = getattr(resolved, field)
-        rows.append([setting.name, source, _setting_text(value)])
+    values = conf.provenance(app, app.tasks[task] if task else None, resolved)
+    rows = [[v.name, v.source, setting_text(v.value)] for v in values]
     echo(f"Settings of {f'task {task}' if task else 'the app'}\n")
-    head, *lines = _table(rows, ["SETTING", "FROM", "VALUE"]).split("\n")
+    head, *lines = table(rows, ["SETTING", "FROM", "VALUE"]).split("\n")
     echo(head)
     for line, setting in zip(lines, conf.SETTINGS):
         echo("\n".join([line] + ["    " + doc for doc in textwrap.wrap(setting.doc, 76)]))
@@ -612,11 +640,12 @@ def settings_(app: Any, echo: Callable, task: str | None, **kwargs: Any) -> None
 def _locked_plans(app: Any) -> dict[str, LockPlan]:
     """The lock plans of the app's LockedTasks by task name (after importing its task modules)."""
     app.loader.import_default_modules()
-    return {
-        name: task._lock_plan
-        for name, task in sorted(app.tasks.items())
-        if isinstance(task, LockedTask) and task._lock_plan is not None
-    }
+    plans = {}
+    for name, task in sorted(app.tasks.items()):
+        plan = plan_of(task) if isinstance(task, LockedTask) else None
+        if plan is not None:
+            plans[name] = plan
+    return plans
 
 
 def _plan(app: Any, task: str) -> LockPlan:
@@ -630,7 +659,7 @@ def _plan(app: Any, task: str) -> LockPlan:
 
 def _target_settings(app: Any, task: str | None) -> tuple[str, conf.LockSettings]:
     if task:
-        return f"task {task}", _plan(app, task).settings
+        return f"task {task}", _plan(app, task).resolved
     return "the app", conf.resolve(app, owner=OWNER)
 
 
@@ -649,7 +678,7 @@ def _lock_target(
                 "name a lock: TASK [--args JSON] [--kwargs JSON], or --name LOCK"
             )
         plan = _plan(app, task)
-        return f"task {task}", plan.settings, plan.keys.build(args_ or [], kwargs_ or {})
+        return f"task {task}", plan.resolved, plan.keys.build(args_ or [], kwargs_ or {})
     if args_ is not None or kwargs_ is not None:
         raise click.UsageError("--name takes no --args/--kwargs: the name already includes them")
     label, settings = _target_settings(app, task)
@@ -665,12 +694,12 @@ def _all_settings(app: Any) -> list[tuple[str, conf.LockSettings]]:
         candidates.append(("the app", conf.resolve(app, owner=OWNER)))
     except ConfigurationError:
         pass  # every task may name its own nodes; fail below only if none does
-    candidates += [(f"task {name}", plan.settings) for name, plan in _locked_plans(app).items()]
+    candidates += [(f"task {name}", plan.resolved) for name, plan in _locked_plans(app).items()]
     if not candidates:
         conf.resolve(app, owner=OWNER)  # raises the configuration error
     groups: dict[tuple, tuple[list[str], conf.LockSettings]] = {}
     for label, settings in candidates:
-        nodes = tuple(n if isinstance(n, str) else id(n) for n in settings.nodes)
+        nodes = tuple(n if isinstance(n, str) else id(n) for n in settings.node_list)
         groups.setdefault((nodes, settings.key_prefix), ([], settings))[0].append(label)
     if len(groups) == 1:  # the usual case: everyone shares the app's nodes
         return candidates[:1]
@@ -682,154 +711,50 @@ def _connect(settings: conf.LockSettings, timeout: float) -> Iterator[tuple[Redl
     """A Redlock on ``settings``' nodes with the CLI's timeout, and its construction warnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # report "use an odd number of nodes" in the output
-        client = Redlock(settings.nodes, **{**settings.redlock_options(), "node_timeout": timeout})
+        options = {**settings.redlock_options(), "node_timeout": timeout}
+        client = Redlock(settings.node_list, **options)
     try:
         yield client, [str(w.message) for w in caught]
     finally:
-        for node in client.nodes:
-            node.close()
+        client.close()
 
 
 # -- helpers: reading keys ---------------------------------------------------
 
 
-@dataclass
-class _NodeView:
-    """One node's copy of one key, or the node's error."""
-
-    node: str
-    error: str | None = None
-    value: str | None = None
-    pttl_ms: int = -2  # as PTTL says it: -2 no key, -1 no TTL
-    fence: str | None = None
-
-    def cells(self) -> list[str]:
-        """The HOLDER and TTL cells of a table row."""
-        return ["DOWN", "-"] if self.error else [self.value or "-", _ttl_text(self.pttl_ms)]
-
-    def as_json(self) -> dict[str, Any]:
-        if self.error is not None:
-            return {"node": self.node, "error": self.error}
-        return {
-            "node": self.node,
-            "holder": self.value,
-            "task_id": Holder(self.value, None).task_id,
-            "pttl_ms": self.pttl_ms if self.value is not None else None,
-            "fence": self.fence,
-        }
+def _remaining(report: KeyReport) -> str:
+    """The TTL left on the key of the holder a quorum agrees on, for a table cell."""
+    remaining = report.holder.remaining
+    return ttl_text(None if remaining is None else int(remaining * 1000))
 
 
-class _Key:
-    """One key as each node sees it, and the holder a quorum of all the nodes agrees on."""
-
-    def __init__(self, views: list[_NodeView], quorum: int):
-        self.views = views
-        self.quorum = quorum
-        self.holder = _holder([(v.value, v.pttl_ms) for v in views if v.value], quorum)
-        self.votes = sum(1 for v in views if v.value and v.value == self.holder.owner)
-        self.answered = sum(1 for v in views if v.error is None)
-        self.present = sum(1 for v in views if v.value)
-        self.owners = {v.value for v in views if v.value}
-        #: (node, error) of each node that did not answer.
-        self.down = [(v.node, v.error) for v in views if v.error is not None]
-
-    @property
-    def known(self) -> bool:
-        """False when too few nodes answered to tell held from free."""
-        return self.holder.owner is not None or self.answered >= self.quorum
-
-    def outage(self) -> str | None:
-        return _outage(self.down, len(self.views), self.quorum)
-
-    def summary(self) -> str:
-        """The holder in a few words, for a table cell."""
-        if self.holder.owner is None:
-            return "-" if self.known else "?"
-        return f"task {self.holder.task_id}" if self.holder.task_id else self.holder.owner
-
-    def nodes_text(self) -> str:
-        """Where the holder's key is, for a table cell."""
-        total = len(self.views)
-        if self.holder.owner is not None:
-            return f"{self.votes}/{total} nodes"
-        if not self.known:
-            return f"unknown ({self.answered}/{total} answered)"
-        return f"no majority ({self.present}/{total} with a key)"
-
-    def describe(self) -> str:
-        """The holder in a sentence."""
-        total = len(self.views)
-        if not self.known:
-            return f"unknown: only {self.answered} of {total} nodes answered, {self.quorum} needed"
-        if self.holder.owner is None and self.present:
-            return f"none: no majority agrees (a key on {self.present} of {total} nodes)"
-        if self.holder.owner is None:
-            return "none: the lock is free"
-        remaining = self.holder.remaining
-        left = "no TTL" if remaining is None else f"{remaining:.3f} s left"
-        where = f"on {self.votes} of {total} nodes"
-        return f"{self.summary()} (owner {self.holder.owner}), {left}, {where}"
-
-    def echo_down(self, echo: Callable) -> None:
-        if self.down:
-            echo("")
-        _echo_down(echo, self.down)
+def _report(
+    client: Redlock, key: str, fence_key: str | None = None, skip: dict[str, str] | None = None
+) -> KeyReport:
+    """``key`` as every node holds it, with the holder a quorum agrees on."""
+    views = client.inspect_key(key, fence_key, skip=skip)
+    return KeyReport(views, client.quorum, client.agreed(views))
 
 
-def _read(client: Redlock, key: Any, fence_key: Any, down: dict[Node, str] | None = None) -> _Key:
-    """Holder, PTTL and fence of ``key`` on every node, in one INSPECT round.
+class _Listing:
+    """The ``{prefix}:{kind}:`` keys matching ``tail`` on every node (SCAN), at most ``limit``."""
 
-    Nodes in ``down`` (node -> error) are not asked, and a node that fails now
-    joins them: a listing pays for a hung node once, not once per key.
-    """
-    down = {} if down is None else down
-    live = [node for node in client.nodes if node not in down]
-    replies = run_script(_scripts.INSPECT, live, (key, fence_key), (), client.node_timeout)
-    answers = dict(zip(live, replies))
-    views = []
-    for node in client.nodes:
-        if isinstance(answers.get(node), Exception):
-            down[node] = _error_text(answers[node])
-        if node in down:
-            views.append(_NodeView(node.name, error=down[node]))
-            continue
-        holder, pttl_ms, fence = answers[node]
-        holder, fence = (None if v is None else _text(v) for v in (holder, fence))
-        views.append(_NodeView(node.name, None, holder, int(pttl_ms), fence))
-    return _Key(views, client.quorum)
+    def __init__(self, client: Redlock, kind: str, tail: str, limit: int):
+        self.client, self.limit = client, limit
+        self.pattern = glob_escape(f"{client.key_prefix}:{kind}:") + tail
+        found = client.scan(kind, tail, limit=limit, count=SCAN_COUNT)
+        self.names, self.truncated = found.names, found.truncated
+        #: Node name -> error of the nodes that failed; not asked again.
+        self.down = dict(found.errors)
 
-
-class _Scan:
-    """The keys matching ``pattern`` on every node, found with SCAN, at most ``limit``."""
-
-    def __init__(self, client: Redlock, pattern: str, limit: int):
-        self.client, self.pattern, self.limit = client, pattern, limit
-        self.down: dict[Node, str] = {}  # the nodes that failed, and why
-        self.truncated = False  # a node had more than ``limit`` keys
-        found: set[bytes] = set()
-        for node in client.nodes:
-            seen: set[bytes] = set()  # SCAN may return a key twice
-            cursor: Any = b"0"
-            while True:
-                # Each call is bounded by the timeout; COUNT keeps the number of calls small.
-                command = ("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT)
-                reply = gather([node], command, client.node_timeout)[0]
-                if isinstance(reply, Exception):
-                    self.down[node] = _error_text(reply)
-                    break
-                cursor, keys = reply
-                seen.update(keys)
-                if int(cursor) == 0:
-                    break
-                if len(seen) >= limit:
-                    self.truncated = True
-                    break
-            found |= seen
-        self.keys = sorted(found)[:limit]
-        self.truncated = self.truncated or len(found) > limit
-
-    def read(self, key: bytes, fence_key: Any) -> _Key:
-        return _read(self.client, key, fence_key, self.down)
+    def read(self, key: str, fence_key: str | None = None) -> KeyReport:
+        """``{prefix}:{key}`` (and ``{prefix}:{fence_key}``) on the nodes still answering."""
+        prefix = self.client.key_prefix
+        fence = f"{prefix}:{fence_key}" if fence_key else None
+        report = _report(self.client, f"{prefix}:{key}", fence, skip=self.down)
+        for name, error in report.down:  # a node that fails now is skipped from now on
+            self.down.setdefault(name, error)
+        return report
 
     def report(
         self, echo: Callable, title: str, header: list[str], rows: list[list[str]], summary: str
@@ -838,104 +763,12 @@ class _Scan:
         client = self.client
         echo(f"{title}: {len(client.nodes)} nodes, quorum {client.quorum}, keys {self.pattern}\n")
         if rows:
-            echo(_table(rows, header) + "\n")
+            echo(table(rows, header) + "\n")
         if self.truncated:
             summary += f" Stopped at --limit {self.limit}: more keys may exist."
         echo(summary)
-        down = [(node.name, self.down[node]) for node in client.nodes if node in self.down]
-        _echo_down(echo, down)
-        return _outage(down, len(client.nodes), client.quorum)
-
-
-def _outage(down: Sequence[tuple[str, str]], total: int, quorum: int) -> str | None:
-    """The error text when the nodes ``down`` ((name, error) each) leave less than a quorum."""
-    if total - len(down) >= quorum:
-        return None
-    names = "; ".join(f"{name} ({error})" for name, error in down)
-    answered = total - len(down)
-    return f"only {answered} of {total} Redis nodes answered, {quorum} needed; down: {names}"
-
-
-def _echo_down(echo: Callable, down: Sequence[tuple[str, str]], suffix: str = "") -> None:
-    for name, error in down:
-        echo(f"DOWN    {name}: {error}{suffix}")
-
-
-# -- helpers: text -------------------------------------------------------------
-
-
-def _table(rows: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:
-    """Aligned columns, two spaces apart; the last column is not padded."""
-    lines = [list(header), *rows] if header else list(rows)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
-    return "\n".join(
-        "  ".join([cell.ljust(width) for cell, width in zip(line, widths)] + [line[-1]]).rstrip()
-        for line in lines
-    )
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return str(value)
-
-
-def _printable(value: str) -> str:
-    # Raw, unless it would break the table (newlines, control characters).
-    return value if value.isprintable() else repr(value)
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _error_text(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _ms_text(seconds: float) -> str:
-    ms = seconds * 1000
-    return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
-
-
-def _ttl_text(pttl_ms: int | None) -> str:
-    if pttl_ms is None or pttl_ms == -2:
-        return "-"
-    return "no TTL" if pttl_ms == -1 else f"{pttl_ms / 1000:.3f} s"
-
-
-def _slot_number(slot: str) -> float:
-    try:
-        return float(slot)
-    except ValueError:
-        return float("-inf")
-
-
-def _slot_time(slot: str) -> str:
-    number = _slot_number(slot)
-    try:
-        when = datetime.fromtimestamp(number, timezone.utc)
-    except (OverflowError, OSError, ValueError):  # not a number, or out of range
-        return "?"
-    spec = "seconds" if number == int(number) else "milliseconds"
-    return when.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
-
-
-def _glob_escape(text: str) -> str:
-    """``text`` matched literally by a Redis glob pattern."""
-    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
-
-
-def _setting_text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_setting_text(v) for v in value)
-    if isinstance(value, str):
-        return mask_url(value)
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if value is None or isinstance(value, (bool, int)):
-        return str(value)
-    try:  # a redis.Redis client given as a node
-        return f"{_describe(value)} (client)"
-    except AttributeError:
-        return mask_url(repr(value))
+        down = [
+            (node.name, self.down[node.name]) for node in client.nodes if node.name in self.down
+        ]
+        echo_down(echo, down)
+        return outage(down, len(client.nodes), client.quorum)

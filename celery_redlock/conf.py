@@ -10,239 +10,166 @@ that task::
     @app.task(base=LockedTask, lock_ttl=60, lock_on_duplicate="retry")
     def settle(account_id): ...
 
+The declarations (name, default, check, meaning) live in the Celery-free
+:mod:`celery_redlock.settings`, which also gives :class:`Redlock` its defaults
+and checks; this module resolves them against ``app.conf`` and task attributes.
+
 Values are checked when the task binds; a bad one raises
-:class:`~celery_redlock.exceptions.ConfigurationError` (an
-``ImproperlyConfigured``) naming the task, the setting and the value.
+:class:`ImproperlyConfigured` (a :class:`~celery_redlock.ConfigurationError`
+and a Celery ``ImproperlyConfigured``) naming the task, the setting and the
+value. So does a ``lock_*`` task option or ``redlock_*`` key that is not
+declared (a misspelling), naming the closest declared one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from urllib.parse import quote, urlencode, urlsplit
 
-from .exceptions import ConfigurationError
+from celery import exceptions as celery_exceptions
+
+from . import exceptions
 from .redlock import Redlock
+from .settings import (
+    BEAT_SETTINGS,
+    EXHAUSTED,
+    POLICIES,
+    SETTINGS,
+    TASK_OPTIONS,
+    WORKER_SETTINGS,
+    Setting,
+    by_name,
+    closest,
+)
 
 __all__ = [
     "BEAT_SETTINGS",
     "EXHAUSTED",
+    "ImproperlyConfigured",
     "LockSettings",
     "POLICIES",
     "SETTINGS",
+    "TASK_OPTIONS",
+    "WORKER_SETTINGS",
     "Setting",
+    "bind_errors",
+    "check_app_names",
+    "check_task_names",
     "nodes_from_app",
     "redlock_for",
     "resolve",
     "resolve_beat",
+    "resolve_worker",
 ]
 
-#: What a duplicate execution does while the key is held.
-POLICIES = ("drop", "retry", "raise", "wait")
-#: What ``retry`` and ``wait`` fall back to when their attempts or time run out.
-EXHAUSTED = ("drop", "raise")
+
+class ImproperlyConfigured(exceptions.ConfigurationError, celery_exceptions.ImproperlyConfigured):
+    """A bind-time or ``app.conf`` error.
+
+    Both a :class:`~celery_redlock.ConfigurationError` and Celery's
+    ``ImproperlyConfigured``: either ``except`` catches it.
+    """
 
 
-def _positive(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError("must be a positive number of seconds")
-    return float(value)
-
-
-def _fraction(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError("must be a number in [0, 1)")
-    return float(value)
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError("must be a whole number >= 0")
-    return value
-
-
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("must be True or False")
-    return value
-
-
-def _prefix(value: Any) -> str:
-    if not isinstance(value, str) or not value or "{" in value or "}" in value:
-        raise ValueError("must be a non-empty string without braces")
-    return value
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if value not in options:
-            raise ValueError("must be one of " + ", ".join(repr(o) for o in options))
-        return value
-
-    return check
-
-
-def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def optional(value: Any) -> Any:
-        return None if value is None else check(value)
-
-    return optional
-
-
-def _node_list(value: Any) -> tuple | None:
-    """A list of URLs/clients, or one string of URLs separated by commas or spaces."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = value.replace(",", " ").split()
+@contextlib.contextmanager
+def bind_errors() -> Iterator[None]:
+    """Re-raise a ConfigurationError raised inside as :class:`ImproperlyConfigured`."""
     try:
-        nodes = tuple(value)
-    except TypeError:
-        raise ValueError("must be a list of Redis URLs or clients") from None
-    if not nodes:
-        raise ValueError("must name at least one Redis node")
-    return nodes
+        yield
+    except ImproperlyConfigured:
+        raise
+    except exceptions.ConfigurationError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
 
 
-class Setting(NamedTuple):
-    """One setting: its ``app.conf`` name, default, checker and meaning."""
-
-    name: str
-    default: Any
-    check: Callable[[Any], Any]
-    doc: str
-
-    @property
-    def task_attr(self) -> str:
-        """The task attribute of the same meaning (``redlock_ttl`` -> ``lock_ttl``)."""
-        return "lock_" + self.name[len("redlock_") :]
+#: Every ``lock_*`` task option: the settings' attributes and the task-only options.
+TASK_ATTRS: frozenset[str] = frozenset([s.task_attr for s in SETTINGS] + list(TASK_OPTIONS))
+#: Every declared ``redlock_*`` key of ``app.conf``.
+APP_SETTINGS: frozenset[str] = frozenset(s.name for s in SETTINGS + BEAT_SETTINGS + WORKER_SETTINGS)
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "redlock_nodes",
-        None,
-        _node_list,
-        "Redis masters of the Redlock quorum: a list of URLs (redis://, rediss://, unix://) "
-        "or a string of them separated by commas. Default: the broker URL when it is a Redis URL.",
-    ),
-    Setting(
-        "redlock_ttl",
-        10.0,
-        _positive,
-        "Lease time in seconds. The heartbeat renews it while the task runs, so it bounds how long "
-        "a lock outlives a worker that died, not how long a task may run.",
-    ),
-    Setting(
-        "redlock_node_timeout",
-        0.05,
-        _positive,
-        "Seconds each node gets to answer one round. Keep it well under ttl * drift_factor.",
-    ),
-    Setting(
-        "redlock_drift_factor",
-        0.01,
-        _fraction,
-        "Clock drift allowed, as a fraction of the TTL (plus 2 ms).",
-    ),
-    Setting("redlock_key_prefix", "redlock", _prefix, "First part of every Redis key written."),
-    Setting(
-        "redlock_fencing",
-        True,
-        _flag,
-        "Hand each execution a fencing token that grows with every grant of its key.",
-    ),
-    Setting(
-        "redlock_fence_retention",
-        7 * 86400.0,
-        _positive,
-        "Seconds a key's fence value is kept after its last grant.",
-    ),
-    Setting(
-        "redlock_on_duplicate",
-        "drop",
-        _choice(POLICIES),
-        "What a second execution of a held key does: drop, retry, raise or wait.",
-    ),
-    Setting(
-        "redlock_retry_backoff",
-        1.0,
-        _positive,
-        "First retry delay in seconds; doubles per attempt, with full jitter.",
-    ),
-    Setting(
-        "redlock_retry_backoff_max",
-        60.0,
-        _positive,
-        "Largest retry delay in seconds. Keep it below the broker's visibility_timeout.",
-    ),
-    Setting(
-        "redlock_retry_max_attempts",
-        20,
-        _count,
-        "Contention retries (and outage retries) before giving up; they do not use max_retries.",
-    ),
-    Setting(
-        "redlock_wait_timeout",
-        30.0,
-        _positive,
-        "Seconds the wait policy polls for the lock before giving up.",
-    ),
-    Setting(
-        "redlock_on_exhausted",
-        "drop",
-        _choice(EXHAUSTED),
-        "What retry and wait do when their attempts or time run out: drop or raise.",
-    ),
-    Setting(
-        "redlock_heartbeat_interval",
-        None,
-        _optional(_positive),
-        "Seconds between renewals of a held lease. Default: ttl / 3.",
-    ),
-)
+def _did_you_mean(name: str, declared: frozenset[str], upper_prefix: str | None = None) -> str:
+    """``"; did you mean 'x'?"`` for the closest declared name (upper case after a prefix)."""
+    guess = closest(name, declared)
+    if guess is None:
+        return ""
+    shown = guess if upper_prefix is None else upper_prefix + guess.upper()
+    return f"; did you mean {shown!r}?"
 
-#: Settings of the beat de-duplication (app-wide; no task attribute).
-BEAT_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "redlock_beat_publish_on_outage",
-        False,
-        _flag,
-        "Publish a due slot without a claim when the quorum is unavailable (every beat then "
-        "sends it); by default the slot is held back and retried while it is still due.",
-    ),
-    Setting(
-        "redlock_beat_min_ttl",
-        60.0,
-        _positive,
-        "Floor of a slot claim's lifetime in seconds; a claim lives max(this, 2 * period).",
-    ),
-    Setting(
-        "redlock_beat_retry_interval",
-        1.0,
-        _positive,
-        "Seconds between claim attempts of a slot held back by an outage.",
-    ),
-)
 
-_BY_NAME = {s.name: s for s in SETTINGS + BEAT_SETTINGS}
+def check_task_names(cls: type, owner: str) -> None:
+    """Fail on a ``lock_*`` attribute of a task class that is not a declared option.
+
+    ``@app.task(base=LockedTask, lock_on_duplicat="retry")`` sets that attribute:
+    without this check the task would bind and silently drop what it was meant to retry.
+
+    Raises:
+        ImproperlyConfigured: naming the closest declared option.
+    """
+    for attr in sorted(dir(cls)):
+        if attr.startswith("lock_") and attr not in TASK_ATTRS:
+            raise ImproperlyConfigured(
+                f"{owner}: task option {attr!r} is not a celery_redlock option"
+                + _did_you_mean(attr, TASK_ATTRS)
+            )
+
+
+def check_app_names(app: Any, owner: str = "app.conf") -> None:
+    """Fail on a ``redlock_*`` key of ``app.conf`` that is not a declared setting.
+
+    Also in Django's namespaced form (``CELERY_REDLOCK_TLL``).
+
+    Raises:
+        ImproperlyConfigured: naming the closest declared setting, as spelt in ``app.conf``.
+    """
+    namespace = getattr(app, "namespace", None)
+    upper_prefix = f"{namespace}_" if namespace else ""
+    for key in sorted(k for k in app.conf.keys() if isinstance(k, str)):
+        if key.startswith("redlock_"):
+            name, spelt_upper = key, None
+        elif key.startswith(upper_prefix + "REDLOCK_"):
+            name, spelt_upper = key[len(upper_prefix) :].lower(), upper_prefix
+        else:
+            continue
+        if name not in APP_SETTINGS:
+            raise ImproperlyConfigured(
+                f"{owner}: app.conf key {key!r} is not a celery_redlock setting"
+                + _did_you_mean(name, APP_SETTINGS, spelt_upper)
+            )
 
 
 def resolve_beat(app: Any, owner: str = "beat") -> dict[str, Any]:
     """The beat settings of ``app``, checked: ``{name: value}``.
 
     Raises:
-        ConfigurationError: a value is invalid.
+        ImproperlyConfigured: a value is invalid, or a ``redlock_*`` key is not a setting.
     """
+    return _resolve_app(app, BEAT_SETTINGS, owner)
+
+
+def resolve_worker(app: Any, owner: str = "worker") -> dict[str, Any]:
+    """The worker settings of ``app`` (:data:`WORKER_SETTINGS`), checked: ``{name: value}``.
+
+    Raises:
+        ImproperlyConfigured: a value is invalid, or a ``redlock_*`` key is not a setting.
+    """
+    return _resolve_app(app, WORKER_SETTINGS, owner)
+
+
+def _resolve_app(app: Any, declared: tuple[Setting, ...], owner: str) -> dict[str, Any]:
+    check_app_names(app, owner)
     values = {}
-    for setting in BEAT_SETTINGS:
+    for setting in declared:
         value = app.conf.get(setting.name)
         try:
             values[setting.name] = setting.default if value is None else setting.check(value)
         except ValueError as exc:
-            raise ConfigurationError(
+            raise ImproperlyConfigured(
                 f"{owner}: app.conf.{setting.name} = {value!r} {exc}"
             ) from None
     return values
@@ -252,13 +179,16 @@ def resolve_beat(app: Any, owner: str = "beat") -> dict[str, Any]:
 class LockSettings:
     """The resolved settings of one task (or of beat)."""
 
-    nodes: tuple
+    #: None only in a task's plan bound to an app with no lock nodes yet (see LockPlan).
+    nodes: tuple | None
     ttl: float
     node_timeout: float
     drift_factor: float
     key_prefix: str
     fencing: bool
     fence_retention: float
+    limit: int
+    min_replicas: int
     on_duplicate: str
     retry_backoff: float
     retry_backoff_max: float
@@ -266,6 +196,21 @@ class LockSettings:
     wait_timeout: float
     on_exhausted: str
     heartbeat_interval: float
+    enqueue: str | None
+    on_enqueued: str
+    enqueue_ttl: float
+    debounce: float | None
+    debounce_max: float | None
+    throttle: float | None
+    throttle_trailing: bool
+    receipt_ttl: float
+
+    @property
+    def node_list(self) -> tuple:
+        """The lock nodes; the settings of a plan's ``resolved`` always have them."""
+        if self.nodes is None:
+            raise ImproperlyConfigured("the lock nodes are not resolved yet")
+        return self.nodes
 
     def redlock_options(self) -> dict[str, Any]:
         return {
@@ -274,11 +219,15 @@ class LockSettings:
             "key_prefix": self.key_prefix,
             "fencing": self.fencing,
             "fence_retention": self.fence_retention,
+            "min_replicas": self.min_replicas,
         }
 
 
 def resolve(
-    app: Any, overrides: Mapping[str, Any] | None = None, owner: str = "app.conf"
+    app: Any,
+    overrides: Mapping[str, Any] | None = None,
+    owner: str = "app.conf",
+    defer_nodes: bool = False,
 ) -> LockSettings:
     """Resolve every setting: ``overrides`` (task attributes), then ``app.conf``, then the default.
 
@@ -288,8 +237,10 @@ def resolve(
         owner: named in error messages (the task name).
 
     Raises:
-        ConfigurationError: a value is invalid, or no Redis node can be found.
+        ImproperlyConfigured: a value is invalid, a ``redlock_*`` key is not a
+            setting, or no Redis node can be found.
     """
+    check_app_names(app, owner)
     overrides = overrides or {}
     values: dict[str, Any] = {}
     for setting in SETTINGS:
@@ -304,33 +255,111 @@ def resolve(
         try:
             values[setting.name[len("redlock_") :]] = setting.check(value)
         except ValueError as exc:
-            raise ConfigurationError(f"{owner}: {source} = {value!r} {exc}") from None
-    if values["nodes"] is None:
+            raise ImproperlyConfigured(f"{owner}: {source} = {value!r} {exc}") from None
+    if values["nodes"] is None and not (defer_nodes and not _has_lock_nodes(app)):
         values["nodes"] = nodes_from_app(app, owner)
     if values["heartbeat_interval"] is None:
         values["heartbeat_interval"] = values["ttl"] / 3
     elif values["heartbeat_interval"] >= values["ttl"]:
-        raise ConfigurationError(
+        raise ImproperlyConfigured(
             f"{owner}: heartbeat interval {values['heartbeat_interval']}s must be shorter than "
             f"the lock TTL {values['ttl']}s, or the lease lapses between renewals"
         )
+    if values["debounce"] is not None and values["throttle"] is not None:
+        raise ImproperlyConfigured(
+            f"{owner}: lock_debounce and lock_throttle exclude each other: a debounced key "
+            "runs after a quiet spell, a throttled key at most once per period; choose one"
+        )
+    if values["debounce_max"] is not None and (
+        values["debounce"] is None or values["debounce_max"] < values["debounce"]
+    ):
+        raise ImproperlyConfigured(
+            f"{owner}: lock_debounce_max {values['debounce_max']}s needs lock_debounce set "
+            f"and at least as long (lock_debounce = {values['debounce']})"
+        )
     if values["node_timeout"] >= values["ttl"]:
-        raise ConfigurationError(
+        raise ImproperlyConfigured(
             f"{owner}: node timeout {values['node_timeout']}s must be shorter than "
             f"the lock TTL {values['ttl']}s"
         )
     return LockSettings(**values)
 
 
-def nodes_from_app(app: Any, owner: str = "app.conf") -> tuple:
-    """The broker URL as the one Redlock node, when it is a Redis URL."""
+def _has_lock_nodes(app: Any) -> bool:
+    """Whether the broker URL can serve as the lock node (see :func:`nodes_from_app`)."""
     broker = app.conf.broker_url
-    if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
+    return isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss", "sentinel")
+
+
+def nodes_from_app(app: Any, owner: str = "app.conf") -> tuple:
+    """The broker URL as the one Redlock node, when it is a Redis or a Sentinel URL.
+
+    A Celery Sentinel broker (``sentinel://h1:26379;sentinel://h2:26379`` with
+    ``master_name`` in ``broker_transport_options``) becomes the one
+    ``sentinel://h1:26379,h2:26379/<master_name>`` node, with the password and
+    db of its first URL, the sentinels' password from the transport options'
+    ``sentinel_kwargs`` and TLS from ``broker_use_ssl``.
+    """
+    broker = app.conf.broker_url
+    scheme = broker.split("://", 1)[0] if isinstance(broker, str) else None
+    if scheme in ("redis", "rediss"):
         return (broker.split(";", 1)[0],)
-    raise ConfigurationError(
+    if scheme == "sentinel":
+        return (_sentinel_node(app, broker, owner),)
+    raise ImproperlyConfigured(
         f"{owner}: set app.conf.redlock_nodes (a list of Redis URLs); the broker "
         f"{_scheme(broker)} is not Redis, so it cannot serve as the default lock node"
     )
+
+
+#: The TLS options of ``broker_use_ssl`` that a ``sentinel://`` node URL carries.
+_SSL_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def _sentinel_node(app: Any, broker: str, owner: str) -> str:
+    """Celery's Sentinel broker URL as one ``sentinel://`` node URL (see :func:`nodes_from_app`)."""
+    options = app.conf.broker_transport_options or {}
+    service = options.get("master_name")
+    if not service:
+        raise ImproperlyConfigured(
+            f"{owner}: the broker is a Sentinel URL but broker_transport_options has no "
+            "master_name; set it, or set app.conf.redlock_nodes"
+        )
+    hosts, userinfo, db = [], "", ""
+    for i, url in enumerate(u.strip() for u in broker.split(";") if u.strip()):
+        parts = urlsplit(url)
+        if parts.scheme != "sentinel":
+            continue
+        info, _, hostport = parts.netloc.rpartition("@")
+        hosts.append(hostport)
+        if i == 0:
+            userinfo = f"{info}@" if info else ""
+            db = parts.path.strip("/")
+    query: dict[str, Any] = {}
+    sentinel_kwargs = options.get("sentinel_kwargs") or {}
+    for name in ("username", "password"):
+        if sentinel_kwargs.get(name):
+            query[f"sentinel_{name}"] = sentinel_kwargs[name]
+    if options.get("min_other_sentinels"):
+        query["min_other_sentinels"] = options["min_other_sentinels"]
+    use_ssl = app.conf.broker_use_ssl
+    if use_ssl:
+        query["ssl"] = "true"
+        if isinstance(use_ssl, Mapping):
+            for name in _SSL_OPTIONS:
+                value = use_ssl.get(name)
+                if value is not None:
+                    query[name] = _ssl_text(value)
+    url = f"sentinel://{userinfo}{','.join(hosts)}/{quote(str(service), safe='')}"
+    if db.isdigit():
+        url += f"/{db}"
+    return url + (f"?{urlencode(query)}" if query else "")
+
+
+def _ssl_text(value: Any) -> str:
+    # ssl.CERT_REQUIRED and friends, as redis-py's URL options spell them.
+    names = {0: "none", 1: "optional", 2: "required"}
+    return names.get(value, str(value)) if isinstance(value, int) else str(value)
 
 
 def _scheme(url: Any) -> str:
@@ -344,20 +373,77 @@ _clients_lock = threading.Lock()
 
 
 def redlock_for(app: Any, settings: LockSettings) -> Redlock:
-    """The shared :class:`Redlock` of ``app`` for these settings' nodes and options."""
+    """The shared :class:`Redlock` of ``app`` for these settings' nodes and options.
+
+    Raises:
+        ImproperlyConfigured: a node is invalid (URL, duplicate).
+    """
     options = settings.redlock_options()
     cache_key = (
-        tuple(n if isinstance(n, str) else id(n) for n in settings.nodes),
+        tuple(n if isinstance(n, str) else id(n) for n in settings.node_list),
         tuple(sorted(options.items())),
     )
     with _clients_lock:
         per_app = _clients.setdefault(app, {})
         client = per_app.get(cache_key)
         if client is None:
-            client = per_app[cache_key] = Redlock(settings.nodes, **options)
+            with bind_errors():
+                client = per_app[cache_key] = Redlock(settings.node_list, **options)
         return client
 
 
 def setting(name: str) -> Setting:
     """The declaration of one setting, by its ``app.conf`` name."""
-    return _BY_NAME[name]
+    return by_name(name)
+
+
+# -- provenance: where each value comes from (for ``celery redlock settings``) ---
+
+__all__ += ["Provenance", "provenance"]
+
+
+class Provenance(NamedTuple):
+    """One setting's value and where it comes from (:func:`provenance`)."""
+
+    name: str
+    value: Any
+    #: ``task.lock_<x>`` (the task's attribute), ``app.conf``, ``default``, or,
+    #: for a value :func:`resolve` fills in, what it is made from.
+    source: str
+
+
+#: What :func:`resolve` fills in a setting left None from.
+_DERIVED_FROM = {"redlock_nodes": "broker_url", "redlock_heartbeat_interval": "ttl / 3"}
+
+
+def provenance(
+    app: Any, task: Any = None, settings: LockSettings | None = None
+) -> list[Provenance]:
+    """Every setting of :data:`SETTINGS`, in order, with its value and its source.
+
+    The precedence is :func:`resolve`'s: the task's ``lock_*`` attribute, then
+    ``app.conf``, then the default.
+
+    Args:
+        app: the Celery app.
+        task: the task whose attributes count, or None for the app's values.
+        settings: the values :func:`resolve` gave for that task (or the app);
+            when given, they are the values reported, and a setting that
+            resolve() filled in names what it was made from.
+    """
+    out = []
+    for setting in SETTINGS:
+        override = getattr(task, setting.task_attr, None) if task is not None else None
+        if override is not None:
+            value, source = override, f"task.{setting.task_attr}"
+        elif app.conf.get(setting.name) is not None:
+            value, source = app.conf.get(setting.name), "app.conf"
+        else:
+            value, source = setting.default, "default"
+        field = setting.name[len("redlock_") :]
+        if settings is not None and hasattr(settings, field):
+            if value is None:
+                source = _DERIVED_FROM.get(setting.name, "derived")
+            value = getattr(settings, field)
+        out.append(Provenance(setting.name, value, source))
+    return out

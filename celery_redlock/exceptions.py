@@ -3,26 +3,35 @@
 ::
 
     RedlockError
-    ├── ConfigurationError        (also celery.exceptions.ImproperlyConfigured)
+    ├── ConfigurationError        (also ValueError: a setting or argument is invalid)
+    │   └── ImproperlyConfigured  (also celery.exceptions.ImproperlyConfigured; in
+    │                             celery_redlock.conf: raised at bind / for app.conf)
     ├── LockKeyError              (also TypeError: an argument has no canonical form)
     ├── QuorumUnavailable         fewer than a quorum of nodes answered
     └── LockError                 about one lock; carries ``name``
         ├── LockNotAcquired       a blocking acquire timed out
         │   └── LockContended     another holder has it (``holder``, ``remaining``)
-        └── LockLost              the lease lapsed or lost its quorum while held
+        ├── LockLost              the lease lapsed or lost its quorum while held
+        └── AlreadyEnqueued       another task is claimed to run the key next
+                                  (``task_id``, ``remaining``)
 
 ``QuorumUnavailable`` is never raised for contention, and contention is never
 reported as an outage: callers can tell "someone else holds it" from "the lock
 service is down".
+
+This module is core: it imports neither celery nor kombu. The one
+Celery-flavoured leaf, ``ImproperlyConfigured``, lives in the Celery layer
+(:mod:`celery_redlock.conf`) and is exported as
+``celery_redlock.ImproperlyConfigured``: ``except ConfigurationError`` and
+``except celery.exceptions.ImproperlyConfigured`` both catch it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from celery.exceptions import ImproperlyConfigured
-
 __all__ = [
+    "AlreadyEnqueued",
     "ConfigurationError",
     "LockContended",
     "LockError",
@@ -38,8 +47,11 @@ class RedlockError(Exception):
     """Root of every celery_redlock error."""
 
 
-class ConfigurationError(RedlockError, ImproperlyConfigured):
-    """A setting or argument is invalid; raised when the task binds or the client is built."""
+class ConfigurationError(RedlockError, ValueError):
+    """A setting or argument is invalid; raised when the task binds or the client is built.
+
+    The Celery layer raises its subclass ``celery_redlock.ImproperlyConfigured``.
+    """
 
 
 class LockKeyError(RedlockError, TypeError):
@@ -115,3 +127,20 @@ class LockContended(LockNotAcquired):
 
 class LockLost(LockError):
     """The lease is no longer held: it expired, or a renewal failed to reach a quorum."""
+
+
+class AlreadyEnqueued(LockError):
+    """Another task id holds the key's enqueue claim: it is already on its way.
+
+    Attributes:
+        task_id: the id of the task the claim names.
+        remaining: seconds left on the claim, if known.
+    """
+
+    def __init__(self, message: str, name: str, task_id: str, remaining: float | None = None):
+        self.task_id = task_id
+        self.remaining = remaining
+        super().__init__(message, name)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.name, self.task_id, self.remaining))

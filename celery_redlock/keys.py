@@ -43,7 +43,7 @@ Rules:
   argument and its type. Choose identifying arguments with ``lock_on`` to avoid
   that.
 * A selector whose first step is not a parameter of ``run`` fails when the task
-  binds, with :class:`~celery_redlock.exceptions.ConfigurationError`. A path that
+  binds, with :class:`~celery_redlock.conf.ImproperlyConfigured`. A path that
   is missing at run time (absent key, short list, a ``None`` in the way) is a
   ``LockKeyError``. When a path may be absent, use a callable.
 * With ``lock_on=None``, adding a parameter to ``run`` changes every key, so old
@@ -63,7 +63,8 @@ from typing import Any, Callable, Union
 
 from kombu.utils.json import JSONEncoder as _KombuJSONEncoder
 
-from celery_redlock.exceptions import ConfigurationError, LockKeyError
+from .conf import ImproperlyConfigured
+from .exceptions import LockKeyError
 
 __all__ = ["DIGEST_LENGTH", "KeyBuilder", "LockOn", "digest"]
 
@@ -143,7 +144,7 @@ class KeyBuilder:
         task_name: used in error messages; defaults to ``lock_name``.
 
     Raises:
-        ConfigurationError: invalid ``lock_name`` or ``lock_on``, or a selector that
+        ImproperlyConfigured: invalid ``lock_name`` or ``lock_on``, or a selector that
             does not start with a parameter of ``func``.
     """
 
@@ -158,14 +159,14 @@ class KeyBuilder:
     ) -> None:
         self.task_name = task_name or lock_name
         if not isinstance(lock_name, str) or not lock_name or "{" in lock_name or "}" in lock_name:
-            raise ConfigurationError(
+            raise ImproperlyConfigured(
                 f"task {self.task_name!r}: lock name must be a non-empty string without "
                 f"'{{' or '}}' (Redis hash-tag characters), got {lock_name!r}"
             )
         try:
             self.signature = inspect.signature(func)
         except (TypeError, ValueError) as exc:
-            raise ConfigurationError(
+            raise ImproperlyConfigured(
                 f"task {self.task_name!r}: cannot read run's signature: {exc}"
             ) from exc
         self.lock_name = lock_name
@@ -184,7 +185,7 @@ class KeyBuilder:
         else:
             names = [lock_on] if isinstance(lock_on, str) else lock_on
             if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
-                raise ConfigurationError(
+                raise ImproperlyConfigured(
                     f"task {self.task_name!r}: lock_on must be None, a parameter name, a "
                     f"list of them or a callable, got {type(lock_on).__name__}"
                 )
@@ -204,17 +205,17 @@ class KeyBuilder:
     def _parse(self, selector: str, params: Mapping[str, inspect.Parameter]) -> tuple:
         head, *rest = selector.split(".")
         if not all([head, *rest]):
-            raise ConfigurationError(
+            raise ImproperlyConfigured(
                 f"task {self.task_name!r}: lock_on selector {selector!r} has an empty step"
             )
         if head == self._token:
-            raise ConfigurationError(
+            raise ImproperlyConfigured(
                 f"task {self.task_name!r}: lock_on selector {selector!r} selects the "
                 f"fencing-token parameter, which is never part of the key"
             )
         if head not in params and self._varkw is None:
             available = ", ".join(n for n in params if n != self._token) or "none"
-            raise ConfigurationError(
+            raise ImproperlyConfigured(
                 f"task {self.task_name!r}: lock_on selector {selector!r} does not start "
                 f"with a parameter of run (parameters: {available})"
             )

@@ -13,17 +13,32 @@ Events: ``acquired``, ``contended``, ``dropped``, ``retried``, ``raised``,
 label is the task's ``lock_name`` (the entry name for beat events), never an
 argument value, so its cardinality is that of your task list.
 
-In a prefork worker every child process counts for itself; use
-``prometheus_client``'s multiprocess mode to add them up.
+In a prefork worker every child process counts for itself. Set
+``redlock_metrics_port`` and the worker's main process serves ``/metrics`` for
+all of them (:class:`Exporter`): before the pool forks it turns on
+``prometheus_client``'s multiprocess mode in a directory of its own, so each
+child writes its counts to files there and one scrape adds them up. Counts of
+children that exited (``worker_max_tasks_per_child``, a killed child) stay in
+the sums, as counters should. :class:`Exporter` is usable without Celery, in
+any program that forks workers.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import socket
+import tempfile
 import threading
 from collections import Counter
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-__all__ = ["EVENTS", "count", "observe", "snapshot", "reset"]
+__all__ = ["EVENTS", "Exporter", "count", "observe", "reset", "snapshot"]
+
+logger = logging.getLogger("celery_redlock.metrics")
 
 EVENTS = (
     "acquired",
@@ -51,7 +66,19 @@ try:  # optional export
 except ImportError:  # pragma: no cover - depends on the installed extras
     _prom = None
 
-if _prom is not None:
+_EVENTS: Any = None
+_ACQUIRE: Any = None
+
+
+def _create_metrics() -> None:
+    """(Re)create the two metrics on the default registry, with the value class
+    ``prometheus_client`` uses now (per process, or files in multiprocess mode)."""
+    global _EVENTS, _ACQUIRE
+    for metric in (_EVENTS, _ACQUIRE):
+        if metric is not None:
+            _prom.REGISTRY.unregister(metric)
+    _event_children.clear()
+    _acquire_children.clear()
     _EVENTS = _prom.Counter(
         "celery_redlock_events", "Lock events by kind and lock name", ("event", "lock")
     )
@@ -68,6 +95,9 @@ if _prom is not None:
 # same child per label set, so a cached one is the one it exports.
 _event_children: dict[tuple[str, str], Any] = {}
 _acquire_children: dict[str, Any] = {}
+
+if _prom is not None:
+    _create_metrics()
 
 
 def count(event: str, lock: str) -> None:
@@ -104,3 +134,130 @@ def reset() -> None:
     """Forget this process's counts (Prometheus counters are monotonic and stay)."""
     with _lock:
         _counts.clear()
+
+
+# -- one endpoint for every process of a prefork worker ----------------------------
+
+#: The variable ``prometheus_client`` reads to find its multiprocess directory.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass
+
+
+class Exporter:
+    """Serve ``/metrics`` over HTTP for this process and every process it forks later.
+
+    Create it in the parent **before** forking (a Celery worker does it on
+    ``worker_init`` when ``redlock_metrics_port`` is set). It turns on
+    ``prometheus_client``'s multiprocess mode: ``$PROMETHEUS_MULTIPROC_DIR`` if
+    set (then left as it is at close), else a new temporary directory (removed
+    at close); every process counts into files there, and each scrape sums
+    them (``MultiProcessCollector``).
+
+    Args:
+        port: TCP port; ``0`` picks a free one (see :attr:`port`).
+        host: address to bind. Default loopback: set ``"0.0.0.0"`` (or ``"::"``)
+            for a scraper on another host or in another container.
+
+    Raises:
+        RuntimeError: ``prometheus_client`` is not installed.
+        OSError: the port cannot be bound.
+    """
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        if _prom is None:
+            raise RuntimeError(
+                "serving metrics needs prometheus_client: pip install 'celery_redlock[prometheus]'"
+            )
+        from prometheus_client import multiprocess
+
+        self._multiprocess = multiprocess
+        given = os.environ.get(MULTIPROC_ENV)
+        self.owns_directory = not given
+        self.directory: str = given or tempfile.mkdtemp(prefix="celery_redlock-metrics-")
+        os.environ[MULTIPROC_ENV] = self.directory
+        self._switched = _use_multiprocess_values(True)
+        registry = _prom.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=self.directory)
+        server_class = _Server6 if ":" in host else _Server
+        self._server: _Server | None
+        try:
+            self._server = make_server(
+                host, port, _prom.make_wsgi_app(registry), server_class, _QuietHandler
+            )
+        except BaseException:
+            self._forget_directory()
+            raise
+        self.host = host
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="celery_redlock-metrics", daemon=True
+        )
+        self._thread.start()
+        logger.info(
+            "serving lock metrics of every worker process on http://%s:%d/metrics (%s)",
+            host,
+            self.port,
+            self.directory,
+        )
+
+    def mark_dead(self, pid: int) -> None:
+        """Tell ``prometheus_client`` that process ``pid`` is gone (its counts stay)."""
+        self._multiprocess.mark_process_dead(pid, self.directory)
+
+    def close(self) -> None:
+        """Stop serving; remove the directory if this exporter made it. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        self._thread.join(5)
+        self._forget_directory()
+
+    def _forget_directory(self) -> None:
+        if self._switched:
+            _use_multiprocess_values(False)
+        if self.owns_directory:
+            if os.environ.get(MULTIPROC_ENV) == self.directory:
+                del os.environ[MULTIPROC_ENV]
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _use_multiprocess_values(on: bool) -> bool:
+    """Make this process's metrics (and those of its later forks) count into files,
+    or (``on=False``) back in memory. Returns whether it switched.
+
+    ``prometheus_client`` picks its value class once, when first imported,
+    from ``$PROMETHEUS_MULTIPROC_DIR``; it was imported with this module,
+    usually long before a worker knows its settings. So the class is switched
+    here (``prometheus_client.values.ValueClass``, a public name though not a
+    documented one: this function is the one place that relies on it, and
+    ``tests/unit/test_metrics.py`` checks it) and the two metrics are made again.
+    """
+    from prometheus_client import values
+
+    in_files = values.ValueClass is not values.MutexValue
+    if in_files == on:
+        return False
+    values.ValueClass = values.MultiProcessValue() if on else values.MutexValue
+    with _lock:
+        _create_metrics()
+    return True

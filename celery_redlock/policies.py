@@ -1,6 +1,8 @@
 """What an execution does when it cannot take its lock.
 
-Contention (another holder has the key), by ``lock_on_duplicate``:
+Contention (another holder has the key; with ``lock_limit`` K, all K permits
+are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
+(``retry`` is the natural choice for a limit):
 
 ``drop`` (default)
     The duplicate does not run. Its result is stored as ``REVOKED`` with a
@@ -23,8 +25,23 @@ Contention (another holder has the key), by ``lock_on_duplicate``:
 
 A redelivered message (same task id, same retry count) whose first delivery
 holds the key waits up to 1.5 TTL: if the first delivery still runs, it keeps
-renewing, and this copy is dropped (the work is already running); if it died
+renewing, and this copy is ignored (the work is already running); if it died
 with its worker process, its lease lapses within one TTL and this copy runs.
+A copy of a task id that finished successfully finds its receipt
+(``lock_receipt_ttl``) and is ignored. Neither runs the body nor stores any
+state for that id: the first delivery's result stands.
+
+With enqueue claims (``lock_enqueue``, see :mod:`celery_redlock.enqueue`):
+
+* The execution the key's claim names is the designated next run, never
+  dropped for contention: whatever ``lock_on_duplicate`` says, it is
+  re-published with backoff (its claim kept alive) until it takes the lock.
+* An execution claimed at publish whose claim now names another task was
+  replaced: it is dropped as superseded, REVOKED with a reason naming its
+  successor.
+* An execution that was never claimed (``send_task`` by name, a message
+  published before the claim) while the claim names another task is a
+  duplicate of that task: ``lock_on_duplicate`` decides.
 
 An outage (fewer than a quorum of nodes answer) is never mistaken for
 contention and never drops work: the task is retried with the same backoff,
@@ -39,23 +56,19 @@ a dropped duplicate fails with ``TaskRevokedError`` (there is no stored state).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics
+from . import metrics, tracing
 from .exceptions import LockContended, QuorumUnavailable
-from .redlock import Holder, Lease, full_jitter
+from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
+from .plan import LockPlan
+from .redlock import Claim, Finished, Holder, Lease, TooEarly, full_jitter
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .task import LockPlan
-
-__all__ = ["take", "ATTEMPT_HEADER"]
+__all__ = ["take"]
 
 logger = logging.getLogger("celery_redlock.policies")
-
-#: Message header carrying the lock attempt number of a re-published task.
-ATTEMPT_HEADER = "redlock_attempt"
 
 
 def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
@@ -86,8 +99,24 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
         if isinstance(waited, Lease):
             return waited
         if redelivery:
-            _drop(task, plan, name, waited, why="is a redelivery of the running task")
+            _ignore(task, plan, "it is a copy of the running task")
         _exhausted(task, plan, name, waited, f"after waiting {limit}s")
+    claimant = result.claimant
+    looked = plan.claim_mode(request) or header(request, SLOT)
+    if claimant != request.id and header(request, CLAIM) == name and looked:
+        # Claimed at publish, and the claim names another task now (or, past
+        # its TTL, none): it was replaced. It never runs its body.
+        metrics.count("superseded", plan.lock_name)
+        reason = f"{SUPERSEDED_BY}{claimant}" if claimant else f"its claim of {name!r} lapsed"
+        _drop(task, plan, name, result, reason=reason)
+    if claimant is not None and claimant == request.id and settings.enqueue is not None:
+        # The designated next run: never dropped for contention.
+        if not request.is_eager:
+            _republish(task, plan, attempt_of(request), f"designated run of {name!r} waits")
+        waited = _wait(task, plan, name, result, settings.wait_timeout)
+        if isinstance(waited, Lease):
+            return waited
+        _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     policy = settings.on_duplicate
     if policy == "retry" and not request.is_eager:
         _retry(task, plan, name, result)
@@ -102,15 +131,24 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
 
 
 def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Holder:
-    """One try; an outage becomes a retry (or, once attempts are spent, the error)."""
+    """One try: the lease or what is in the way. An outage becomes a retry (or,
+    once attempts are spent, the error); a receipt of this task id ends it here."""
     try:
         # A body that takes the token gets it written before it runs; any other
         # lease writes it on the first read of lease.fencing_token, if ever.
-        return plan.redlock.try_acquire(
+        result = plan.redlock.try_acquire(
             name,
             ttl=plan.settings.ttl,
             owner=plan.owner(request),
             fence=plan.token_arg is not None,
+            task_id=request.id,
+            receipts=plan.settings.receipt_ttl > 0,
+            claim=plan.claim_mode(request),
+            own_claim=header(request, CLAIM) == name,
+            throttle=plan.settings.throttle,
+            slot=header(request, SLOT),
+            limit=plan.settings.limit,
+            also=plan.also,
         )
     except QuorumUnavailable as exc:
         metrics.count("outage", plan.lock_name)
@@ -122,15 +160,39 @@ def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Hold
             raise
         logger.warning("%s[%s]: lock service unavailable, retrying: %s", task.name, request.id, exc)
         _republish(task, plan, attempt, reason=f"lock service unavailable: {exc}")
+    if isinstance(result, Finished):
+        _ignore(task, plan, "it already finished successfully")
+    if isinstance(result, TooEarly):  # throttled: its period is not over yet
+        metrics.count("throttled", plan.lock_name)
+        if request.is_eager:
+            plan.redlock.sleep(result.wait)
+            return _attempt(task, plan, name, request)
+        _republish(task, plan, attempt_of(request), "throttled", countdown=result.wait)
+    if isinstance(result, Claim):  # the key is free, but claimed for another task
+        return Holder(None, result.remaining, result.claimant)
+    return result
 
 
-def _drop(task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "") -> NoReturn:
+def _ignore(task: Any, plan: LockPlan, why: str) -> NoReturn:
+    """A copy of a task id that runs or ran: ack it, store nothing, run nothing."""
     request = task.request
-    reason = f"duplicate of {plan.lock_name!r}: lock held by task {holder.task_id or holder.owner}"
-    if why:
-        reason += f" ({why})"
+    logger.info("%s[%s] not run: %s", task.name, request.id, why)
+    metrics.count("copy_ignored", plan.lock_name)
+    tracing.outcome("ignored", plan.lock_name, None, None, why)
+    raise Ignore(why)
+
+
+def _drop(
+    task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "", reason: str = ""
+) -> NoReturn:
+    request = task.request
+    if not reason:
+        reason = f"duplicate of {plan.lock_name!r}: {_who(holder)}"
+        if why:
+            reason += f" ({why})"
     logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
     metrics.count("dropped", plan.lock_name)
+    tracing.outcome("dropped", plan.lock_name, name, holder, reason)
     if request.is_eager:  # no message to ack and no stored state: the caller sees the error
         raise TaskRevokedError(reason)
     if not request.ignore_result:
@@ -140,8 +202,9 @@ def _drop(task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "") -
 
 def _raise(plan: LockPlan, name: str, holder: Holder) -> NoReturn:
     metrics.count("raised", plan.lock_name)
+    tracing.outcome("raised", plan.lock_name, name, holder)
     raise LockContended(
-        f"lock {name!r} is held by task {holder.task_id or holder.owner}"
+        f"lock {name!r}: {_who(holder)}"
         + (f" for {holder.remaining:.1f}s more" if holder.remaining is not None else ""),
         name,
         holder.owner,
@@ -154,19 +217,21 @@ def _retry(task: Any, plan: LockPlan, name: str, holder: Holder) -> NoReturn:
     if attempt >= plan.settings.retry_max_attempts:
         _exhausted(task, plan, name, holder, f"after {attempt} retries")
     metrics.count("retried", plan.lock_name)
-    _republish(
-        task, plan, attempt, reason=f"lock {name!r} held by task {holder.task_id or holder.owner}"
-    )
+    tracing.outcome("retried", plan.lock_name, name, holder)
+    _republish(task, plan, attempt, reason=f"lock {name!r}: {_who(holder)}")
 
 
-def _republish(task: Any, plan: LockPlan, attempt: int, reason: str) -> NoReturn:
+def _republish(
+    task: Any, plan: LockPlan, attempt: int, reason: str, countdown: float | None = None
+) -> NoReturn:
     """Publish the same message again later, without using the task's own retries."""
     settings = plan.settings
-    countdown = full_jitter(
-        attempt, settings.retry_backoff, settings.retry_backoff_max, plan.redlock.rng
-    )
+    if countdown is None:
+        countdown = full_jitter(
+            attempt, settings.retry_backoff, settings.retry_backoff_max, plan.redlock.rng
+        )
     request = task.request
-    headers = {**(request.headers or {}), ATTEMPT_HEADER: attempt + 1}
+    headers = {**(request.headers or {}), ATTEMPT: attempt + 1}
     sig = task.signature_from_request(
         request, countdown=countdown, retries=request.retries, headers=headers
     )
@@ -179,6 +244,7 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder, timeout: float) 
     redlock = plan.redlock
     settings = plan.settings
     metrics.count("waited", plan.lock_name)
+    tracing.waiting(plan.lock_name, holder, timeout)
     request = task.request
     deadline = redlock.clock() + timeout
     attempt = 0
@@ -205,12 +271,7 @@ def _exhausted(task: Any, plan: LockPlan, name: str, holder: Holder, after: str)
     _drop(task, plan, name, holder, why=f"gave up {after}")
 
 
-def attempt_of(request: Any) -> int:
-    """The lock attempt number carried by the message (0 for a first delivery)."""
-    value = getattr(request, ATTEMPT_HEADER, None)
-    if value is None:
-        value = (request.headers or {}).get(ATTEMPT_HEADER, 0)
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
+def _who(holder: Holder) -> str:
+    if holder.owner is None and holder.claimant is not None:
+        return f"claimed by task {holder.claimant}"
+    return f"lock held by task {holder.task_id or holder.owner}"

@@ -12,16 +12,36 @@ In the worker's main process, where the pool reports children that died:
 
 * ``task_failure`` with ``WorkerLostError`` (the child was killed, e.g. by
   SIGKILL or the OOM killer) or ``TimeLimitExceeded`` (hard time limit), and
-  ``task_revoked`` with ``terminated=True``: the lock of that task is released
-  at once, matched on the task id in the owner value, instead of staying until
-  its TTL. The next execution of the key does not wait for it.
+  ``task_revoked`` with ``terminated=True``: the lock of that task (with
+  ``lock_limit``, its permit, whatever its index; with ``lock_also``, those
+  names' permits too) is released at once, matched on the task id in the
+  owner value, instead of staying until its TTL. The next execution of the
+  key does not wait for it. Its enqueue claim, if it still names that task,
+  is withdrawn in the same breath.
+
+With ``redlock_metrics_port`` set, in the worker's main process:
+
+* ``worker_init`` (before the pool forks): start a
+  :class:`~celery_redlock.metrics.Exporter` serving ``/metrics`` on
+  ``redlock_metrics_host:redlock_metrics_port`` for the main process and
+  every pool child (logged on ``worker_ready``); ``worker_shutdown``: stop it
+  and remove its directory.
+  Each child tells it that it is gone on ``worker_process_shutdown``.
+
+And where the worker discards a message (see :mod:`celery_redlock.enqueue`):
+
+* ``task_revoked`` (a revoked or expired message), ``task_rejected`` and
+  ``task_unknown``: the enqueue claim the message was published with is
+  withdrawn, so a later call is not turned away by a task that will never run.
 
 Receivers never raise: Celery would only log it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import weakref
 from typing import Any
 
@@ -30,7 +50,10 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
-from . import heartbeat, metrics
+from . import conf, heartbeat, metrics
+from .enqueue import withdraw
+from .headers import CLAIM, header
+from .plan import plan_of
 
 __all__ = ["install", "lock_lost"]
 
@@ -47,17 +70,85 @@ def install(app: Any) -> None:
     """Connect the receivers for ``app`` (idempotent)."""
     if app in _installed:
         return
+    conf.resolve_worker(app)  # a bad redlock_metrics_* value fails at bind, like the rest
     _installed.add(app)
     uid = f"celery_redlock:{id(app)}"
+    celery_signals.worker_init.connect(
+        functools.partial(_start_metrics, app), weak=False, dispatch_uid=uid + ":metrics"
+    )
+    celery_signals.worker_shutdown.connect(
+        _stop_metrics, weak=False, dispatch_uid="celery_redlock:metrics-stop"
+    )
+    celery_signals.worker_ready.connect(
+        _announce_metrics, weak=False, dispatch_uid="celery_redlock:metrics-ready"
+    )
     celery_signals.worker_process_shutdown.connect(
         _process_shutdown, weak=False, dispatch_uid=uid + ":shutdown"
     )
     celery_signals.task_failure.connect(_task_failure, weak=False, dispatch_uid=uid + ":failure")
     celery_signals.task_revoked.connect(_task_revoked, weak=False, dispatch_uid=uid + ":revoked")
+    celery_signals.task_rejected.connect(
+        _message_discarded, weak=False, dispatch_uid=uid + ":rejected"
+    )
+    celery_signals.task_unknown.connect(
+        _message_discarded, weak=False, dispatch_uid=uid + ":unknown"
+    )
 
 
 def _process_shutdown(**_: Any) -> None:
     heartbeat.stop()
+    exporter = _exporter
+    if exporter is not None and _exporter_pid != os.getpid():  # a pool child of its worker
+        try:
+            exporter.mark_dead(os.getpid())
+        except Exception:  # noqa: BLE001 - a receiver must not raise
+            pass
+
+
+# The metrics endpoint of this worker (main process), and the pid that started it:
+# pool children inherit both, and must not close it.
+_exporter: metrics.Exporter | None = None
+_exporter_pid = 0
+
+
+def _start_metrics(app: Any, sender: Any = None, **_: Any) -> None:
+    """``worker_init``: serve ``/metrics`` for this worker if ``redlock_metrics_port`` is set."""
+    global _exporter, _exporter_pid
+    if getattr(sender, "app", None) is not app or _exporter is not None:
+        return
+    try:
+        values = conf.resolve_worker(app)
+        port = values["redlock_metrics_port"]
+        if port is None:
+            return
+        _exporter = metrics.Exporter(port, values["redlock_metrics_host"])
+        _exporter_pid = os.getpid()
+    except Exception as exc:  # noqa: BLE001 - Celery would only log it, without context
+        logger.error("celery_redlock: cannot serve the lock metrics: %s", exc)
+
+
+def _announce_metrics(**_: Any) -> None:
+    """``worker_ready``: log the endpoint (logging is not set up yet on ``worker_init``)."""
+    exporter = _exporter
+    if exporter is not None and _exporter_pid == os.getpid():
+        logger.info(
+            "lock metrics of every worker process: http://%s:%d/metrics",
+            exporter.host,
+            exporter.port,
+        )
+
+
+def _stop_metrics(**_: Any) -> None:
+    """``worker_shutdown``: stop the endpoint and remove its directory."""
+    global _exporter
+    exporter = _exporter
+    if exporter is None or _exporter_pid != os.getpid():
+        return
+    _exporter = None
+    try:
+        exporter.close()
+    except Exception as exc:  # noqa: BLE001 - a receiver must not raise
+        logger.warning("celery_redlock: closing the metrics endpoint failed: %s", exc)
 
 
 def _task_failure(
@@ -75,19 +166,58 @@ def _task_failure(
 def _task_revoked(
     sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
 ) -> None:
-    if terminated and request is not None:
+    if request is None:
+        return
+    if terminated:
         _release_for_dead(
             sender, request.id, request.args, request.kwargs, why="revoked and terminated"
         )
+    else:
+        _withdraw(sender, request.id, header(request, CLAIM), "revoked or expired")
+
+
+def _message_discarded(sender: Any = None, message: Any = None, **_: Any) -> None:
+    """``task_rejected`` / ``task_unknown``: the consumer dropped a message it cannot run."""
+    headers = getattr(message, "headers", None) or {}
+    name, task_id = headers.get(CLAIM), headers.get("id")
+    if not name or not task_id:
+        return
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    _withdraw(app.tasks.get(headers.get("task")), task_id, name, "message discarded", app=app)
+
+
+def _withdraw(task: Any, task_id: str, name: str | None, why: str, app: Any = None) -> None:
+    """Withdraw the claim ``name`` holds for ``task_id``: through the task's nodes, or the
+    app's default nodes when the task is not known here."""
+    if not name or not task_id:
+        return
+    plan = plan_of(task)
+    if plan is not None:
+        withdraw(plan.redlock, plan.lock_name, name, task_id, why)
+        return
+    try:
+        redlock = conf.redlock_for(app, conf.resolve(app, owner="celery_redlock.signals"))
+    except Exception as exc:  # noqa: BLE001 - a receiver must not raise
+        logger.warning(
+            "could not withdraw the claim of %s for %s (%s): %s", name, task_id, why, exc
+        )
+        return
+    withdraw(redlock, "-", name, task_id, why)
 
 
 def _release_for_dead(task: Any, task_id: str, args: Any, kwargs: Any, why: str) -> None:
-    plan = getattr(task, "_lock_plan", None)
+    plan = plan_of(task)
     if plan is None or not task_id:
         return
     try:
         name = plan.keys.build(args or (), kwargs or {})
-        freed = plan.redlock.release_owned_by(name, task_id)
+        freed = plan.redlock.release_owned_by(name, task_id, plan.settings.limit)
+        for other, limit in plan.also:
+            freed += plan.redlock.release_owned_by(other, task_id, limit)
+        if plan.settings.enqueue is not None:
+            withdraw(plan.redlock, plan.lock_name, name, task_id, why)
     except Exception as exc:  # noqa: BLE001 - a receiver must not raise
         logger.warning(
             "could not release the lock of %s[%s] (%s): %s", task.name, task_id, why, exc

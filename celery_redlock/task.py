@@ -1,4 +1,5 @@
-"""LockedTask: a Celery task that runs at most once at a time per lock key.
+"""LockedTask: a Celery task that runs at most once at a time per lock key
+(at most ``lock_limit`` times with permits).
 
 ::
 
@@ -33,6 +34,11 @@ How it works, per execution, on the worker:
    of ``request.redlock.fencing_token`` if ``run`` does not declare it
    (then cached; that read raises :class:`~celery_redlock.exceptions.LockLost`
    if the lease is gone by then).
+   With ``lock_limit=K`` the lease is one of K permits of the key
+   (``self.request.redlock.permit``), with a lease, heartbeat and release of
+   its own; with ``lock_also`` the named limits' leases are
+   ``self.request.redlock.also``, renewed and released with it (see the
+   "Permits" section of :mod:`celery_redlock.redlock`).
 5. The lock is released in ``finally``, whatever the outcome: success,
    exception, ``retry()``, ``Ignore``, ``Reject``, soft time limit. If the
    worker process dies, the parent process releases it at once (see
@@ -46,37 +52,21 @@ for how the policies behave there.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, current_task
+from celery.exceptions import Retry
 
-from . import conf, heartbeat, metrics, policies
-from .exceptions import ConfigurationError, LockLost
-from .keys import KeyBuilder
-from .redlock import Lease, Redlock, make_owner
+from . import enqueue, heartbeat, metrics, policies, signals, tracing
+from .exceptions import LockLost
+from .plan import LockPlan, build_plan, plan_of, set_plan
+from .redlock import Lease
 
-__all__ = ["LockedTask", "LockPlan", "current_lease"]
+__all__ = ["LockPlan", "LockedTask", "current_lease"]
 
 logger = logging.getLogger("celery_redlock.task")
-
-
-@dataclass(frozen=True)
-class LockPlan:
-    """Everything a task resolved at bind time to lock its executions."""
-
-    lock_name: str
-    settings: conf.LockSettings
-    redlock: Redlock
-    keys: KeyBuilder
-    #: The keyword the fencing token is passed as, or None if ``run`` doesn't take it.
-    token_arg: str | None
-
-    def owner(self, request: Any) -> str:
-        return make_owner(request.id, request.retries or 0)
 
 
 class LockedTask(Task):
@@ -94,6 +84,11 @@ class LockedTask(Task):
     lock_name: str | None = None
     #: Keyword the fencing token is passed as, when ``run`` declares it with a default.
     lock_token_arg: str | None = "fencing_token"
+    #: Named limits held together with the task's own key, all or nothing:
+    #: ``{"payment-api": 4}`` (name: limit), or names (limit 1 each). A name is
+    #: the one a task with that ``lock_name`` and ``lock_on=()`` uses, so the
+    #: permits are shared with such tasks. Their leases: ``request.redlock.also``.
+    lock_also: Any = None
 
     #: Setting ``redlock_nodes``.
     lock_nodes: Any = None
@@ -109,6 +104,12 @@ class LockedTask(Task):
     lock_fencing: bool | None = None
     #: Setting ``redlock_fence_retention``.
     lock_fence_retention: float | None = None
+    #: Setting ``redlock_limit``: at most this many executions of a key at once
+    #: (permits). With ``lock_on=()`` and one ``lock_name`` shared by several
+    #: tasks, a named limit across them.
+    lock_limit: int | None = None
+    #: Setting ``redlock_min_replicas``.
+    lock_min_replicas: int | None = None
     #: Setting ``redlock_on_duplicate``: drop, retry, raise or wait.
     lock_on_duplicate: str | None = None
     #: Setting ``redlock_retry_backoff``.
@@ -123,6 +124,22 @@ class LockedTask(Task):
     lock_on_exhausted: str | None = None
     #: Setting ``redlock_heartbeat_interval``.
     lock_heartbeat_interval: float | None = None
+    #: Setting ``redlock_enqueue``: None, until_started or until_finished.
+    lock_enqueue: str | None = None
+    #: Setting ``redlock_on_enqueued``: return, raise or replace.
+    lock_on_enqueued: str | None = None
+    #: Setting ``redlock_enqueue_ttl``.
+    lock_enqueue_ttl: float | None = None
+    #: Setting ``redlock_debounce``.
+    lock_debounce: float | None = None
+    #: Setting ``redlock_debounce_max``.
+    lock_debounce_max: float | None = None
+    #: Setting ``redlock_throttle``.
+    lock_throttle: float | None = None
+    #: Setting ``redlock_throttle_trailing``.
+    lock_throttle_trailing: bool | None = None
+    #: Setting ``redlock_receipt_ttl`` (0 turns receipts off).
+    lock_receipt_ttl: float | None = None
 
     _lock_plan: LockPlan | None = None
 
@@ -132,28 +149,12 @@ class LockedTask(Task):
         super().on_bound(app)
         if cls.run is Task.run:  # the abstract base itself, or a subclass without a body
             return
-        name = cls.name or cls.__name__
-        overrides = {s.task_attr: getattr(cls, s.task_attr, None) for s in conf.SETTINGS}
-        settings = conf.resolve(app, overrides, owner=name)
-        lock_name = cls.lock_name or name
-        run = cls.run if _is_plain_function(cls) else functools.partial(cls.run, None)
-        keys = KeyBuilder(
-            run, cls.lock_on, lock_name=lock_name, token_arg=cls.lock_token_arg, task_name=name
-        )
-        cls._lock_plan = LockPlan(
-            lock_name=lock_name,
-            settings=settings,
-            redlock=conf.redlock_for(app, settings),
-            keys=keys,
-            token_arg=_token_arg(keys, cls.lock_token_arg, name),
-        )
-        _warn_if_cooperative_pool(name)
-        from . import signals  # the receivers import this module
-
+        set_plan(cls, build_plan(cls, app))
+        _warn_if_cooperative_pool(cls.name or cls.__name__)
         signals.install(app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plan = self._lock_plan
+        plan = plan_of(self)
         request = self.request
         if plan is None or request.called_directly:
             return self.run(*args, **kwargs)
@@ -161,25 +162,53 @@ class LockedTask(Task):
         clock = plan.redlock.clock
         started = clock()
         lease = policies.take(self, plan, name, request)
-        metrics.observe(clock() - started, plan.lock_name)
+        waited = clock() - started
+        metrics.observe(waited, plan.lock_name)
         metrics.count("acquired", plan.lock_name)
+        tracing.acquired(plan.lock_name, lease, waited)
+        succeeded = retrying = False
         try:
             request.redlock = lease
             heartbeat.hold(lease, plan.settings.heartbeat_interval, self._lock_lost)
             if plan.token_arg is not None:
                 # This call's own dict (``**kwargs`` always is): request.kwargs stays as sent.
                 kwargs[plan.token_arg] = lease.fencing_token
-            return self.run(*args, **kwargs)
+            result = self.run(*args, **kwargs)
+            succeeded = True
+            return result
+        except Retry:
+            retrying = True
+            raise
         finally:
-            _release(plan.redlock, lease)
+            lost = tracing.ENABLED and lease.lost
+            _release(plan, lease, succeeded, retrying)
+            tracing.released(plan.lock_name, lease, lost)
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
+    ) -> Any:
+        """Publish, claiming the key first with ``lock_enqueue``, ``lock_debounce`` or
+        ``lock_throttle`` (see :mod:`.enqueue`)."""
+        plan = plan_of(self)
+        if plan is None or not plan.claims or self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+
+    def apply(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
+    ) -> Any:
+        """Run eagerly; with ``lock_enqueue`` the claim is held around the call."""
+        plan = plan_of(self)
+        if plan is None or plan.settings.enqueue is None:
+            return super().apply(args, kwargs, task_id=task_id, **options)
+        return enqueue.run_eagerly(self, plan, args, kwargs, task_id, options, super().apply)
 
     def _lock_lost(self, lease: Lease) -> None:
         """The heartbeat's ``on_lost``: count it and send the ``lock_lost`` signal."""
-        from .signals import lock_lost
-
-        if self._lock_plan is not None:
-            metrics.count("lost", self._lock_plan.lock_name)
-        lock_lost.send(sender=self, lease=lease)
+        plan = plan_of(self)
+        if plan is not None:
+            metrics.count("lost", plan.lock_name)
+        signals.lock_lost.send(sender=self, lease=lease)
 
     @property
     def redlock(self) -> Lease | None:
@@ -200,38 +229,20 @@ def current_lease() -> Lease:
     return lease
 
 
-def _release(redlock: Redlock, lease: Lease) -> None:
+def _release(plan: LockPlan, lease: Lease, succeeded: bool, retrying: bool) -> None:
+    """Release the lease; in the same round record a success's receipt and, under
+    ``until_finished``, withdraw the claim unless the task retries (it keeps it)."""
+    settings = plan.settings
+    receipt = settings.receipt_ttl if succeeded and settings.receipt_ttl else None
+    withdraw = settings.enqueue == "until_finished" and not retrying
     # A soft time limit can interrupt the release itself: try once more.
     for _ in range(2):
         try:
             heartbeat.drop(lease)
-            redlock.release(lease)
+            plan.redlock.release(lease, receipt=receipt, withdraw_claim=withdraw)
             return
         except Exception:  # noqa: BLE001 - SoftTimeLimitExceeded lands here
             continue
-
-
-def _is_plain_function(cls: type) -> bool:
-    """True when ``run`` takes no ``self`` (a task made from a function without ``bind``)."""
-    for klass in cls.__mro__:
-        if "run" in klass.__dict__:
-            return isinstance(klass.__dict__["run"], staticmethod)
-    return False
-
-
-def _token_arg(keys: KeyBuilder, token_arg: str | None, task_name: str) -> str | None:
-    """The token keyword if ``run`` declares it; it must have a default."""
-    if not token_arg:
-        return None
-    param = keys.signature.parameters.get(token_arg)
-    if param is None:
-        return None
-    if param.default is param.empty:
-        raise ConfigurationError(
-            f"{task_name}: parameter {token_arg!r} receives the fencing token and needs a "
-            f"default (e.g. {token_arg}=None), or callers must pass it themselves"
-        )
-    return token_arg
 
 
 def _warn_if_cooperative_pool(task_name: str) -> None:

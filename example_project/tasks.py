@@ -115,3 +115,23 @@ def sync():
 @app.task(base=LockedTask, lock_on=())
 def report():
     record("report")
+
+
+@app.task(base=LockedTask, lock_on=("report_id",), lock_enqueue="until_finished")
+def rebuild_report(report_id):
+    """Claimed at enqueue: while one is queued or running, .delay() returns that one."""
+    start = time.time()
+    time.sleep(1.0)
+    record("rebuild_report", report_id=report_id, start=start, end=time.time())
+
+
+@app.task(base=LockedTask, lock_on=("index",), lock_debounce=1.0, lock_debounce_max=3.0)
+def reindex(index, edit=None):
+    """A burst of edits collapses into one run, 1 s after the last, with the newest edit."""
+    record("reindex", index=index, edit=edit, start=time.time())
+
+
+@app.task(base=LockedTask, lock_on=("account",), lock_throttle=1.0)
+def webhook(account, event=None):
+    """At most one run per account per second; a burst ends with one trailing run."""
+    record("webhook", account=account, event=event, start=time.time())

@@ -4,28 +4,23 @@ Two prefork worker subprocesses (``a`` consumes queue ``qa``, ``b`` queue
 ``qb``), so one can be hurt while the other carries on; a private Redis node for
 broker, results and recorder, and three others for the quorum, so quorum nodes
 can die while the broker lives. The app and the harness are
-``tests/integration/lockapp.py``. Timing figures are printed (``-s``).
+``tests/support/lockapp.py`` and ``tests/support/harness.py``. Timing figures are printed (``-s``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from billiard.exceptions import WorkerLostError
 from celery import states
 
-_INTEGRATION = str(Path(__file__).resolve().parent.parent / "integration")
-if _INTEGRATION not in sys.path:
-    sys.path.insert(0, _INTEGRATION)
-
-import lockapp  # noqa: E402
-from lockapp import PreforkWorker, Topology, WorkerHandle, process_state, wait_for  # noqa: E402
+from celery_redlock import plan_of
+from tests.support import harness
+from tests.support.harness import PreforkWorker, Topology, WorkerHandle, process_state, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -34,8 +29,9 @@ PREFIX = "crl-faults"
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[Topology]:
-    with lockapp.make_topology(PREFIX) as topo:
+    with harness.make_topology(PREFIX) as topo:
         yield topo
+        topo.assert_nothing_left()
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +39,7 @@ def workers(
     topology: Topology, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[dict[str, WorkerHandle]]:
     """Prefork workers ``a`` (queue qa, 2 children) and ``b`` (queue qb, 4 children)."""
-    lockapp.WORKER_LOGS.register(pytestconfig)
+    harness.WORKER_LOGS.register(pytestconfig)
     logdir = str(tmp_path_factory.mktemp("fault-workers"))
     env = topology.env(0, 1)
     procs = [
@@ -77,7 +73,7 @@ def _no_lock_left_behind(topology: Topology):
 
 @pytest.fixture
 def run() -> str:
-    return lockapp.new_run()
+    return harness.new_run()
 
 
 def _started(handle: WorkerHandle, run: str, task_id: str, timeout: float = 10) -> dict:
@@ -106,7 +102,7 @@ def test_sigkill_of_the_holder_child_frees_the_lock_at_once(
     """
     a = workers["a"]
     task = a.task("crash_victim")
-    plan = task._lock_plan
+    plan = plan_of(task)
     ttl = plan.settings.ttl
     assert ttl == 20.0
     victim = task.apply_async((run, run), {"duration": 60}, queue="qa")
@@ -145,8 +141,9 @@ def test_sigkill_of_the_holder_child_frees_the_lock_at_once(
         f"lock freed after {freed:.3f}s, "
         f"next run started after {next_run:.3f}s (TTL {ttl}s)"
     )
-    # the library's part: release as soon as the parent learns of the death
-    assert freed_at - failed_at < 1.0
+    # the library's part: release as soon as the parent learns of the death, not by
+    # the TTL (20 s) running out; the typical figure is printed above
+    assert freed_at - failed_at < 3.0
     # end to end: bounded by the pool noticing, far below the TTL
     assert freed < POOL_NOTICES_WITHIN < ttl
     assert next_run < POOL_NOTICES_WITHIN + 1.0 < ttl
@@ -161,7 +158,7 @@ def test_frozen_holder_loses_the_lock_and_its_fenced_write_is_rejected(
 ):
     a, b = workers["a"], workers["b"]
     task = a.task("fenced_hold")
-    ttl = task._lock_plan.settings.ttl
+    ttl = plan_of(task).settings.ttl
     resource, go_key = f"crl:resource:{run}", f"crl:go:{run}"
     first = task.apply_async((run, run, resource), {"go_key": go_key}, queue="qa")
     held = _started(a, run, first.id)
@@ -206,7 +203,7 @@ def test_majority_down_tasks_are_kept_and_run_when_the_nodes_return(
 ):
     b = workers["b"]
     task = b.task("outage_probe")
-    assert task._lock_plan.settings.on_duplicate == "drop"  # an outage must still not drop
+    assert plan_of(task).settings.on_duplicate == "drop"  # an outage must still not drop
     topology.quorum.kill(0)
     topology.quorum.kill(1)
     try:
@@ -238,13 +235,118 @@ def test_majority_down_tasks_are_kept_and_run_when_the_nodes_return(
     )
 
 
-# -- 6. nothing left behind ----------------------------------------------------------
+# -- 6. permits (lock_limit) under the same faults ------------------------------------
 
 
-def test_no_lock_key_left_on_any_node(topology: Topology):
-    """Last test of the module: every lock was released; fence keys are kept by design."""
-    every = topology.quorum.keys(f"{PREFIX}:*")
-    assert set(every) == {0, 1, 2}, "a quorum node is down"
-    locks = {i: [k for k in keys if k.startswith(f"{PREFIX}:lock:")] for i, keys in every.items()}
-    assert locks == {0: [], 1: [], 2: []}
-    assert any(k.startswith(f"{PREFIX}:fence:") for keys in every.values() for k in keys)
+def _permit_holders(plan, name: str) -> list[str | None]:
+    """The task id a quorum agrees on, per permit of ``name``."""
+    redlock = plan.redlock
+    return [
+        redlock.agreed(redlock.inspect_key(key)).task_id
+        for key in redlock.permit_keys(name, plan.settings.limit)
+    ]
+
+
+def test_sigkill_of_a_permit_holder_frees_its_permit_at_once(
+    workers: dict[str, WorkerHandle], run: str
+):
+    """K = 3, all permits held, the child of one holder SIGKILLed: its permit, whatever
+    its index, is freed by the parent long before its TTL (20 s), and taken next."""
+    a, b = workers["a"], workers["b"]
+    task = a.task("permit3_crash")
+    plan = plan_of(task)
+    ttl = plan.settings.ttl
+    assert (plan.settings.limit, ttl) == (3, 20.0)
+    others = [task.apply_async((run, run), {"duration": 12}, queue="qb") for _ in range(2)]
+    for other in others:
+        _started(b, run, other.id)
+    victim = task.apply_async((run, run), {"duration": 60}, queue="qa")
+    started = _started(a, run, victim.id)
+    name = plan.keys.build((run, run), {})
+    holders = _permit_holders(plan, name)
+    assert sorted(holders) == sorted([victim.id] + [o.id for o in others])
+    index = holders.index(victim.id)
+
+    os.kill(started["pid"], signal.SIGKILL)
+    killed_at = time.time()
+    follower = task.apply_async((run, run), {"duration": 0.1}, queue="qb")
+    wait_for(lambda: victim.id not in _permit_holders(plan, name), ttl, "the victim's permit to go")
+    freed = time.time() - killed_at
+    follower.get(timeout=ttl)
+    [after] = [r for r in b.records(run) if r["id"] == follower.id]
+    print(
+        f"\nSIGKILL of a permit holder: permit {index} freed after {freed:.3f}s, next run "
+        f"on permit {after['permit']} after {after['start'] - killed_at:.3f}s (TTL {ttl}s)"
+    )
+    assert freed < POOL_NOTICES_WITHIN < ttl
+    assert after["permit"] == index  # the others still hold theirs
+    assert after["start"] - killed_at < POOL_NOTICES_WITHIN + 1.0
+    assert after["token"] > started["token"]
+    for other in others:
+        other.get(timeout=30)
+
+
+def test_frozen_permit_holder_loses_its_permit_and_its_fenced_write_is_rejected(
+    workers: dict[str, WorkerHandle], topology: Topology, run: str
+):
+    """K = 2, both permits held, one holder SIGSTOPped past its TTL: its permit passes on
+    (the other holder keeps its own), and its write is fenced off when it resumes."""
+    a, b = workers["a"], workers["b"]
+    task = a.task("permit2_fenced")
+    ttl = plan_of(task).settings.ttl
+    resource = f"crl:resource:{run}"
+    go_frozen, go_other = f"crl:go:{run}:frozen", f"crl:go:{run}:other"
+    first = task.apply_async((run, run, resource), {"go_key": go_frozen}, queue="qa")
+    held = _started(a, run, first.id)
+    other = task.apply_async((run, run, f"{resource}-other"), {"go_key": go_other}, queue="qb")
+    _started(b, run, other.id)
+    pid = held["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: process_state(pid) == "T", 5, "the child to stop")
+        stopped_at = time.time()
+        third = task.apply_async((run, run, resource), queue="qb")
+        assert third.get(timeout=ttl + 10) == {"accepted": True, "lost": False}
+        [took] = [r for r in b.records(run) if r["id"] == third.id]
+        assert took["start"] - stopped_at > ttl / 2, "the frozen lease could not have lapsed yet"
+        assert took["token"] > held["token"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with topology.recorder() as client:
+        client.set(go_frozen, "1")
+        assert first.get(timeout=10) == {"accepted": False, "lost": True}
+        client.set(go_other, "1")
+        assert other.get(timeout=10) == {"accepted": True, "lost": False}
+        assert client.get(f"{resource}:value") == third.id
+
+
+def test_permits_hold_with_a_minority_down_and_no_task_is_dropped_with_a_majority_down(
+    workers: dict[str, WorkerHandle], topology: Topology, run: str
+):
+    b = workers["b"]
+    task = b.task("permit3")
+    topology.quorum.kill(0)
+    try:
+        results = [task.apply_async((run, run), {"duration": 0.5}, queue="qb") for _ in range(8)]
+        for result in results:
+            result.get(timeout=60)
+        ran = b.records(run)
+        assert len(ran) == 8
+        events = sorted([(r["start"], 1) for r in ran] + [(r["end"], -1) for r in ran])
+        level = peak = 0
+        for _, step in events:
+            level += step
+            peak = max(peak, level)
+        assert peak <= 3, "a minority down must not loosen the limit"
+        topology.quorum.kill(1)
+        down = [
+            task.apply_async((f"{run}-down", run), {"duration": 0.1}, queue="qb") for _ in range(4)
+        ]
+        time.sleep(1.5)
+        assert all(r.state in ("PENDING", "RETRY") for r in down)
+    finally:
+        topology.quorum.restart(0)
+        topology.quorum.restart(1)
+    for result in down:
+        result.get(timeout=30)
+    assert len([r for r in b.records(run) if r["key"] == f"{run}-down"]) == 4

@@ -21,9 +21,9 @@ import pytest
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_redlock._nodes import mask_url
+from celery_redlock import LockedTask, plan_of
 from celery_redlock.cli import redlock
-from celery_redlock.redlock import Lease, make_owner
+from celery_redlock.redlock import Lease, make_owner, mask_url
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def invoke(app: Any, *args: str, input: str | None = None) -> Result:
 
 def hold(app: Any, account_id: int, task_id: str, ttl: float = 60) -> Lease:
     """Take cli.settle's lock for ``account_id`` as task ``task_id``, as a worker would."""
-    plan = app.tasks[cli_app.SETTLE]._lock_plan
+    plan = plan_of(app.tasks[cli_app.SETTLE])
     lease = plan.redlock.acquire(
         plan.keys.build([account_id], {}), ttl=ttl, owner=make_owner(task_id, 0)
     )
@@ -189,6 +189,46 @@ def test_list_finds_held_locks(app, redis_nodes3):
     assert "1 key," in limited.output and "Stopped at --limit 1" in limited.output
 
 
+EXPORT = "cli.export"
+
+
+def test_status_and_list_show_the_permits_of_a_key(app):
+    @app.task(base=LockedTask, shared=False, name=EXPORT, lock_on=("customer",), lock_limit=3)
+    def export(customer: int) -> None:
+        return None
+
+    plan = plan_of(app.tasks[EXPORT])
+    name = plan.keys.build([7], {})
+    leases = [
+        plan.redlock.acquire(name, ttl=60, limit=3, owner=make_owner(task_id, 0))
+        for task_id in ("task-p0", "task-p1")
+    ]
+    assert [lease.permit for lease in leases] == [0, 1]
+    plan.redlock.release(leases[0])  # permit 0 (the lock key) free, permit 1 held
+
+    result = invoke(app, "status", EXPORT, "--args", "[7]")
+    assert result.exit_code == 0, result.output
+    assert "1 of 3 held" in result.output
+    lines = [line.split() for line in result.output.splitlines() if line.strip()]
+    rows = {line[0]: line for line in lines if line[0] in ("0", "1", "2")}
+    assert rows["0"][1] == "-" and rows["2"][1] == "-"
+    assert rows["1"][1:3] == ["task", "task-p1"] and 50 < float(rows["1"][3]) <= 60
+    data = json.loads(invoke(app, "status", EXPORT, "--args", "[7]", "--json").stdout)
+    assert data["limit"] == 3
+    assert [p["holder"] and p["holder"]["task_id"] for p in data["permits"]] == [
+        None,
+        "task-p1",
+        None,
+    ]
+    assert 50 < data["permits"][1]["holder"]["remaining"] <= 60
+
+    listed = invoke(app, "list", EXPORT)
+    assert f"{name} permit 1" in listed.output and "task task-p1" in listed.output
+    assert "1 key, 1 held by a quorum." in listed.output
+    assert f"{name} permit 1" in invoke(app, "list").output
+    plan.redlock.release(leases[1])
+
+
 def test_list_without_a_quorum_exits_2(app, redis_nodes3):
     hold(app, 7, "task-aaa")
     redis_nodes3.kill(1)
@@ -263,6 +303,43 @@ def test_release_force_asks_first_and_keeps_the_fence(app, redis_nodes3):
 
 
 # -- beat-slots ----------------------------------------------------------------
+
+
+def claimed_app(redis_nodes3):
+    return cli_app.make_app(redis_nodes3.urls, redlock_enqueue="until_finished")
+
+
+def test_list_shows_enqueue_claims_beside_locks(redis_nodes3):
+    app = claimed_app(redis_nodes3)
+    settle = app.tasks[cli_app.SETTLE]
+    first = settle.apply_async((7,))  # claimed; the memory broker keeps the message
+    later = settle.apply_async((8,), countdown=120)
+    result = invoke(app, "list", cli_app.SETTLE)
+    assert result.exit_code == 0, result.output
+    assert "Enqueue claims of task cli.settle" in result.output
+    assert first.id in result.output and later.id in result.output
+    assert "due in 1" in result.output  # the countdown message is not due yet
+    assert "2 claims, 2 waiting for their run." in result.output
+
+
+def test_release_claim_asks_first_and_is_owner_checked(redis_nodes3):
+    app = claimed_app(redis_nodes3)
+    settle = app.tasks[cli_app.SETTLE]
+    plan = plan_of(settle)
+    name = plan.keys.build([7], {})
+    first = settle.apply_async((7,))
+    refused = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--claim", input="n\n")
+    assert refused.exit_code == 1 and first.id in refused.output
+    assert plan.redlock.claimant(name).claimant == first.id
+    other = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--claim", "--task-id", "x")
+    assert other.exit_code == 1 and "not claimed by task x" in other.output
+    done = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--claim", input="y\n")
+    assert done.exit_code == 0, done.output
+    assert "Withdrew redlock:claim:cli.settle:" in done.output
+    assert plan.redlock.claimant(name).claimant is None
+    assert settle.apply_async((7,)).id != first.id  # a later call is queued again
+    again = invoke(app, "release", cli_app.SETTLE, "--args", "[7]", "--claim", "--force")
+    assert again.exit_code == 0 and "Withdrew" in again.output
 
 
 def test_beat_slots_lists_claims(app, redis_nodes3):

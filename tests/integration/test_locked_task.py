@@ -1,6 +1,6 @@
 """LockedTask end to end: real workers (prefork subprocess and in-process threads), real Redis.
 
-Every task body records what it saw (see ``lockapp``); the tests judge the
+Every task body records what it saw (see ``tests.support.lockapp``); the tests judge the
 recorded runs: who ran, when, with which fencing token, and what the
 duplicates answered. Timing figures are printed (run with ``-s`` to see them).
 """
@@ -12,10 +12,16 @@ import time
 import pytest
 from celery import Celery, states
 from celery.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TaskRevokedError
-from lockapp import Topology, WorkerHandle, assert_no_overlap, assert_tokens_increase, wait_for
 
-from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease
+from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease, plan_of
 from celery_redlock.redlock import make_owner
+from tests.support.harness import (
+    Topology,
+    WorkerHandle,
+    assert_no_overlap,
+    assert_tokens_increase,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -47,9 +53,9 @@ def _watch(results: list, timeout: float) -> dict[str, tuple[str, float]]:
 # -- 1. contention policies on a real worker ---------------------------------------
 
 
-def test_drop_runs_once_and_duplicates_answer_at_once(worker: WorkerHandle, run: str):
+def test_drop_runs_once_and_duplicates_answer_at_once(policy_worker: WorkerHandle, run: str):
     """20 same-key tasks under drop: one runs, 19 are REVOKED naming it, well before it ends."""
-    slow = worker.task("slow")
+    slow = policy_worker.task("slow")
     sent_at, results = {}, []
     for _ in range(20):
         result = slow.apply_async((run, run), {"duration": 2.0})
@@ -58,7 +64,7 @@ def test_drop_runs_once_and_duplicates_answer_at_once(worker: WorkerHandle, run:
 
     seen = _watch(results, timeout=20)
 
-    ran = worker.records(run)
+    ran = policy_worker.records(run)
     assert len(ran) == 1, f"expected exactly one execution, got {ran}"
     holder = ran[0]
     assert seen[holder["id"]][0] == states.SUCCESS
@@ -76,19 +82,23 @@ def test_drop_runs_once_and_duplicates_answer_at_once(worker: WorkerHandle, run:
         started = time.monotonic()
         with pytest.raises(TaskRevokedError, match=holder["id"]) as info:
             result.get(timeout=5)
-        assert time.monotonic() - started < 1.0  # .get() answers at once
+        # answered from the stored REVOKED state, not by waiting out the 5 s timeout
+        assert time.monotonic() - started < 4.0
         assert "lock held by task" in str(info.value)
-    assert max(latencies) < 2.0, latencies
+    # the behaviour is ready_at < holder["end"] above; this only bounds the outliers
+    assert max(latencies) < 5.0, latencies
     print(
-        f"\n[{worker.kind}] drop: 19 duplicates REVOKED after "
+        f"\n[{policy_worker.kind}] drop: 19 duplicates REVOKED after "
         f"{min(latencies):.3f}-{max(latencies):.3f}s "
         f"(holder body {holder['end'] - holder['start']:.2f}s)"
     )
 
 
-def test_retry_runs_every_task_in_turn_without_using_max_retries(worker: WorkerHandle, run: str):
+def test_retry_runs_every_task_in_turn_without_using_max_retries(
+    policy_worker: WorkerHandle, run: str
+):
     """20 same-key tasks under retry, max_retries=0: all run, one at a time, tokens increasing."""
-    task = worker.task("slow_retry")
+    task = policy_worker.task("slow_retry")
     assert task.max_retries == 0
     started = time.monotonic()
     results = [task.apply_async((run, run)) for _ in range(20)]
@@ -96,7 +106,7 @@ def test_retry_runs_every_task_in_turn_without_using_max_retries(worker: WorkerH
         assert result.get(timeout=90)["token"] > 0
     elapsed = time.monotonic() - started
 
-    ran = worker.records(run)
+    ran = policy_worker.records(run)
     assert sorted(r["id"] for r in ran) == sorted(r.id for r in results), (
         "each task must run exactly once"
     )
@@ -110,7 +120,44 @@ def test_retry_runs_every_task_in_turn_without_using_max_retries(worker: WorkerH
     assert sum(1 for a in attempts if a > 0) >= 3, attempts
     # the token is never part of the message, first delivery or re-published
     assert all("fencing_token" not in r["kwargs"] for r in ran)
-    print(f"\n[{worker.kind}] retry: 20 runs in {elapsed:.2f}s, lock attempts per task {attempts}")
+    print(
+        f"\n[{policy_worker.kind}] retry: 20 runs in {elapsed:.2f}s, "
+        f"lock attempts per task {attempts}"
+    )
+
+
+def test_raise_fails_the_duplicate_with_lock_contended(policy_worker: WorkerHandle, run: str):
+    """Under raise, a duplicate fails at once with LockContended naming the holder."""
+    task = policy_worker.task("slow_raise")
+    holder = task.apply_async((run, run), {"duration": 2.0})
+    wait_for(lambda: policy_worker.records(run, "start"), 15, "the holder to start")
+    duplicates = [task.apply_async((run, run)) for _ in range(3)]
+    for duplicate in duplicates:
+        with pytest.raises(Exception) as info:  # noqa: PT011 - the type is checked below
+            duplicate.get(timeout=10)
+        # Celery rebuilds it as a plain Exception naming the class (not an allowed module)
+        assert "LockContended" in repr(info.value), repr(info.value)
+        assert holder.id in str(info.value)
+        assert duplicate.state == states.FAILURE
+        assert "celery_redlock.exceptions.LockContended" in duplicate.traceback
+    assert holder.get(timeout=15)["token"] > 0
+    assert [r["id"] for r in policy_worker.records(run)] == [holder.id]
+
+
+def test_wait_runs_every_duplicate_in_turn_on_the_same_delivery(
+    policy_worker: WorkerHandle, run: str
+):
+    """Under wait, duplicates poll in their worker slot and run one after the other."""
+    task = policy_worker.task("slow_wait")
+    results = [task.apply_async((run, run), {"duration": 0.4}) for _ in range(3)]
+    for result in results:
+        assert result.get(timeout=30)["token"] > 0
+    ran = policy_worker.records(run)
+    assert sorted(r["id"] for r in ran) == sorted(r.id for r in results)
+    assert_no_overlap(ran)
+    assert_tokens_increase(ran)
+    # waited in place: no re-publish, no retry
+    assert all(r["attempt"] == 0 and r["retries"] == 0 for r in ran)
 
 
 def test_different_lock_on_values_run_in_parallel(worker: WorkerHandle, run: str):
@@ -149,7 +196,7 @@ def test_lock_name_shared_by_two_tasks_excludes_across_them(worker: WorkerHandle
 
 def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle, run: str):
     task = worker.task("heartbeat_long")
-    ttl = task._lock_plan.settings.ttl
+    ttl = plan_of(task).settings.ttl
     holder = task.apply_async((run, run), {"duration": 3 * ttl})
     first = wait_for(lambda: worker.records(run, "start"), 10, "the long task to start")[0]
 
@@ -294,7 +341,7 @@ def test_token_is_on_a_quorum_before_the_body_or_at_the_first_read(
         return fencing_token
 
     def put_first_node_ahead():
-        fence_key = eager._lock_plan.redlock.keys(eager._lock_plan.keys.build((), {}))[1]
+        fence_key = plan_of(eager).redlock.keys(plan_of(eager).keys.build((), {}))[1]
         with topology.quorum[0].client() as client:
             ahead = int(client.get(fence_key)) + 1000
             client.set(fence_key, str(ahead))
@@ -324,7 +371,7 @@ def test_eager_drop(eager_app: Celery):
     def work(self, key):
         ran.append(key)
 
-    plan = work._lock_plan
+    plan = plan_of(work)
     lease = plan.redlock.try_acquire(
         plan.keys.build(("a",), {}), ttl=5, owner=make_owner("outside-holder", 0)
     )
@@ -410,27 +457,10 @@ def test_django_style_namespace_reaches_the_task_settings(topology: Topology):
         lease = self.request.redlock
         return lease.ttl, lease.redlock.inspect(lease.name)[0]["pttl_ms"]
 
-    settings = work._lock_plan.settings
+    settings = plan_of(work).settings
     assert settings.ttl == 7.0
     assert settings.on_duplicate == "raise"
     assert settings.nodes == tuple(topology.quorum.urls)
     ttl, pttl_ms = work.delay().get()
     assert ttl == 7.0
     assert 6000 < pttl_ms <= 7000
-
-
-# -- 6. nothing left behind ----------------------------------------------------------
-
-
-def test_no_lock_key_left_on_any_node(topology: Topology):
-    """Last test of the module: every lock was released; fence keys are kept by design."""
-    every = topology.quorum.keys(f"{topology.prefix}:*")
-    assert set(every) == {0, 1, 2}, "a quorum node is down"
-    locks = {
-        i: [k for k in keys if k.startswith(f"{topology.prefix}:lock:")]
-        for i, keys in every.items()
-    }
-    assert locks == {0: [], 1: [], 2: []}
-    assert all(
-        any(k.startswith(f"{topology.prefix}:fence:") for k in keys) for keys in every.values()
-    )

@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-from recorded_grants import grant_loop
 
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
+from tests.support.recorded_grants import grant_loop
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ def test_blocking_acquire_with_timeout_returns_none_in_about_the_timeout(nodes):
     start = time.monotonic()
     assert rl.acquire(NAME, ttl=10, blocking=True, timeout=0.3) is None
     elapsed = time.monotonic() - start
-    assert 0.3 <= elapsed < 0.3 + 0.25, elapsed
+    assert 0.3 <= elapsed < 0.3 + 0.5, elapsed  # about the timeout, not a hang
     assert rl.holder(NAME).owner == held.owner  # the failed attempts took nothing away
 
 
@@ -160,7 +160,7 @@ def test_blocking_acquire_gets_the_lock_once_released(nodes):
     elapsed = time.monotonic() - start
     timer.join()
     assert lease is not None and lease.fencing_token > held.fencing_token
-    assert 0.2 <= elapsed < 0.7, elapsed
+    assert 0.2 <= elapsed < 1.5, elapsed  # at the release, well before the 3 s timeout
 
 
 def test_lock_context_manager_raises_lock_contended_naming_the_holder(nodes):

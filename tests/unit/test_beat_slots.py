@@ -20,17 +20,12 @@ from celery.result import AsyncResult
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 from freezegun import freeze_time
 
-from celery_redlock import metrics
-from celery_redlock.beat import (
-    HEADER,
-    RedlockScheduler,
-    RedlockSchedulerMixin,
-    Slot,
-    SlotSkipped,
-    claim_key,
-    compute_slot,
-)
+from celery_redlock import beat as beat_module
+from celery_redlock import metrics, slots
+from celery_redlock.beat import HEADER, RedlockScheduler, RedlockSchedulerMixin, SlotSkipped
 from celery_redlock.exceptions import ConfigurationError
+from celery_redlock.slots import Slot, claim_key, compute_slot
+from tests.support import BEAT_HEADERS
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -53,6 +48,14 @@ def app() -> Celery:
 def berlin(app: Celery) -> Celery:
     app.conf.timezone = "Europe/Berlin"
     return app
+
+
+def test_beat_keeps_exporting_the_slot_names_users_import():
+    assert (beat_module.Slot, beat_module.compute_slot, beat_module.claim_key) == (
+        slots.Slot,
+        slots.compute_slot,
+        slots.claim_key,
+    )
 
 
 # -- interval -------------------------------------------------------------------
@@ -360,7 +363,7 @@ def test_winner_publishes_with_its_claim_id_and_the_slot_header(beat_app, server
     assert isinstance(won, AsyncResult)
     ((name, options),) = beat_app.sent
     assert name == "t.job" and options["task_id"] == won.id
-    assert options["headers"] == {"mine": "kept", HEADER: "1700000000", "celery_beat_task": True}
+    assert options["headers"] == {"mine": "kept", HEADER: "1700000000", **BEAT_HEADERS}
     assert isinstance(lost, SlotSkipped) and not lost and lost.id is None
     assert (lost.reason, lost.slot, lost.holder_task_id) == ("taken", "1700000000", won.id)
     # The claim: on every node, naming the message, host and pid; TTL = the 60 s floor.

@@ -12,10 +12,10 @@ import uuid
 from decimal import Decimal
 
 import pytest
-from signatures import charge, flexible, process, spread
 
 from celery_redlock.exceptions import ConfigurationError, LockKeyError
 from celery_redlock.keys import DIGEST_LENGTH, KeyBuilder, digest
+from tests.support.signatures import charge, flexible, process, spread
 
 KEY_RE = re.compile(rf"^charge:\{{[0-9a-f]{{{DIGEST_LENGTH}}}\}}$")
 

@@ -23,10 +23,10 @@ from decimal import Decimal
 
 import pytest
 from kombu.utils.json import JSONEncoder
-from signatures import charge, flexible, process, spread
 
 from celery_redlock.exceptions import LockKeyError
 from celery_redlock.keys import DIGEST_LENGTH, KeyBuilder
+from tests.support.signatures import charge, flexible, process, spread
 
 
 def positional_only(a, b=2, /, c=3):

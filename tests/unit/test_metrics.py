@@ -72,3 +72,60 @@ def test_prometheus_export_follows_every_update():
     assert acquisitions("prom-a") == timed[0] + 3
     assert acquisitions("prom-b") == timed[1] + 1
     assert metrics.snapshot()["acquired"] == {"prom-a": 3, "prom-b": 1}
+
+
+EXPORTER_SCRIPT = r"""
+import os, sys, urllib.request
+import prometheus_client  # imported first, as an app would: per-process values
+from prometheus_client import values
+from celery_redlock import metrics
+
+assert "celery" not in sys.modules
+with metrics.Exporter(0) as exporter:
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == exporter.directory
+    pids = []
+    for n in range(3):
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(10 + n):
+                metrics.count("acquired", "forked")
+            metrics.observe(0.001, "forked")
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+        exporter.mark_dead(pid)
+    metrics.count("acquired", "forked")  # the parent counts too
+    url = f"http://127.0.0.1:{exporter.port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+print(text)
+assert not os.path.exists(exporter.directory)
+assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+assert values.ValueClass is values.MutexValue  # switched back on close
+"""
+
+
+def test_exporter_adds_up_the_processes_forked_after_it(tmp_path):
+    """One scrape sums the parent and three forked children; close cleans up (no Celery)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    out = subprocess.run(
+        [sys.executable, "-c", EXPORTER_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert 'celery_redlock_events_total{event="acquired",lock="forked"} 34.0' in lines
+    assert 'celery_redlock_acquire_seconds_count{lock="forked"} 3.0' in lines
+
+
+def test_exporter_fails_clearly_without_prometheus(monkeypatch):
+    monkeypatch.setattr(metrics, "_prom", None)
+    with pytest.raises(RuntimeError, match="prometheus"):
+        metrics.Exporter(0)

@@ -1,10 +1,10 @@
 """The lean wire path of :func:`celery_redlock._nodes.gather`: RESP encoder, RESP2
-parser, and rounds on real redis-server nodes (partial sends and reads, server
-errors, timeouts, a peer that closes mid-reply)."""
+parser, and rounds against a scripted in-process peer (a peer that closes
+mid-reply, garbage). The rounds on real redis-server nodes are in
+``tests/integration/test_nodes_wire_live.py``."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -20,8 +20,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from celery_redlock._nodes import Node, _pack, _parse, _Partial, gather, run_script
-from celery_redlock._scripts import Script
+from celery_redlock._nodes import Node, _pack, _parse, _Partial, gather
 
 # -- encoder -------------------------------------------------------------------------------
 
@@ -149,75 +148,6 @@ def test_a_fakeredis_node_goes_through_redis_py():
     node = Node(fakeredis.FakeRedis(server=fakeredis.FakeServer()), 0.1)
     assert gather([node], ("SET", "k", "v"), 1) == [b"OK"]
     assert gather([node], ("GET", "k"), 1) == [b"v"]
-
-
-# -- rounds on real nodes ------------------------------------------------------------------
-
-SCRIPT = Script("nested", "return {1, false, {'x', {2}}, redis.call('GET', KEYS[1])}")
-
-
-@pytest.mark.integration
-def test_round_replies_and_connection_reuse(redis_nodes3):
-    nodes = [Node(url, 1.0) for url in redis_nodes3.urls]
-    assert gather(nodes, ("SET", "k", "v"), 1) == [b"OK"] * 3
-    assert run_script(SCRIPT, nodes, ("k",), (), 1) == [[1, None, [b"x", [2]], b"v"]] * 3
-    assert [len(node._idle) for node in nodes] == [1, 1, 1]
-
-
-@pytest.mark.integration
-def test_server_errors_are_values_and_keep_the_connection(redis_nodes3):
-    nodes = [Node(url, 1.0) for url in redis_nodes3.urls]
-    replies = gather(nodes, ("EVALSHA", "0" * 40, 0), 1)
-    assert all(type(r) is NoScriptError for r in replies)
-    gather(nodes[:1], ("SET", "s", "text"), 1)
-    wrong = gather(nodes[:1], ("INCR", "s"), 1)[0]
-    assert type(wrong) is ResponseError
-    assert "not an integer" in str(wrong)
-    assert [len(node._idle) for node in nodes] == [1, 1, 1]
-
-
-@pytest.mark.integration
-def test_replies_split_across_recv_calls_and_partial_sends(redis_nodes3):
-    """8 MB each way: the command takes several sends, the reply several recvs."""
-    nodes = [Node(url, 5.0) for url in redis_nodes3.urls]
-    big = os.urandom(8 << 20)
-    assert gather(nodes, ("SET", "big", big), 5) == [b"OK"] * 3
-    assert gather(nodes, ("GET", "big"), 5) == [big] * 3
-    assert gather(nodes, ("STRLEN", "big"), 5) == [len(big)] * 3
-
-
-@pytest.mark.integration
-def test_unix_socket_node(redis_node_factory, tmp_path):
-    path = str(tmp_path / "redis.sock")
-    redis_node_factory(1, extra_args=["--unixsocket", path, "--unixsocketperm", "700"])
-    node = Node(f"unix://{path}?db=1", 1.0)
-    assert node.lean
-    assert gather([node], ("SET", "k", "v"), 1) == [b"OK"]
-    assert gather([node], ("GET", "k"), 1) == [b"v"]
-
-
-@pytest.mark.integration
-def test_a_hung_node_costs_one_timeout_and_its_connection(redis_nodes3):
-    nodes = [Node(url, 1.0) for url in redis_nodes3.urls]
-    gather(nodes, ("PING",), 1)  # every node has an idle connection
-    redis_nodes3.pause(1)
-    started = time.monotonic()
-    replies = gather(nodes, ("PING",), 0.3)
-    elapsed = time.monotonic() - started
-    assert replies[0] == replies[2] == b"PONG"
-    assert isinstance(replies[1], redis.TimeoutError)
-    assert 0.3 <= elapsed < 0.5
-    assert [len(node._idle) for node in nodes] == [1, 0, 1]  # the timed-out one is closed
-
-
-@pytest.mark.integration
-def test_a_command_stuck_in_the_send_buffer_times_out(redis_nodes3):
-    nodes = [Node(url, 1.0) for url in redis_nodes3.urls]
-    redis_nodes3.pause(0)
-    replies = gather(nodes, ("SET", "big", b"x" * (32 << 20)), 0.5)
-    assert isinstance(replies[0], redis.TimeoutError)
-    assert "writing" in str(replies[0])
-    assert replies[1:] == [b"OK", b"OK"]
 
 
 REPLY = b"*2\r\n$5\r\nhello\r\n:7\r\n"

@@ -1,45 +1,227 @@
-"""The public surface: exported names, settings documented, the core free of Celery code."""
+"""The public surface and the layering: exported names, settings documented,
+a core free of Celery, no import cycle, redis-py internals in one module."""
+
+from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
+import pytest
+
 import celery_redlock
-from celery_redlock import conf
+from celery_redlock import conf, settings
+from tests.support.refuse import REFUSE_CELERY
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "celery_redlock"
 
+#: Modules that must import neither celery nor kombu, even transitively.
+CORE = (
+    "_nodes",
+    "_scripts",
+    "exceptions",
+    "heartbeat",
+    "metrics",
+    "redlock",
+    "settings",
+    "tracing",
+)
+
+
+def run_without_celery(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that refuses celery and kombu; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSE_CELERY + textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+# -- exported names ------------------------------------------------------------
+
 
 def test_all_is_sorted_and_complete():
     assert celery_redlock.__all__ == sorted(celery_redlock.__all__)
-    public = {name for name in vars(celery_redlock) if not name.startswith("_")}
+    for name in celery_redlock.__all__:
+        assert getattr(celery_redlock, name) is not None
+    public = {name for name in dir(celery_redlock) if not name.startswith("_")}
     modules = {
         name for name, value in vars(celery_redlock).items() if type(value).__name__ == "module"
     }
     assert public - modules == set(celery_redlock.__all__)
+    with pytest.raises(AttributeError):
+        celery_redlock.NoSuchName  # noqa: B018
+
+
+def test_improperly_configured_is_both_errors():
+    from celery.exceptions import ImproperlyConfigured as CeleryImproperlyConfigured
+
+    error = celery_redlock.ImproperlyConfigured("bad")
+    assert isinstance(error, celery_redlock.ConfigurationError)
+    assert isinstance(error, CeleryImproperlyConfigured)
+    assert isinstance(error, celery_redlock.RedlockError)
+    assert isinstance(error, ValueError)
+    assert celery_redlock.ImproperlyConfigured is conf.ImproperlyConfigured
 
 
 def test_every_setting_is_documented_in_the_readme():
     readme = (ROOT / "README.rst").read_text()
-    missing = [s.name for s in conf.SETTINGS + conf.BEAT_SETTINGS if f"``{s.name}``" not in readme]
+    declared = conf.SETTINGS + conf.BEAT_SETTINGS + conf.WORKER_SETTINGS
+    missing = [s.name for s in declared if f"``{s.name}``" not in readme]
     assert not missing, f"settings missing from README.rst: {missing}"
 
 
 def test_every_setting_has_a_task_attribute():
     from celery_redlock.task import LockedTask
 
-    missing = [s.task_attr for s in conf.SETTINGS if not hasattr(LockedTask, s.task_attr)]
+    declared = [s.task_attr for s in conf.SETTINGS] + list(settings.TASK_OPTIONS)
+    missing = [attr for attr in declared if not hasattr(LockedTask, attr)]
     assert not missing
+    undeclared = [a for a in dir(LockedTask) if a.startswith("lock_") and a not in declared]
+    assert not undeclared
 
 
-def test_the_core_never_imports_celery():
-    for module in ("redlock.py", "_nodes.py", "_scripts.py", "heartbeat.py", "keys.py"):
-        tree = ast.parse((PACKAGE / module).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
+def test_redlock_defaults_are_the_declared_ones():
+    import inspect
+
+    from celery_redlock.redlock import Redlock
+
+    params = inspect.signature(Redlock).parameters
+    for name in ("node_timeout", "drift_factor", "key_prefix", "fencing", "fence_retention"):
+        assert params[name].default == settings.default("redlock_" + name), name
+
+
+# -- layering ------------------------------------------------------------------
+
+
+def _modules() -> dict[str, Path]:
+    return {path.stem: path for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every module this one imports, anywhere in it (functions too), as absolute names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolved against the package
+                base = "celery_redlock" + (f".{node.module}" if node.module else "")
+                if node.module is None:  # from . import a, b
+                    found.update(f"celery_redlock.{alias.name}" for alias in node.names)
+                else:
+                    found.add(base)
             else:
-                continue
-            assert not any(n == "celery" or n.startswith("celery.") for n in names), (module, names)
+                found.add(node.module or "")
+                if node.module == "celery_redlock":
+                    found.update(f"celery_redlock.{alias.name}" for alias in node.names)
+    return found
+
+
+def _package_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {
+            dep.split(".")[1]
+            for dep in _imports(name, path)
+            if dep.startswith("celery_redlock.") and dep.split(".")[1] in modules
+        } - {name}
+    return graph
+
+
+def test_the_import_walk_sees_relative_and_function_imports():
+    graph = _package_graph()
+    assert "plan" in graph["task"] and "signals" in graph["task"]
+    assert "_scripts" in graph["redlock"] and "settings" in graph["redlock"]
+    assert "conf" in graph["keys"]
+
+
+def test_no_import_cycle_among_the_package_modules():
+    graph = _package_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep) :] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_the_core_imports_only_the_core():
+    graph = _package_graph()
+    for module in CORE:
+        outside = graph[module] - set(CORE)
+        assert not outside, f"core module {module} imports {sorted(outside)}"
+        third_party = {dep.split(".")[0] for dep in _imports(module, _modules()[module])} & {
+            "celery",
+            "kombu",
+            "billiard",
+        }
+        assert not third_party, (module, third_party)
+
+
+@pytest.mark.parametrize("module", CORE + ("",))
+def test_the_core_loads_where_celery_cannot(module):
+    """Each core module, and the package itself, import in a fresh interpreter without celery."""
+    name = f"celery_redlock.{module}" if module else "celery_redlock"
+    run_without_celery(
+        f"""
+        import importlib, sys
+        importlib.import_module({name!r})
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("celery", "kombu"))
+        assert not loaded, loaded
+        """
+    )
+
+
+def test_the_celery_layer_needs_celery():
+    """The refusing finder really refuses: the Celery layer fails to load under it."""
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSE_CELERY + "import celery_redlock\ncelery_redlock.LockedTask"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode != 0
+    assert "refused" in done.stderr
+
+
+def test_redis_internals_live_in_one_module():
+    """redis-py's private names (``redis._parsers``, ``conn._sock``...) only in ``_nodes``."""
+    private = ("_parsers", "_sock", "_host_error", "_buffer", "_reader")
+    for name, path in _modules().items():
+        if name == "_nodes":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("redis."):
+                assert not any(p.startswith("_") for p in node.module.split(".")), (
+                    name,
+                    node.module,
+                )
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("redis."):
+                        assert "._" not in alias.name, (name, alias.name)
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                pytest.fail(f"{name}.py line {node.lineno} uses .{node.attr}")

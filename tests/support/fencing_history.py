@@ -1,27 +1,30 @@
 """Helpers for the fencing tests: a history checker and the two weakened token
-schemes the tests compare against (the grant loop is ``tests/recorded_grants.py``).
+schemes the tests compare against (the grant loop is ``tests/support/recorded_grants.py``).
 
 * :func:`first_non_increase` finds where a history of tokens (in grant order)
   stops growing.
 * :func:`one_phase_grant` is the scheme the docstring of ``celery_redlock.redlock``
   warns against: each granting node INCRs a counter inside the acquire and the
   token is the largest increment (no write-back, no time floor).
-* :class:`NoTimeFloorRedlock` is the real client with the clocks left out of the
-  seed, so only the fence values can make tokens grow.
+* :func:`no_time_floor` makes the real client, within a block, leave the clock out
+  of the seed, so only the fence values can make tokens grow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pytest
 
 from celery_redlock import _scripts
 from celery_redlock._nodes import run_script
 from celery_redlock.redlock import Redlock, make_owner
 
 __all__ = [
-    "NoTimeFloorRedlock",
     "assert_strictly_increasing",
     "first_non_increase",
+    "no_time_floor",
     "one_phase_grant",
 ]
 
@@ -82,20 +85,18 @@ NO_FLOOR_ACQUIRE = _scripts.Script(
     "acquire_no_floor",
     _scripts.ACQUIRE.text.replace(
         "fence = redis.call('TIME')[1] .. '000000'\n"
-        "  if greater(ARGV[4], fence) then fence = ARGV[4] end",
+        "    if greater(ARGV[4], fence) then fence = ARGV[4] end",
         "fence = '1'",
     ),
 )
 assert NO_FLOOR_ACQUIRE.text != _scripts.ACQUIRE.text
 
 
-class NoTimeFloorRedlock(Redlock):
-    """The real client, but seeding fence values with 1 instead of the clock: only the
-    values moved on in phase 1 and written back in phase 2 can make tokens grow."""
-
-    def try_acquire(self, *args, **kwargs):
-        real, _scripts.ACQUIRE = _scripts.ACQUIRE, NO_FLOOR_ACQUIRE
-        try:
-            return super().try_acquire(*args, **kwargs)
-        finally:
-            _scripts.ACQUIRE = real
+@contextmanager
+def no_time_floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Inside the block, the real client seeds fence values with 1 instead of the
+    clock: only the values moved on in phase 1 and written back in phase 2 can make
+    tokens grow. The real script is back when the block (or the test) ends."""
+    with monkeypatch.context() as patch:
+        patch.setattr(_scripts, "ACQUIRE", NO_FLOOR_ACQUIRE)
+        yield

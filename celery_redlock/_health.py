@@ -1,0 +1,96 @@
+"""The health rules of ``celery redlock nodes``: what in a node's answers can break a lock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._format import ms_text
+from .redlock import NodeInfo
+
+__all__ = ["SAFE_POLICIES", "findings", "node_row"]
+
+#: ``maxmemory-policy`` values that never evict a key. ``volatile-*`` policies
+#: evict keys with a TTL, which is every lock; ``allkeys-*`` evict anything.
+SAFE_POLICIES = ("noeviction",)
+
+
+def node_row(info: NodeInfo) -> list[str]:
+    """The row of the ``nodes`` table."""
+    if info.error is not None:
+        return [info.node, "DOWN", "-", "-", "-", "-"]
+    policy = info.maxmemory_policy
+    policy_cell = policy if policy in SAFE_POLICIES else f"{policy} (UNSAFE)"
+    persistence = "-" if info.aof is None else "aof off"
+    if info.aof:
+        persistence = f"aof, fsync {info.appendfsync or '?'}"
+    return [info.node, ms_text(info.latency), info.version, info.role, policy_cell, persistence]
+
+
+def findings(infos: Sequence[NodeInfo], node_timeout: float) -> list[str]:
+    """The DOWN, WARNING and note lines of ``nodes``; one line per finding, naming its nodes."""
+    found: dict[tuple[str, str], list[str]] = {}  # (level, message) -> node names, in order
+
+    def add(level: str, node: str, message: str) -> None:
+        found.setdefault((level, message), []).append(node)
+
+    seen_run_ids: dict[str, str] = {}
+    for p in infos:
+        if p.error is not None:
+            add("DOWN", p.node, p.error)
+            continue
+        if p.maxmemory_policy not in SAFE_POLICIES:
+            why = (
+                "evicts keys with a TTL, which is every lock"
+                if p.maxmemory_policy.startswith("volatile-")
+                else "may evict any key, locks included"
+            )
+            limit = "" if p.maxmemory else " (maxmemory is 0 now: it starts once a limit is set)"
+            add(
+                "WARNING",
+                p.node,
+                f"maxmemory-policy {p.maxmemory_policy} {why}: a held lock can vanish under "
+                f"memory pressure and a second execution start{limit}. Set maxmemory-policy "
+                "noeviction.",
+            )
+        if p.role not in ("master", "?"):
+            add(
+                "WARNING",
+                p.node,
+                f"role {p.role}: lock nodes must be independent masters (a replica refuses "
+                "writes; a failover to one loses recent locks).",
+            )
+        if p.run_id:
+            other = seen_run_ids.setdefault(p.run_id, p.node)
+            if other != p.node:
+                add(
+                    "WARNING",
+                    p.node,
+                    f"same server as {other} (run_id {p.run_id}): one server counted twice "
+                    "breaks the quorum arithmetic.",
+                )
+        if p.latency > node_timeout:
+            add(
+                "WARNING",
+                p.node,
+                f"answers in {ms_text(p.latency)}, slower than redlock_node_timeout "
+                f"({ms_text(node_timeout)}): the workers count it as down.",
+            )
+        if p.aof is False:
+            add(
+                "note",
+                p.node,
+                "no AOF: a restart forgets the locks a node held; keep a restarted node out "
+                "for longer than the longest lock TTL, or run appendonly yes.",
+            )
+        elif p.aof and p.appendfsync not in ("always", None):
+            add(
+                "note",
+                p.node,
+                f"appendfsync {p.appendfsync}: a crash may lose the last writes (up to about a "
+                "second); appendfsync always closes that window.",
+            )
+    order = {"DOWN": 0, "WARNING": 1, "note": 2}
+    return [
+        f"{level:<7} {', '.join(names)}: {message}"
+        for (level, message), names in sorted(found.items(), key=lambda item: order[item[0][0]])
+    ]

@@ -1,0 +1,315 @@
+"""Enqueue-time claims: a duplicate ``.delay()`` is never queued.
+
+With ``lock_enqueue`` set, ``apply_async`` (so ``.delay()``, signatures and beat
+entries) claims the task's key on the quorum before publishing: the claim
+names the task id meant to run the key next, for ``lock_enqueue_ttl`` seconds
+plus the message's countdown or ETA. A call that finds the key claimed by
+another id does what ``lock_on_enqueued`` says:
+
+``return`` (default)
+    Nothing is published; the caller gets the ``AsyncResult`` of the claimed
+    task. Logged at INFO and counted.
+``raise``
+    :class:`~celery_redlock.exceptions.AlreadyEnqueued` (``task_id``, ``remaining``).
+``replace``
+    The new message is published and the claim points at it. The message it
+    replaced is dropped as superseded when it reaches a worker (REVOKED, with
+    a reason naming its successor): the newest arguments win.
+
+The claim lasts until the claimed execution takes the run lock
+(``until_started``: one running, one waiting) or ends (``until_finished``: one
+in the system, queued or running). It is withdrawn when publishing fails, when
+a worker discards the message (revoked, expired, rejected, unknown), and when
+a worker process dies under it (see :mod:`celery_redlock.signals`); a message
+lost without a trace leaves a claim that lapses at its TTL.
+
+A re-publish of the same task id (``self.retry()``, and the lock's own
+contention retries) is always published, and keeps the claim: its TTL is
+raised to cover the new countdown. Under ``until_started`` a task's own
+``self.retry()`` comes after its start, so it neither re-claims nor is held
+back by the claim of the task waiting behind it.
+
+Messages that are part of a canvas (a group or chord member, a chain, a task
+with ``link``/``link_error`` callbacks) are published without a claim: the
+canvas waits for their very ids, so returning another task's result would
+break it. Their executions still honour the claim of the key at the worker.
+
+When the quorum cannot be reached the message is published anyway (the run
+lock still guards its execution), logged at WARNING and counted: an outage
+never loses work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from celery import states
+from kombu.utils.uuid import uuid
+
+from . import metrics
+from .exceptions import AlreadyEnqueued, QuorumUnavailable
+from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY
+from .plan import LockPlan
+from .redlock import Claim, Redlock, full_jitter
+
+__all__ = ["publish", "run_eagerly", "superseded_by", "withdraw"]
+
+logger = logging.getLogger("celery_redlock.enqueue")
+
+#: Options that make a message part of a canvas (see the module docstring).
+_CANVAS = ("group_id", "chord", "chain", "link", "link_error")
+
+#: Attempts at a claim while concurrent callers split the nodes between them.
+_SPLIT_ATTEMPTS = 20
+
+
+def publish(
+    task: Any,
+    plan: LockPlan,
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    send: Callable[..., Any],
+) -> Any:
+    """``apply_async`` with the enqueue claim; ``send`` is the plain ``apply_async``."""
+    settings = plan.settings
+    if any(options.get(option) for option in _CANVAS):
+        return send(args, kwargs, task_id=task_id, **options)
+    name = plan.keys.build(args or (), kwargs or {})
+    task_id = task_id or uuid()
+    headers = dict(options.pop("headers", None) or {})
+    if plan.coalesce and _is_republish(headers, options):
+        return send(args, kwargs, task_id=task_id, headers=headers, **options)
+    if plan.coalesce:
+        return _coalesce(task, plan, name, args, kwargs, task_id, headers, options, send)
+    ttl = settings.enqueue_ttl + _delay(options, task.app)
+    if _is_republish(headers, options):
+        if settings.enqueue == "until_finished" or not options.get("retries"):
+            _claim(task, plan, name, task_id, ttl)  # the claim follows its task id
+        return send(args, kwargs, task_id=task_id, headers=headers, **options)
+    claim = _claim(task, plan, name, task_id, ttl, replace=settings.on_enqueued == "replace")
+    if claim is not None:
+        if claim.claimant != task_id:
+            return _already(task, plan, name, claim)
+        if claim.renewed:  # this very id is already claimed: its message is on its way
+            return task.AsyncResult(task_id)
+        headers[CLAIM] = name
+    try:
+        result = send(args, kwargs, task_id=task_id, headers=headers, **options)
+    except BaseException:
+        if claim is not None:
+            withdraw(plan.redlock, plan.lock_name, name, task_id, "publishing failed")
+        raise
+    if claim is not None and claim.previous:
+        _replaced(task, plan, name, claim.previous, task_id)
+    return result
+
+
+def run_eagerly(
+    task: Any,
+    plan: LockPlan,
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    run: Callable[..., Any],
+) -> Any:
+    """``apply`` (eager mode) with the claim taken before the call and withdrawn after it."""
+    headers = options.get("headers") or {}
+    if _is_republish(headers, options) or any(options.get(o) for o in _CANVAS):
+        return run(args, kwargs, task_id=task_id, **options)
+    name = plan.keys.build(args or (), kwargs or {})
+    task_id = task_id or uuid()
+    replace = plan.settings.on_enqueued == "replace"
+    claim = _claim(task, plan, name, task_id, plan.settings.enqueue_ttl, replace=replace)
+    if claim is not None and claim.claimant != task_id:
+        return _already(task, plan, name, claim)
+    try:
+        return run(args, kwargs, task_id=task_id, **options)
+    finally:
+        if claim is not None:
+            withdraw(plan.redlock, plan.lock_name, name, task_id, "")
+
+
+def _coalesce(
+    task: Any,
+    plan: LockPlan,
+    name: str,
+    args: Any,
+    kwargs: Any,
+    task_id: str,
+    headers: dict,
+    options: dict[str, Any],
+    send: Callable[..., Any],
+) -> Any:
+    """Publish a debounced or throttled call at the time its key's schedule says."""
+    settings = plan.settings
+    redlock = plan.redlock
+    delay = _delay(options, task.app)  # a caller's own countdown or ETA is a floor
+    try:
+        if settings.debounce is not None:
+            schedule = redlock.debounce(
+                name,
+                task_id,
+                delay=settings.debounce,
+                max_delay=settings.debounce_max,
+                ttl=settings.enqueue_ttl,
+            )
+        else:
+            assert settings.throttle is not None  # plan.coalesce is one or the other
+            schedule = redlock.throttle(
+                name,
+                task_id,
+                period=settings.throttle,
+                trailing=settings.throttle_trailing,
+                ttl=settings.enqueue_ttl,
+            )
+    except QuorumUnavailable as exc:
+        metrics.count("enqueue_outage", plan.lock_name)
+        logger.warning(
+            "%s[%s]: could not plan %s (%s); publishing without a claim, the run lock "
+            "still guards its execution",
+            task.name,
+            task_id,
+            name,
+            exc,
+        )
+        options["countdown"] = max(delay, settings.debounce or 0.0)
+        options.pop("eta", None)
+        return send(args, kwargs, task_id=task_id, headers=headers, **options)
+    if schedule.kind == "dropped":
+        metrics.count("throttled", plan.lock_name)
+        logger.info("%s[%s]: dropped inside the throttle period of %s", task.name, task_id, name)
+        if not task.ignore_result:
+            task.backend.mark_as_revoked(
+                task_id, f"throttled: {name} ran less than {settings.throttle}s ago"
+            )
+        return task.AsyncResult(schedule.other or task_id)
+    options["countdown"] = max(delay, schedule.due - time.time())
+    options.pop("eta", None)
+    claimed = schedule.kind == "later" and settings.debounce is not None
+    headers[CLAIM] = name
+    if schedule.slot is not None and settings.throttle is not None:
+        headers[SLOT] = schedule.slot
+    try:
+        result = send(args, kwargs, task_id=task_id, headers=headers, **options)
+    except BaseException:
+        if claimed:
+            withdraw(redlock, plan.lock_name, name, task_id, "publishing failed")
+        raise
+    if schedule.other and schedule.kind == "later":
+        _replaced(task, plan, name, schedule.other, task_id)
+    return result
+
+
+def withdraw(redlock: Redlock, lock_name: str, name: str, task_id: str, why: str) -> None:
+    """Withdraw the claim of ``name`` if it names ``task_id``. Never raises."""
+    try:
+        withdrawn = redlock.withdraw_claim(name, task_id)
+    except Exception as exc:  # noqa: BLE001 - the claim's TTL is the backstop
+        logger.warning(
+            "could not withdraw the claim of %s for %s (%s): %s", name, task_id, why, exc
+        )
+        return
+    if withdrawn and why:
+        metrics.count("claim_withdrawn", lock_name)
+        logger.info("withdrew the claim of %s for task %s: %s", name, task_id, why)
+
+
+def _claim(
+    task: Any, plan: LockPlan, name: str, task_id: str, ttl: float, replace: bool = False
+) -> Claim | None:
+    """The claim as the quorum settles it; None when the quorum cannot be reached."""
+    redlock = plan.redlock
+    try:
+        for attempt in range(_SPLIT_ATTEMPTS):
+            claim = redlock.claim_next(name, task_id, ttl=ttl, replace=replace)
+            if claim.claimant is not None:
+                metrics.count(
+                    "claimed" if claim.claimant == task_id else "enqueued_found", plan.lock_name
+                )
+                return claim
+            # Concurrent callers split the nodes: each withdrew; try again, jittered.
+            redlock.sleep(full_jitter(attempt, 0.002, 0.05, redlock.rng))
+        raise QuorumUnavailable({"claim": f"no claimant won a quorum of {name}"}, 0, 0)
+    except QuorumUnavailable as exc:
+        metrics.count("enqueue_outage", plan.lock_name)
+        logger.warning(
+            "%s[%s]: could not claim %s (%s); publishing without a claim, the run lock "
+            "still guards its execution",
+            task.name,
+            task_id,
+            name,
+            exc,
+        )
+        return None
+
+
+def _already(task: Any, plan: LockPlan, name: str, claim: Claim) -> Any:
+    assert claim.claimant is not None
+    if plan.settings.on_enqueued == "raise":
+        metrics.count("enqueue_raised", plan.lock_name)
+        raise AlreadyEnqueued(
+            f"{task.name}: task {claim.claimant} is already enqueued for {name}"
+            + (f" (claim {claim.remaining:.1f}s more)" if claim.remaining is not None else ""),
+            name,
+            claim.claimant,
+            claim.remaining,
+        )
+    metrics.count("enqueue_returned", plan.lock_name)
+    logger.info(
+        "%s: not enqueued, task %s is already on its way for %s", task.name, claim.claimant, name
+    )
+    return task.AsyncResult(claim.claimant)
+
+
+def _replaced(task: Any, plan: LockPlan, name: str, previous: str, successor: str) -> None:
+    """``previous`` lost the claim to ``successor``: under ``until_started`` it has not
+    started (its start would have withdrawn the claim on a quorum), so its result can
+    say at once that it was superseded; its message is dropped when it reaches a worker."""
+    metrics.count("replaced", plan.lock_name)
+    logger.info("%s[%s] replaces %s as the next run of %s", task.name, successor, previous, name)
+    if plan.settings.enqueue != "until_finished" and not task.ignore_result:
+        task.backend.mark_as_revoked(previous, SUPERSEDED_BY + successor)
+
+
+def superseded_by(result: Any) -> Any:
+    """The ``AsyncResult`` of the execution that ran in place of a superseded call.
+
+    Follows a chain of replacements (``lock_on_enqueued="replace"``, debounce,
+    throttle) to its end: the last task that was not itself superseded. None
+    for a call that was not superseded. Reads the result backend.
+    """
+    successor = None
+    seen = set()
+    while result.id not in seen:
+        seen.add(result.id)
+        reason = result.result if result.state == states.REVOKED else None
+        text = str(reason) if reason is not None else ""
+        if not text.startswith(SUPERSEDED_BY):
+            return successor
+        successor = result = type(result)(text[len(SUPERSEDED_BY) :].split()[0], app=result.app)
+    return successor
+
+
+def _is_republish(headers: dict, options: dict) -> bool:
+    """A re-publish of a task id that already ran: ``self.retry()`` or a lock retry."""
+    return ATTEMPT in headers or bool(options.get("retries"))
+
+
+def _delay(options: dict[str, Any], app: Any) -> float:
+    """Seconds until the message is due (its countdown or ETA), 0 when it is due now."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if isinstance(eta, str):
+        eta = datetime.fromisoformat(eta)
+    if isinstance(eta, datetime):
+        now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
+        return max(0.0, (eta - now).total_seconds())
+    return 0.0

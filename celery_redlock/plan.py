@@ -1,0 +1,197 @@
+"""LockPlan: what a task resolves at bind time to lock its executions.
+
+:class:`~celery_redlock.LockedTask` builds its plan with :func:`build_plan`
+when it binds to an app; every part that needs it (the task's ``__call__``,
+the contention policies, the signal receivers, the tools) reads it through
+:func:`plan_of`. A misconfigured task fails here, at bind, with
+:class:`~celery_redlock.conf.ImproperlyConfigured`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import conf, headers, settings
+from .keys import KeyBuilder
+from .redlock import Redlock, make_owner
+
+__all__ = ["LockPlan", "build_plan", "plan_of", "set_plan"]
+
+#: The task class attribute the plan is stored in.
+_ATTR = "_lock_plan"
+
+
+@dataclass(frozen=True)
+class LockPlan:
+    """Everything a task resolved at bind time to lock its executions.
+
+    The lock nodes are resolved at bind too, and a bad node URL fails there.
+    Only when the app names no lock node at all (no ``redlock_nodes``, and a
+    broker that is not Redis) are they looked up again at first use, and a
+    missing one fails then: a shared task is bound to every app of the process,
+    including apps that never run it (a test plugin's default app, say).
+    """
+
+    lock_name: str
+    settings: conf.LockSettings
+    keys: KeyBuilder
+    #: The keyword the fencing token is passed as, or None if ``run`` doesn't take it.
+    token_arg: str | None
+    #: The named limits held together with the key (``lock_also``): (name, limit)
+    #: pairs, sorted by name (one order for every task).
+    also: tuple[tuple[str, int], ...] = ()
+    #: The app the task is bound to.
+    app: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def resolved(self) -> conf.LockSettings:
+        """:attr:`settings` with the lock nodes, looked up now if the app had none at bind."""
+        if self.settings.nodes is not None:
+            return self.settings
+        with conf.bind_errors():
+            nodes = settings.by_name("redlock_nodes").check(self.app.conf.get("redlock_nodes"))
+            nodes = nodes or conf.nodes_from_app(self.app, self.lock_name)
+        return dataclasses.replace(self.settings, nodes=nodes)
+
+    @functools.cached_property
+    def redlock(self) -> Redlock:
+        """The Redlock client of the task's nodes (shared by every task on them)."""
+        with conf.bind_errors():
+            return conf.redlock_for(self.app, self.resolved)
+
+    def owner(self, request: Any) -> str:
+        return make_owner(request.id, request.retries or 0)
+
+    @property
+    def coalesce(self) -> str | None:
+        """``"debounce"`` or ``"throttle"`` when calls of a key are collapsed, else None."""
+        if self.settings.debounce is not None:
+            return "debounce"
+        return "throttle" if self.settings.throttle is not None else None
+
+    @property
+    def claims(self) -> bool:
+        """Whether ``apply_async`` claims the key (enqueue claims, debounce or throttle)."""
+        return self.settings.enqueue is not None or self.coalesce is not None
+
+    def claim_mode(self, request: Any) -> str | None:
+        """How an execution's acquire treats the key's claim (see Redlock.try_acquire).
+
+        Under ``until_started`` the claim is withdrawn when its execution takes
+        the lock; a task's own ``self.retry()`` comes after that start, so it
+        is not held back by the claim of the task waiting behind it. Debounced
+        messages claimed at publish take their claim the same way; a throttled
+        message's slot stands for its claim (see Redlock.throttle).
+        """
+        enqueue = self.settings.enqueue
+        if enqueue == "until_finished":
+            return "check"
+        if enqueue == "until_started" and not request.retries:
+            return "take"
+        if self.settings.debounce is not None and headers.header(request, headers.CLAIM):
+            return "take"
+        return None
+
+
+def plan_of(task: Any) -> LockPlan | None:
+    """The lock plan of a bound :class:`~celery_redlock.LockedTask` (class or instance).
+
+    None for any other task, and for a LockedTask that has not bound yet or has
+    no body (an abstract base).
+    """
+    plan = getattr(task, _ATTR, None)
+    return plan if isinstance(plan, LockPlan) else None
+
+
+def build_plan(task_cls: Any, app: Any) -> LockPlan:
+    """Resolve and check the lock options of ``task_cls`` for ``app``.
+
+    Raises:
+        ImproperlyConfigured: an option or setting is invalid or misspelt, a
+            lock node is invalid, or ``lock_on`` does not fit ``run``.
+    """
+    name = task_cls.name or task_cls.__name__
+    with conf.bind_errors():
+        conf.check_task_names(task_cls, name)
+        overrides = {s.task_attr: getattr(task_cls, s.task_attr, None) for s in conf.SETTINGS}
+        settings = conf.resolve(app, overrides, owner=name, defer_nodes=True)
+        lock_name = task_cls.lock_name or name
+        run = (
+            task_cls.run if _is_plain_function(task_cls) else functools.partial(task_cls.run, None)
+        )
+        token_arg = task_cls.lock_token_arg
+        keys = KeyBuilder(
+            run, task_cls.lock_on, lock_name=lock_name, token_arg=token_arg, task_name=name
+        )
+        plan = LockPlan(
+            lock_name=lock_name,
+            settings=settings,
+            keys=keys,
+            token_arg=_token_arg(keys, token_arg, name),
+            also=_also(task_cls.lock_also, lock_name, name),
+            app=app,
+        )
+        if settings.nodes is not None:
+            plan.redlock  # noqa: B018 - bad node URLs fail at bind
+        return plan
+
+
+def set_plan(task_cls: Any, plan: LockPlan) -> None:
+    """Store ``plan`` on the task class (read back with :func:`plan_of`)."""
+    setattr(task_cls, _ATTR, plan)
+
+
+def _is_plain_function(cls: type) -> bool:
+    """True when ``run`` takes no ``self`` (a task made from a function without ``bind``)."""
+    for klass in cls.__mro__:
+        if "run" in klass.__dict__:
+            return isinstance(klass.__dict__["run"], staticmethod)
+    return False
+
+
+def _also(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, int], ...]:
+    """``lock_also`` as (name, limit) pairs, each name built as ``lock_on=()`` builds it."""
+    if not option:
+        return ()
+    if isinstance(option, str):
+        option = (option,)
+    pairs = option.items() if isinstance(option, Mapping) else ((n, 1) for n in option)
+    out = {}
+    for name, limit in pairs:
+        if not isinstance(name, str) or not name or name == lock_name:
+            raise conf.ImproperlyConfigured(
+                f"{task_name}: lock_also names must be lock names other than the task's own "
+                f"({lock_name!r}), got {name!r}"
+            )
+        try:
+            limit = settings.check_limit(limit)
+        except ValueError as exc:
+            raise conf.ImproperlyConfigured(
+                f"{task_name}: lock_also limit of {name!r} {exc}, got {limit!r}"
+            ) from None
+        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
+        out[key] = limit
+    return tuple(sorted(out.items()))
+
+
+def _no_arguments() -> None:
+    """The signature of a named limit's key: no arguments (``lock_on=()``)."""
+
+
+def _token_arg(keys: KeyBuilder, token_arg: str | None, task_name: str) -> str | None:
+    """The token keyword if ``run`` declares it; it must have a default."""
+    if not token_arg:
+        return None
+    param = keys.signature.parameters.get(token_arg)
+    if param is None:
+        return None
+    if param.default is param.empty:
+        raise conf.ImproperlyConfigured(
+            f"{task_name}: parameter {token_arg!r} receives the fencing token and needs a "
+            f"default (e.g. {token_arg}=None), or callers must pass it themselves"
+        )
+    return token_arg

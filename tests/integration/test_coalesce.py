@@ -1,0 +1,177 @@
+"""Debounce and throttle per key, across producer processes, on a real prefork worker.
+
+Every call records when it was made and its ``note``; every run records its
+start and the ``note`` it ran with (see ``lockapp``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import time
+
+import pytest
+from celery.exceptions import TaskRevokedError
+
+from celery_redlock import superseded_by
+from tests.support import harness, lockapp
+from tests.support.harness import Topology, WorkerHandle, assert_no_overlap, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+QUEUE = "coalesce"
+
+
+def worker_env(topology: Topology) -> dict[str, str]:
+    """The worker's and the producers' app: broker DB 9, results DB 10, queue ``coalesce``."""
+    return dict(topology.env(9, 10), CRL_CONF=json.dumps({"task_default_queue": QUEUE}))
+
+
+@pytest.fixture(scope="module")
+def coalesce_worker(topology: Topology, tmp_path_factory, pytestconfig):
+    harness.WORKER_LOGS.register(pytestconfig)
+    env = worker_env(topology)
+    logdir = str(tmp_path_factory.mktemp("coalesce"))
+    proc = harness.PreforkWorker("coalesce", env, logdir, queues=[QUEUE], concurrency=4).start()
+    app = lockapp.app_from_env(env, main="coalesce-client")
+    topology.apps.append(app)
+    try:
+        yield WorkerHandle("prefork", app, topology, proc)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_without_a_ttl(topology: Topology):
+    """After every test: no lock key, and every claim, burst and throttle key expires."""
+    yield
+    topology.assert_no_lock_keys()
+    topology.assert_every_key_expires("claim", "burst", "throttle", "receipt")
+
+
+def _call_on_schedule(env, name, key, run, times, notes, out):
+    """Call at each of ``times`` (time.time()), with the matching note; report (time, note, id)."""
+    app = lockapp.app_from_env(env, main="producer")
+    task = app.tasks[name]
+    sent = []
+    for at, note in zip(times, notes):
+        time.sleep(max(0.0, at - time.time()))
+        result = task.apply_async((key, run), {"note": note})
+        sent.append((time.time(), note, result.id))
+    out.put(sent)
+
+
+def call_from_processes(handle, name, key, run, plan):
+    """``plan``: a list of (time, note) per producer process. Every call, in time order."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    env = worker_env(handle.topology)
+    procs = [
+        ctx.Process(
+            target=_call_on_schedule,
+            args=(env, name, key, run, [t for t, _ in calls], [n for _, n in calls], out),
+        )
+        for calls in plan
+    ]
+    for p in procs:
+        p.start()
+    sent = sorted(c for _ in procs for c in out.get(timeout=60))
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return sent
+
+
+def test_debounce_runs_once_after_the_burst_with_the_last_arguments(coalesce_worker, run):
+    t0 = time.time() + 0.5
+    # 30 calls over 2 s from 3 processes, interleaved 66 ms apart.
+    plan = [[(t0 + (3 * i + p) * 0.066, f"{p}-{i}") for i in range(10)] for p in range(3)]
+    sent = call_from_processes(coalesce_worker, "lockapp.debounced", run, run, plan)
+    last_at, last_note, last_id = sent[-1]
+    wait_for(lambda: coalesce_worker.records(run), 10, "the debounced run")
+    time.sleep(1.5)  # quiet: nothing else runs
+    runs = coalesce_worker.records(run)
+    assert [r["note"] for r in runs] == [last_note] and runs[0]["id"] == last_id
+    assert 0.9 <= runs[0]["start"] - last_at < 1.6, runs[0]["start"] - last_at
+    replaced = coalesce_worker.app.AsyncResult(sent[0][2])
+    with pytest.raises(TaskRevokedError, match="superseded by task"):
+        replaced.get(timeout=5)
+    assert superseded_by(replaced).id == last_id
+
+
+def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):
+    t0 = time.time() + 0.3
+    plan = [[(t0 + 0.3 * i, i) for i in range(17)]]  # every 0.3 s for 5 s
+    sent = call_from_processes(coalesce_worker, "lockapp.debounced_capped", run, run, plan)
+    time.sleep(2.5)
+    runs = sorted(coalesce_worker.records(run), key=lambda r: r["start"])
+    assert len(runs) >= 2, runs
+    starts = [t0] + [r["start"] for r in runs]
+    assert all(b - a <= 2.3 for a, b in zip(starts, starts[1:])), starts
+    for r in runs:  # each ran with the newest arguments at its start (the grant comes first)
+        newest = max((c for c in sent if c[0] <= r["start"] - 0.05), key=lambda c: c[0])
+        assert r["note"] == newest[1], (r["note"], newest)
+    assert runs[-1]["note"] == sent[-1][1]  # the end of the burst is not lost
+    assert_no_overlap(runs)
+
+
+def test_throttle_starts_at_most_once_per_period(coalesce_worker, run):
+    t0 = time.time() + 0.3
+    plan = [[(t0 + 0.06 * i, i) for i in range(50)]]  # 50 calls over 3 s
+    sent = call_from_processes(coalesce_worker, "lockapp.throttled", run, run, plan)
+    time.sleep(2.0)
+    runs = sorted(coalesce_worker.records(run), key=lambda r: r["start"])
+    assert runs[0]["note"] == 0 and runs[0]["start"] - sent[0][0] < 0.5  # the first at once
+    starts = [r["start"] for r in runs]
+    assert all(b - a >= 0.98 for a, b in zip(starts, starts[1:])), starts
+    assert 3 <= len(runs) <= 5, starts
+    assert runs[-1]["note"] == sent[-1][1]  # the trailing run has the last call's arguments
+
+
+def test_two_keys_debounce_independently(coalesce_worker, run):
+    task = coalesce_worker.task("debounced")
+    for i in range(5):
+        task.delay(f"{run}-a", run, note=f"a{i}")
+        task.delay(f"{run}-b", run, note=f"b{i}")
+        time.sleep(0.1)
+    wait_for(lambda: len(coalesce_worker.records(run)) >= 2, 10, "both keys to run")
+    time.sleep(1.2)
+    assert sorted(r["note"] for r in coalesce_worker.records(run)) == ["a4", "b4"]
+
+
+def test_a_minority_down_mid_burst_changes_nothing(coalesce_worker, run):
+    task = coalesce_worker.task("debounced")
+    quorum = coalesce_worker.topology.quorum
+    ids = []
+    try:
+        for i in range(8):
+            if i == 4:
+                quorum.kill(2)
+            ids.append(task.delay(run, run, note=i).id)
+            time.sleep(0.1)
+        wait_for(lambda: coalesce_worker.records(run), 10, "the debounced run")
+        time.sleep(1.2)
+    finally:
+        quorum.restart(2)
+    assert [(r["id"], r["note"]) for r in coalesce_worker.records(run)] == [(ids[-1], 7)]
+
+
+def test_a_majority_down_publishes_every_call(coalesce_worker, run, caplog):
+    task = coalesce_worker.task("debounced")
+    quorum = coalesce_worker.topology.quorum
+    quorum.kill(0)
+    quorum.kill(1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.enqueue"):
+            results = [task.delay(run, run, note=i) for i in range(4)]
+        assert sum("could not plan" in r.getMessage() for r in caplog.records) == 4
+        time.sleep(1.5)
+    finally:
+        quorum.restart(0)
+        quorum.restart(1)
+    for result in results:
+        result.get(timeout=60)
+    runs = coalesce_worker.records(run)
+    assert sorted(r["note"] for r in runs) == [0, 1, 2, 3]
+    assert_no_overlap(runs)

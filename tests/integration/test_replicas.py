@@ -1,0 +1,100 @@
+"""Replica-confirmed grants (``min_replicas``) on a real primary with a real replica."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_redlock.exceptions import QuorumUnavailable
+from celery_redlock.redlock import Lease, Redlock
+from tests.support.deploy import primary_with_replicas
+
+pytestmark = pytest.mark.integration
+
+# WAIT that falls short is answered at the server's next cron tick (100 ms at
+# the default hz 10): a round with a silent replica takes this long, no longer.
+TIMEOUT = 0.2
+
+
+@pytest.fixture
+def pair():
+    nodes = primary_with_replicas(1)
+    yield nodes
+    for node in nodes:
+        node.close()
+
+
+def test_a_grant_renewal_and_release_with_a_confirming_replica(pair):
+    primary, replica = pair
+    rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+    lease = rl.acquire("job", ttl=5)
+    assert isinstance(lease, Lease) and lease.fencing_token
+    # Confirmed: the replica holds the key when the grant returns, not later.
+    with replica.client() as client:
+        assert client.get(lease.key) == lease.owner
+    assert rl.extend(lease, 8)
+    with replica.client() as client:
+        assert client.pttl(lease.key) > 5000
+    rl.release(lease)
+    assert rl.acquire("job", ttl=5) is not None
+
+
+def test_a_silent_replica_makes_the_node_not_count(pair):
+    primary, replica = pair
+    rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+    held = rl.acquire("held", ttl=5)
+    assert held is not None
+    replica.pause()
+    start = time.monotonic()
+    with pytest.raises(QuorumUnavailable) as info:
+        rl.try_acquire("job", ttl=5)
+    assert time.monotonic() - start < TIMEOUT + 0.3  # bounded by the round, never a hang
+    assert primary.url in str(info.value) or "127.0.0.1" in str(info.value)
+    assert "replicas confirmed" in str(info.value) or "Timeout" in str(info.value)
+    # The unconfirmed grant was withdrawn from the primary.
+    with primary.client() as client:
+        assert client.get(rl.keys("job")[0]) is None
+    # A renewal its replica does not confirm loses the lease.
+    assert not rl.extend(held)
+    assert held.lost
+    replica.resume()
+
+
+def test_without_min_replicas_a_silent_replica_changes_nothing(pair):
+    primary, replica = pair
+    rl = Redlock([primary.url], node_timeout=TIMEOUT)
+    replica.pause()
+    lease = rl.acquire("job", ttl=5)
+    assert lease is not None and rl.extend(lease)
+    rl.release(lease)
+    replica.resume()
+
+
+def test_min_replicas_adds_wait_only_to_writes_a_lease_rests_on(pair, monkeypatch):
+    from celery_redlock import _nodes
+
+    sent = []
+    real = _nodes.gather
+
+    def spy(nodes, args, timeout, then=None):
+        sent.append((args[0], then and then[0]))
+        return real(nodes, args, timeout, then)
+
+    primary, _ = pair
+    rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+
+    def cycle():
+        lease = rl.acquire("job", ttl=5)
+        rl.extend(lease)
+        rl.holder("job")
+        rl.release(lease)
+
+    cycle()  # the scripts are loaded: every round below is one EVALSHA
+    monkeypatch.setattr(_nodes, "gather", spy)
+    cycle()
+    assert [then for _, then in sent] == ["WAIT", "WAIT", None, None]
+    sent.clear()
+    plain = Redlock([primary.url], node_timeout=TIMEOUT)
+    plain.release(plain.acquire("job", ttl=5))
+    assert [then for _, then in sent] == [None, None]

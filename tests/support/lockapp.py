@@ -1,0 +1,416 @@
+"""The Celery app of the integration and fault tests (imported by every worker).
+
+:func:`make_app` builds a Celery app and :func:`add_tasks` gives it every test
+task, all :class:`~celery_redlock.LockedTask`; each task body records what it
+saw in a *recorder* Redis list, as JSON: task id, phase, start and end
+(``time.time()``, comparable across processes on one machine), the fencing
+token, the pid, ``request.retries``, the lock attempt header,
+``request.kwargs`` and whether the lease was lost.
+
+A worker subprocess gets the app as ``celery -A tests.support.lockapp`` (the
+harness runs it from the repository root): the module-level ``app`` is built
+from environment variables (``CRL_BROKER_URL``, ``CRL_BACKEND_URL``,
+``CRL_NODES`` (comma-separated), ``CRL_RECORDER_URL``, ``CRL_PREFIX``), and
+``CRL_READY_FILE`` names a file written when the worker is ready to consume.
+
+The process harness that runs it is :mod:`tests.support.harness`.
+
+Every app is built with ``shared=False`` tasks: Celery's default (shared)
+would register each task on every app finalized later in the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from celery import Celery
+from celery import signals as celery_signals
+from celery.exceptions import Ignore
+
+from celery_redlock import LockedTask, LockLost, current_lease
+from celery_redlock.headers import attempt_of
+
+# -- the fenced resource ---------------------------------------------------------
+
+#: KEYS[1] value, KEYS[2] its fence; ARGV[1] token (decimal string), ARGV[2] new value.
+#: Accepts the write only if the token is larger than the one stored (digit-wise
+#: comparison: no Lua arithmetic on tokens). Returns 1 if written, 0 if rejected.
+FENCED_WRITE = """
+local f = redis.call('GET', KEYS[2])
+if f and (#f > #ARGV[1] or (#f == #ARGV[1] and f >= ARGV[1])) then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def fenced_write(client: redis.Redis, resource: str, token: int, value: str) -> bool:
+    """Write ``value`` to the fenced resource if ``token`` beats the stored one."""
+    return bool(
+        client.eval(FENCED_WRITE, 2, f"{resource}:value", f"{resource}:fence", str(token), value)
+    )
+
+
+# -- recording -------------------------------------------------------------------
+
+
+def records_key(run: str) -> str:
+    return f"crl:rec:{run}"
+
+
+class Recorder:
+    """Pushes JSON records to ``crl:rec:{run}`` on the recorder Redis (one client per process)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._client: redis.Redis | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> redis.Redis:
+        # redis-py's pool notices a fork (pid check), so one client per app is fine.
+        with self._lock:
+            if self._client is None:
+                self._client = redis.Redis.from_url(
+                    self.url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5
+                )
+            return self._client
+
+    def push(self, run: str, **fields: Any) -> None:
+        self.client.rpush(records_key(run), json.dumps(fields, sort_keys=True))
+
+
+def read_records(client: redis.Redis, run: str, phase: str | None = None) -> list[dict]:
+    """The records of ``run``, in push order (``phase``: only "start" or "end" ones)."""
+    out = [json.loads(item) for item in client.lrange(records_key(run), 0, -1)]
+    return [r for r in out if phase is None or r.get("phase") == phase]
+
+
+# -- the app ---------------------------------------------------------------------
+
+#: Fast settings for tests; a task overrides them with lock_* attributes.
+BASE_CONF: dict[str, Any] = dict(
+    redlock_ttl=2.0,
+    redlock_retry_backoff=0.05,
+    redlock_retry_backoff_max=0.5,
+    redlock_retry_max_attempts=100_000,
+    broker_transport_options={"visibility_timeout": 3600},
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    result_expires=3600,
+    task_acks_late=False,
+)
+
+
+def _sleep_until(deadline: float) -> None:
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
+def make_app(
+    broker: str,
+    backend: str,
+    nodes: Sequence[str],
+    recorder: str,
+    prefix: str,
+    main: str = "lockapp",
+    **conf: Any,
+) -> Celery:
+    """A Celery app with every test task, locking on ``nodes`` under ``prefix``."""
+    app = Celery(main, broker=broker, backend=backend, set_as_current=False)
+    app.conf.update(app_conf(nodes, prefix, **conf))
+    return add_tasks(app, recorder)
+
+
+def app_conf(nodes: Sequence[str], prefix: str, **conf: Any) -> dict[str, Any]:
+    """The settings of a test app: :data:`BASE_CONF`, the quorum nodes and the key prefix."""
+    return dict(BASE_CONF, redlock_nodes=list(nodes), redlock_key_prefix=prefix, **conf)
+
+
+def add_tasks(app: Celery, recorder: str) -> Celery:
+    """Give ``app`` every test task, recording to the Redis at URL ``recorder``."""
+    rec = Recorder(recorder)
+    app.recorder = rec  # for the tests: the same recorder the bodies write to
+
+    def body(task: Any, key: str, run: str, duration: float, token: Any, **extra: Any) -> dict:
+        """Record a start, hold the lock ``duration`` seconds, record an end."""
+        request = task.request
+        lease = request.redlock
+        fields = dict(
+            task=task.name,
+            id=request.id,
+            key=key,
+            pid=os.getpid(),
+            token=token,
+            lease_token=lease.fencing_token,
+            lease_key=lease.key,
+            retries=request.retries,
+            attempt=attempt_of(request),
+            kwargs=dict(request.kwargs or {}),
+            start=time.time(),
+            **extra,
+        )
+        rec.push(run, phase="start", **fields)
+        _sleep_until(fields["start"] + duration)
+        fields.update(end=time.time(), lost=lease.lost, remaining=lease.remaining())
+        rec.push(run, phase="end", **fields)
+        return {"token": token, "pid": fields["pid"]}
+
+    def task(**options: Any) -> Any:
+        options.setdefault("bind", True)
+        options.setdefault("lock_on", ("key",))
+        return app.task(base=LockedTask, shared=False, **options)
+
+    @task(name="lockapp.slow")
+    def slow(self, key, run, duration=1.0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.slow_retry", lock_on_duplicate="retry", max_retries=0)
+    def slow_retry(self, key, run, duration=0.25, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.slow_raise", lock_on_duplicate="raise")
+    def slow_raise(self, key, run, duration=1.0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.slow_wait", lock_on_duplicate="wait", lock_wait_timeout=30.0)
+    def slow_wait(self, key, run, duration=0.3, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.shared_a", lock_name="crl-shared")
+    def shared_a(self, key, run, duration=1.0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.shared_b", lock_name="crl-shared")
+    def shared_b(self, key, run, duration=0.1, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.heartbeat_long", lock_ttl=1.2)
+    def heartbeat_long(self, key, run, duration=3.6, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, ttl=self.request.redlock.ttl)
+
+    @task(name="lockapp.crash_victim", lock_ttl=20.0, lock_on_duplicate="retry")
+    def crash_victim(self, key, run, duration=0.1, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.fenced_hold", lock_ttl=1.5, lock_on_duplicate="retry")
+    def fenced_hold(self, key, run, resource, go_key=None, max_wait=30.0, fencing_token=None):
+        """Hold the lock until ``go_key`` exists, then check the lease and write via the fence."""
+        request = self.request
+        lease = request.redlock
+        start = time.time()
+        rec.push(
+            run, phase="start", id=request.id, pid=os.getpid(), token=fencing_token, start=start
+        )
+        if go_key:
+            while not rec.client.exists(go_key) and time.time() - start < max_wait:
+                time.sleep(0.02)
+        lost = lease.lost
+        try:
+            lease.check()
+        except LockLost:
+            check_raised = True
+        else:
+            check_raised = False
+        accepted = fenced_write(rec.client, resource, fencing_token, request.id)
+        rec.push(
+            run,
+            phase="end",
+            id=request.id,
+            pid=os.getpid(),
+            token=fencing_token,
+            start=start,
+            end=time.time(),
+            lost=lost,
+            check_raised=check_raised,
+            accepted=accepted,
+        )
+        return {"accepted": accepted, "lost": lost}
+
+    @task(name="lockapp.outage_probe")
+    def outage_probe(self, key, run, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.user_retry", max_retries=1)
+    def user_retry(self, key, run, fencing_token=None):
+        body(self, key, run, 0.0, fencing_token)
+        if self.request.retries == 0:
+            raise self.retry(countdown=0.1)
+        return "retried once"
+
+    @task(name="lockapp.boom")
+    def boom(self, key, run, fencing_token=None):
+        body(self, key, run, 0.0, fencing_token)
+        raise ValueError("boom")
+
+    @task(name="lockapp.user_ignore")
+    def user_ignore(self, key, run, fencing_token=None):
+        body(self, key, run, 0.0, fencing_token)
+        raise Ignore()
+
+    @task(name="lockapp.soft_limited", soft_time_limit=0.5)
+    def soft_limited(self, key, run, fencing_token=None):
+        body(self, key, run, 5.0, fencing_token)  # interrupted by the soft limit
+        return "not interrupted"
+
+    # -- enqueue claims (test_enqueue.py) --
+
+    @task(name="lockapp.once_finished", lock_enqueue="until_finished")
+    def once_finished(self, key, run, duration=1.0, note=None, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(name="lockapp.once_started", lock_enqueue="until_started")
+    def once_started(self, key, run, duration=1.0, note=None, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(name="lockapp.once_raise", lock_enqueue="until_finished", lock_on_enqueued="raise")
+    def once_raise(self, key, run, duration=1.0, note=None, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(name="lockapp.once_replace", lock_enqueue="until_started", lock_on_enqueued="replace")
+    def once_replace(self, key, run, duration=1.0, note=None, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(name="lockapp.once_short", lock_enqueue="until_finished", lock_enqueue_ttl=2.0)
+    def once_short(self, key, run, duration=0.1, note=None, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(name="lockapp.once_retry", lock_enqueue="until_finished", max_retries=1)
+    def once_retry(self, key, run, fencing_token=None):
+        body(self, key, run, 0.0, fencing_token)
+        if self.request.retries == 0:
+            raise self.retry(countdown=2.0)
+        return "retried"
+
+    @task(
+        name="lockapp.once_outage",
+        lock_enqueue="until_finished",
+        lock_on_duplicate="retry",
+        lock_retry_backoff=0.2,
+        lock_retry_backoff_max=1.0,
+    )
+    def once_outage(self, key, run, duration=0.1, note=None, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    # -- debounce and throttle (test_coalesce.py) --
+
+    @task(name="lockapp.debounced", lock_debounce=1.0, lock_on_duplicate="retry")
+    def debounced(self, key, run, note=None, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(
+        name="lockapp.debounced_capped",
+        lock_debounce=1.0,
+        lock_debounce_max=2.0,
+        lock_on_duplicate="retry",
+    )
+    def debounced_capped(self, key, run, note=None, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    @task(name="lockapp.throttled", lock_throttle=1.0, lock_on_duplicate="retry")
+    def throttled(self, key, run, note=None, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, note=note)
+
+    # -- permits: lock_limit and named limits (test_permits_live.py, test_task_faults.py) --
+
+    #: Contention retried quickly: a freed permit is taken again within ~0.2 s.
+    retry_fast = dict(
+        lock_on_duplicate="retry", lock_retry_backoff=0.02, lock_retry_backoff_max=0.2
+    )
+
+    @task(name="lockapp.permit3", lock_limit=3, **retry_fast)
+    def permit3(self, key, run, duration=1.0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, permit=self.request.redlock.permit)
+
+    @task(name="lockapp.permit3_crash", lock_limit=3, lock_ttl=20.0, lock_on_duplicate="retry")
+    def permit3_crash(self, key, run, duration=0.1, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, permit=self.request.redlock.permit)
+
+    @task(name="lockapp.permit2_fenced", lock_limit=2, lock_ttl=1.5, lock_on_duplicate="retry")
+    def permit2_fenced(self, key, run, resource, go_key=None, fencing_token=None):
+        # fenced_hold's body, run as this task (the bound run's function takes it as self)
+        return fenced_hold.run.__func__(
+            self, key, run, resource, go_key=go_key, fencing_token=fencing_token
+        )
+
+    for letter in "abc":  # a named limit of 2 shared by three tasks
+
+        @task(
+            name=f"lockapp.named_{letter}",
+            lock_name="crl-named",
+            lock_on=(),
+            lock_limit=2,
+            **retry_fast,
+        )
+        def named(self, key, run, duration=0.3, fencing_token=None):
+            return body(self, key, run, duration, fencing_token)
+
+    # a per-key lock held together with the named limit "crl-api" (2), which
+    # api_only takes on its own
+
+    @task(name="lockapp.key_and_api", lock_also={"crl-api": 2}, **retry_fast)
+    def key_and_api(self, key, run, duration=0.05, fencing_token=None):
+        also = self.request.redlock.also
+        return body(self, key, run, duration, fencing_token, api_key=also[0].key)
+
+    @task(
+        name="lockapp.api_only",
+        lock_name="crl-api",
+        lock_on=(),
+        lock_limit=2,
+        **retry_fast,
+    )
+    def api_only(self, key, run, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, api_key=self.request.redlock.key)
+
+    @task(name="lockapp.unbound_probe", bind=False)
+    def unbound_probe(key, run, fencing_token=None):
+        lease = current_lease()
+        rec.push(
+            run,
+            phase="end",
+            key=key,
+            token=fencing_token,
+            lease_token=lease.fencing_token,
+            lease_key=lease.key,
+            lost=lease.lost,
+            pid=os.getpid(),
+        )
+        return lease.fencing_token
+
+    return app
+
+
+def app_from_env(env: Any = os.environ, main: str = "lockapp") -> Celery:
+    """The app a worker subprocess runs; ``CRL_CONF`` (JSON) overrides settings."""
+    return make_app(
+        broker=env["CRL_BROKER_URL"],
+        backend=env["CRL_BACKEND_URL"],
+        nodes=[n for n in env["CRL_NODES"].split(",") if n],
+        recorder=env["CRL_RECORDER_URL"],
+        prefix=env["CRL_PREFIX"],
+        main=main,
+        **json.loads(env.get("CRL_CONF") or "{}"),
+    )
+
+
+def _write_ready_file(**_: Any) -> None:
+    path = os.environ["CRL_READY_FILE"]
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+
+
+#: What ``celery -A tests.support.lockapp`` finds; None outside a worker subprocess.
+app: Celery | None = app_from_env() if os.environ.get("CRL_BROKER_URL") else None
+if app is not None and os.environ.get("CRL_READY_FILE"):
+    celery_signals.worker_ready.connect(_write_ready_file, weak=False)
