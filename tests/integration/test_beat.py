@@ -321,12 +321,16 @@ def test_a_minority_of_nodes_down_or_hung_changes_nothing(rig):
     rig.nodes.pause(2)  # accepts connections, never answers: each claim waits node_timeout
     sleep_until(t0 + 9.0)
     rig.nodes.resume(2)
-    sleep_until(t0 + 10.5)
+    sleep_until(t0 + 11.5)
     stopped = rig.stop()
 
     msgs = rig.dispatched()
+    # A tick near a fault (a hung node, or one just resumed and answering its
+    # backlog) may wait out a node timeout on each round, so on a loaded host
+    # a slot can go out most of a second late: completeness is checked up to
+    # 1.5 s before the stop, which leaves the last slot after the resume.
     every1 = assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.5))
-    assert_each_slot_once(msgs, "aligned-2s", 2, (t1, stopped - 0.5))
+    assert_each_slot_once(msgs, "aligned-2s", 2, (t1, stopped - 1.5))
     assert not first.errors() and not second.errors()
     assert "quorum unavailable" not in first.log + second.log
     print(
