@@ -68,6 +68,16 @@ def default_heartbeat():
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Keep each phase's report on the item: a fixture can tell, at teardown,
+    that its test failed and print what explains it (``item.failed``)."""
+    report = yield
+    if report.failed:
+        item.failed = True  # type: ignore[attr-defined]
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     """After each test's teardown, resume any node it left paused (module-scoped nodes too)."""
     try:

@@ -179,12 +179,19 @@ class Rig:
 
 
 @pytest.fixture
-def rig(redis_node_factory, tmp_path) -> Iterator[Rig]:
+def rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
     rig = Rig(redis_node_factory, tmp_path)
     try:
         yield rig
     finally:
         rig.stop()
+        if getattr(request.node, "failed", False):
+            # what each beat did and when, for a failure seen only in a CI log
+            for beat in rig.beats:
+                print(f"--- beat {beat.pid}")
+                for line in beat.log.splitlines():
+                    if "Sending due task" in line or "slot" in line or "/WARNING" in line:
+                        print(line)
 
 
 def sleep_until(t: float) -> None:

@@ -93,7 +93,8 @@ def test_debounce_runs_once_after_the_burst_with_the_last_arguments(coalesce_wor
     time.sleep(1.5)  # quiet: nothing else runs
     runs = coalesce_worker.records(run)
     assert [r["note"] for r in runs] == [last_note] and runs[0]["id"] == last_id
-    assert 0.9 <= runs[0]["start"] - last_at < 1.6, runs[0]["start"] - last_at
+    # about 1 s: the ETA, then the worker's timer and pool (slower on a loaded host)
+    assert 0.9 <= runs[0]["start"] - last_at < 2.0, runs[0]["start"] - last_at
     replaced = coalesce_worker.app.AsyncResult(sent[0][2])
     with pytest.raises(TaskRevokedError, match="superseded by task"):
         replaced.get(timeout=5)
@@ -107,8 +108,14 @@ def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):
     time.sleep(2.5)
     runs = sorted(coalesce_worker.records(run), key=lambda r: r["start"])
     assert len(runs) >= 2, runs
-    starts = [t0] + [r["start"] for r in runs]
-    assert all(b - a <= 2.3 for a, b in zip(starts, starts[1:])), starts
+    # Each run starts at most 2 s after the first call of its burst (the first
+    # call after the previous run started), give or take the delivery of an
+    # ETA message; so runs are at most 2 s apart plus the 0.3 s call spacing.
+    starts = [sent[0][0]] + [r["start"] for r in runs]
+    for previous, r in zip(starts, runs):
+        first_of_burst = min(c[0] for c in sent if c[0] >= previous)
+        assert r["start"] - first_of_burst <= 2.0 + 0.5, (r, first_of_burst)
+    assert all(b - a <= 2.3 + 0.5 for a, b in zip(starts, starts[1:])), starts
     for r in runs:  # each ran with the newest arguments at its start (the grant comes first)
         newest = max((c for c in sent if c[0] <= r["start"] - 0.05), key=lambda c: c[0])
         assert r["note"] == newest[1], (r["note"], newest)
@@ -122,9 +129,12 @@ def test_throttle_starts_at_most_once_per_period(coalesce_worker, run):
     sent = call_from_processes(coalesce_worker, "lockapp.throttled", run, run, plan)
     time.sleep(2.0)
     runs = sorted(coalesce_worker.records(run), key=lambda r: r["start"])
-    assert runs[0]["note"] == 0 and runs[0]["start"] - sent[0][0] < 0.5  # the first at once
+    assert runs[0]["note"] == 0 and runs[0]["start"] - sent[0][0] < 0.9  # the first at once
     starts = [r["start"] for r in runs]
-    assert all(b - a >= 0.98 for a, b in zip(starts, starts[1:])), starts
+    # Grants are at least 1 s apart on the granting clock; a start is recorded
+    # a round trip and a call after its grant, which varies by some tens of ms
+    # on a loaded host. Unthrottled, these calls would start 60 ms apart.
+    assert all(b - a >= 0.9 for a, b in zip(starts, starts[1:])), starts
     assert 3 <= len(runs) <= 5, starts
     assert runs[-1]["note"] == sent[-1][1]  # the trailing run has the last call's arguments
 

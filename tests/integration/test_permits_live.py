@@ -33,8 +33,8 @@ def concurrency(runs: list[dict]) -> tuple[int, dict[int, float]]:
     return peak, spent
 
 
-#: Longer than one acquire round and the record push after it, even under load.
-ROUND = 0.2
+#: Longer than an acquire round and the record push after it, even on a loaded host.
+ROUND = 0.5
 
 
 def assert_tokens_grow_in_grant_order(runs: list[dict]) -> None:
