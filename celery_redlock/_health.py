@@ -26,7 +26,7 @@ def node_row(info: NodeInfo) -> list[str]:
     return [info.node, ms_text(info.latency), info.version, info.role, policy_cell, persistence]
 
 
-def findings(infos: Sequence[NodeInfo], node_timeout: float) -> list[str]:
+def findings(infos: Sequence[NodeInfo], node_timeout: float, min_replicas: int = 0) -> list[str]:
     """The DOWN, WARNING and note lines of ``nodes``; one line per finding, naming its nodes."""
     found: dict[tuple[str, str], list[str]] = {}  # (level, message) -> node names, in order
 
@@ -59,6 +59,23 @@ def findings(infos: Sequence[NodeInfo], node_timeout: float) -> list[str]:
                 f"role {p.role}: lock nodes must be independent masters (a replica refuses "
                 "writes; a failover to one loses recent locks).",
             )
+        if p.role == "master" and p.replicas is not None:
+            if p.replicas < min_replicas:
+                add(
+                    "WARNING",
+                    p.node,
+                    f"{_replicas(p.replicas)} connected, redlock_min_replicas is "
+                    f"{min_replicas}: no write here can be confirmed, so the node never "
+                    "counts toward a quorum.",
+                )
+            elif p.replicas and not min_replicas:
+                add(
+                    "note",
+                    p.node,
+                    f"{_replicas(p.replicas)} and redlock_min_replicas 0: a failover may "
+                    "promote a replica that never saw a held lock; redlock_min_replicas=1 "
+                    "makes each grant wait for one to confirm it.",
+                )
         if p.run_id:
             other = seen_run_ids.setdefault(p.run_id, p.node)
             if other != p.node:
@@ -94,3 +111,7 @@ def findings(infos: Sequence[NodeInfo], node_timeout: float) -> list[str]:
         f"{level:<7} {', '.join(names)}: {message}"
         for (level, message), names in sorted(found.items(), key=lambda item: order[item[0][0]])
     ]
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"

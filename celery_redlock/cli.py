@@ -188,8 +188,9 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     Uses the app's redlock_* settings, or TASK's when given. Warns about what
     can break a lock: a maxmemory-policy other than noeviction (volatile-*
     policies evict exactly the keys with a TTL, that is every lock), a replica
-    instead of a master, two URLs reaching one server, no AOF. Exits with 2
-    when fewer than a quorum of the nodes answer.
+    instead of a master, fewer replicas than redlock_min_replicas, two URLs
+    reaching one server, no AOF. Exits with 2 when fewer than a quorum of the
+    nodes answer.
     """
     label, settings = _target_settings(app, task)
     with _connect(settings, timeout) as (client, notes):
@@ -202,7 +203,9 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     echo("")
     header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
     echo(table([node_row(info) for info in infos], header))
-    lines = [f"WARNING {note}" for note in notes] + findings(infos, settings.node_timeout)
+    lines = [f"WARNING {note}" for note in notes] + findings(
+        infos, settings.node_timeout, settings.min_replicas
+    )
     if lines:
         echo("\n" + "\n".join(lines))
     down = [(info.node, info.error) for info in infos if info.error is not None]

@@ -1599,6 +1599,8 @@ class NodeInfo(NamedTuple):
     appendfsync: str | None = None
     #: The server's ``run_id``: two nodes with one run_id are one server.
     run_id: str | None = None
+    #: ``connected_slaves``: the replicas attached to a master (None if INFO does not say).
+    replicas: int | None = None
 
 
 def node_name(spec: NodeSpec) -> str:
@@ -1643,6 +1645,7 @@ def _node_info(node: Node, timeout: float) -> NodeInfo:
         aof,
         fsync,
         fields.get("run_id"),
+        int(fields["connected_slaves"]) if fields.get("connected_slaves", "").isdigit() else None,
     )
 
 

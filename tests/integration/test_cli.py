@@ -24,6 +24,7 @@ from click.testing import CliRunner, Result
 from celery_redlock import LockedTask, plan_of
 from celery_redlock.cli import redlock
 from celery_redlock.redlock import Lease, make_owner, mask_url
+from tests.support.deploy import primary_with_replicas
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +96,23 @@ def test_nodes_flags_a_policy_that_evicts(redis_node_factory, policy):
     assert result.exit_code == 0, result.output
     assert f"{policy} (UNSAFE)" in result.output
     assert f"WARNING {node.url}: maxmemory-policy {policy}" in result.output
+
+
+def test_nodes_weighs_a_primarys_replicas_against_min_replicas():
+    primary, replica = primary_with_replicas(1)
+    try:
+        out = {
+            n: invoke(cli_app.make_app([primary.url], redlock_min_replicas=n), "nodes")
+            for n in (0, 1, 2)
+        }
+    finally:
+        replica.close()
+        primary.close()
+    assert all(result.exit_code == 0 for result in out.values()), out
+    short = f"WARNING {primary.url}: 1 replica connected, redlock_min_replicas is 2"
+    assert short in out[2].output
+    assert f"note    {primary.url}: 1 replica and redlock_min_replicas 0" in out[0].output
+    assert "redlock_min_replicas" not in out[1].output  # enough: nothing to say
 
 
 # -- status --------------------------------------------------------------------
