@@ -25,7 +25,7 @@ asks the sentinels where the master is, so after a failover the connection
 that fails is dropped and the next one reaches the new master.
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
-scripts a lease rests on (:data:`CONFIRMED`) in the same round.
+scripts a lease or a claim rests on (:data:`CONFIRMED`) in the same round.
 
 redis-py internals
 ==================
@@ -718,9 +718,11 @@ def _parse(buf: bytes, pos: int) -> tuple[Any, int]:
     raise InvalidResponse(f"Protocol Error: {kind + line!r}")
 
 
-#: The scripts whose writes a lease rests on: a grant, a renewal, a fence
-#: write. On nodes with ``min_replicas``, each is followed by ``WAIT``.
-CONFIRMED = frozenset({"acquire", "extend", "fence"})
+#: The scripts whose writes a lease or a claim rests on: a grant, a renewal, a
+#: fence write, a beat slot or enqueue claim, a debounce or throttle schedule.
+#: On nodes with ``min_replicas``, each is followed by ``WAIT``. Deletions are
+#: not: one a failover loses only leaves a key to its TTL.
+CONFIRMED = frozenset({"acquire", "extend", "fence", "claim", "claim_next", "debounce", "throttle"})
 
 
 class NotReplicated(RedisError):

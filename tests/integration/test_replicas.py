@@ -61,6 +61,27 @@ def test_a_silent_replica_makes_the_node_not_count(pair):
     replica.resume()
 
 
+def test_claims_are_confirmed_like_grants(pair):
+    primary, replica = pair
+    rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+    assert rl.claim("slot:1", "beat-a", ttl=60) is True
+    assert rl.claim_next("job", "task-1", ttl=60).claimant == "task-1"
+    with replica.client() as client:  # on the replica when the call returns
+        assert client.get("redlock:slot:1") == "beat-a"
+        assert client.get(rl.claim_key("job")) == "task-1"
+    replica.pause()
+    try:
+        with pytest.raises(QuorumUnavailable, match="replicas confirmed|Timeout"):
+            rl.claim("slot:2", "beat-a", ttl=60)
+        with pytest.raises(QuorumUnavailable):
+            rl.claim_next("other", "task-2", ttl=60)
+        with primary.client() as client:  # the unconfirmed claims were withdrawn
+            assert client.get("redlock:slot:2") is None
+            assert client.get(rl.claim_key("other")) is None
+    finally:
+        replica.resume()
+
+
 def test_without_min_replicas_a_silent_replica_changes_nothing(pair):
     primary, replica = pair
     rl = Redlock([primary.url], node_timeout=TIMEOUT)
@@ -71,7 +92,7 @@ def test_without_min_replicas_a_silent_replica_changes_nothing(pair):
     replica.resume()
 
 
-def test_min_replicas_adds_wait_only_to_writes_a_lease_rests_on(pair, monkeypatch):
+def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, monkeypatch):
     from celery_redlock import _nodes
 
     sent = []
@@ -89,11 +110,13 @@ def test_min_replicas_adds_wait_only_to_writes_a_lease_rests_on(pair, monkeypatc
         rl.extend(lease)
         rl.holder("job")
         rl.release(lease)
+        rl.claim_next("job", "task-1", ttl=5)
+        rl.withdraw_claim("job", "task-1")
 
     cycle()  # the scripts are loaded: every round below is one EVALSHA
     monkeypatch.setattr(_nodes, "gather", spy)
     cycle()
-    assert [then for _, then in sent] == ["WAIT", "WAIT", None, None]
+    assert [then for _, then in sent] == ["WAIT", "WAIT", None, None, "WAIT", None]
     sent.clear()
     plain = Redlock([primary.url], node_timeout=TIMEOUT)
     plain.release(plain.acquire("job", ttl=5))
