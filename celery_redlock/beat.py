@@ -1,4 +1,4 @@
-"""Run several ``celery beat`` processes; each periodic slot is sent exactly once.
+"""Run several ``celery beat`` processes; each periodic slot is sent once, by one of them.
 
 Celery expects exactly one beat. Run two and every periodic task is sent twice;
 run one and a crashed host means no periodic tasks until someone notices.
@@ -10,7 +10,10 @@ Before publishing a due entry, each beat claims the entry's current **slot**
 (:mod:`celery_redlock.slots` names it) on the Redlock quorum, with the nodes and
 settings the tasks use. The first beat to claim it sends the task; the others
 skip the publish and move their own schedule on, exactly as if they had sent
-it. A beat that dies leaves nothing to clean up. Whether a run may start while
+it. A beat that dies leaves nothing to clean up. A slot is sent at most
+once, never twice: a beat killed between its claim and its publish (the
+length of one round trip) takes that one slot with it, and the next slot goes
+out as usual. Whether a run may start while
 the previous one is still running is the task lock's business: make the task a
 ``LockedTask``.
 

@@ -162,6 +162,22 @@ class Rig:
             )
         return out
 
+    def unsent_claims(self, msgs: list[Msg]) -> dict[tuple[str, str], str]:
+        """Slot claims held on a quorum whose message never reached the broker:
+        ``(entry, slot) -> claim value``."""
+        sent = {(m.entry, m.slot) for m in msgs}
+        seen: dict[tuple[str, str], list[str]] = {}
+        for node in self.nodes:
+            with node.client() as client:
+                for key in client.scan_iter("redlock:beat:*"):
+                    _, _, entry, slot = key.split(":")
+                    seen.setdefault((entry, slot), []).append(client.get(key))
+        return {
+            slot: values[0]
+            for slot, values in seen.items()
+            if slot not in sent and len(values) >= 2 and len(set(values)) == 1
+        }
+
     def claims(
         self, msgs: list[Msg], node_indexes: tuple[int, ...] = (0, 1, 2)
     ) -> dict[Msg, list[str]]:
@@ -203,7 +219,12 @@ def slots_of(msgs: list[Msg], entry: str) -> list[float]:
 
 
 def assert_each_slot_once(
-    msgs: list[Msg], entry: str, period: float, covered: tuple[float, float], min_expected: int = 3
+    msgs: list[Msg],
+    entry: str,
+    period: float,
+    covered: tuple[float, float],
+    min_expected: int = 3,
+    excused: frozenset[float] = frozenset(),
 ) -> list[float]:
     """No slot twice; every slot of the ``covered`` window (two beats ticking) sent.
 
@@ -212,7 +233,9 @@ def assert_each_slot_once(
     epoch grid and now and then land twice in a row across a cell boundary,
     skipping that cell: the same number of runs plain Celery makes. With two
     beats a cell is missed only if both skip it, so completeness is checked
-    where at least two were running.
+    where at least two were running. The callers end ``covered`` a second or
+    more before the stop: on a loaded host a tick may send its slot most of a
+    second late. ``excused`` slots may be missing (a killed beat's last claim).
     """
     counts = Counter(m.slot for m in msgs if m.entry == entry)
     dupes = {slot: n for slot, n in counts.items() if n > 1}
@@ -222,7 +245,7 @@ def assert_each_slot_once(
     lo, hi = covered
     expected = [k * period for k in range(math.ceil(lo / period), math.floor(hi / period) + 1)]
     assert len(expected) >= min_expected, f"{entry}: window {covered} too short"
-    missing = sorted(set(expected) - set(slots))
+    missing = sorted(set(expected) - set(slots) - excused)
     assert not missing, (
         f"{entry}: slots {missing} of {expected[0]:.0f}..{expected[-1]:.0f} never sent"
     )
@@ -255,7 +278,7 @@ def test_two_beats_started_apart_send_every_slot_once(rig):
     msgs = rig.dispatched()
     every1 = assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.3))
     assert_each_slot_once(msgs, "every-2s", 2, (t1 + 2, stopped - 2.3), min_expected=2)
-    assert_each_slot_once(msgs, "aligned-3s", 3, (t1, stopped - 0.3), min_expected=2)
+    assert_each_slot_once(msgs, "aligned-3s", 3, (t1, stopped - 1.3), min_expected=2)
     assert {m.task for m in msgs if m.entry == "every-2s"} == {"beat_app.elsewhere"}  # send_task
     # The crontab entry: each beat first finds it due at the next minute boundary.
     cron = Counter(m.slot for m in msgs if m.entry == "cron")
@@ -290,13 +313,30 @@ def test_three_beats_one_killed_mid_run_no_gap_no_duplicate(rig):
     victim = next(b for b in beats if str(b.pid) == senders.most_common(1)[0][0])
     killed_at = time.time()
     victim.kill()
-    sleep_until(killed_at + 6.0)
+    sleep_until(killed_at + 7.0)
     stopped = rig.stop()
 
     msgs = rig.dispatched()
-    every1 = assert_each_slot_once(msgs, "every-1s", 1, (t2 + 1, stopped - 1.3))
-    assert_each_slot_once(msgs, "every-2s", 2, (t2 + 2, stopped - 2.3), min_expected=2)
-    assert_each_slot_once(msgs, "aligned-3s", 3, (t2, stopped - 0.3), min_expected=2)
+    # At most once: a beat killed between its claim and its publish (one round
+    # trip) takes that slot with it, and the others skip it. Only slots the
+    # victim claimed at the moment it was killed may be missing.
+    unsent = rig.unsent_claims(msgs)
+    assert all(value.endswith(f"|{victim.pid}") for value in unsent.values()), unsent
+    assert all(abs(float(slot) - killed_at) < 3.5 for _, slot in unsent), (unsent, killed_at)
+    assert all(n == 1 for n in Counter(e for e, _ in unsent).values()), unsent  # one per entry
+
+    def excused(entry: str) -> frozenset[float]:
+        return frozenset(float(slot) for e, slot in unsent if e == entry)
+
+    every1 = assert_each_slot_once(
+        msgs, "every-1s", 1, (t2 + 1, stopped - 1.3), excused=excused("every-1s")
+    )
+    assert_each_slot_once(
+        msgs, "every-2s", 2, (t2 + 2, stopped - 2.3), min_expected=2, excused=excused("every-2s")
+    )
+    assert_each_slot_once(
+        msgs, "aligned-3s", 3, (t2, stopped - 1.3), min_expected=2, excused=excused("aligned-3s")
+    )
     claims = rig.claims(msgs)
     by_victim = [
         m for m, values in claims.items() if values and values[0].endswith(f"|{victim.pid}")
