@@ -11,9 +11,10 @@ Before publishing a due entry, each beat claims the entry's current **slot**
 settings the tasks use. The first beat to claim it sends the task; the others
 skip the publish and move their own schedule on, exactly as if they had sent
 it. A beat that dies leaves nothing to clean up. A slot is sent at most
-once, never twice: a beat killed between its claim and its publish (the
-length of one round trip) takes that one slot with it, and the next slot goes
-out as usual. Whether a run may start while
+once, never twice: a beat killed (SIGKILL, a crash) between its claim and its
+publish, the length of one round trip, takes that one slot with it, and the
+next slot goes out as usual. A beat told to stop (SIGTERM, SIGINT) in that
+moment stops right after the publish: the signal waits for it. Whether a run may start while
 the previous one is still running is the task lock's business: make the task a
 ``LockedTask``.
 
@@ -54,8 +55,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery.beat import PersistentScheduler, SchedulingError
@@ -259,6 +264,10 @@ class RedlockSchedulerMixin:
             The ``AsyncResult`` when this beat sent the slot, else a falsy
             :class:`SlotSkipped`.
         """
+        with _stop_deferred():
+            return self._redlock_apply_async(entry, producer, advance)
+
+    def _redlock_apply_async(self, entry: Any, producer: Any, advance: bool) -> Any:
         # Advance first, as the base class does, so an error cannot make the
         # entry due forever. The slot comes from the entry as it was.
         outgoing = self.reserve(entry) if advance else entry  # type: ignore[attr-defined]
@@ -399,7 +408,8 @@ class RedlockSchedulerMixin:
     def tick(self, *args: Any, **kwargs: Any) -> Any:
         """Retry held-back slots, run the scheduler's tick, wake up for the next retry."""
         if self._redlock_held:
-            self._redlock_retry_held()
+            with _stop_deferred():
+                self._redlock_retry_held()
         delay = super().tick(*args, **kwargs)  # type: ignore[misc]
         if self._redlock_held:
             wait = max(0.0, min(h.next_try for h in self._redlock_held.values()) - time.monotonic())
@@ -457,6 +467,31 @@ class RedlockSchedulerMixin:
                 self._redlock_publish(held.entry, held.slot, held.task_id, self.producer)  # type: ignore[attr-defined]
             except Exception as exc:  # as Scheduler.apply_entry: log, never stop beat
                 logger.error("beat: Message Error: %s", exc, exc_info=True)
+
+
+#: How ``celery beat`` is told to stop: its handler raises SystemExit at once.
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextmanager
+def _stop_deferred() -> Iterator[None]:
+    """Hold a stop signal back from a slot's claim to its publish.
+
+    ``celery beat`` stops by raising SystemExit from its signal handler
+    wherever the main thread is: between a claim and its publish, that would
+    leave the slot claimed and never sent (a restart losing a run). Blocked,
+    the signal stays pending and is handled the moment the publish is done.
+    """
+    if not hasattr(signal, "pthread_sigmask") or (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        yield  # signals reach only the main thread (and no mask on Windows)
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _who(value: str) -> str:

@@ -120,7 +120,7 @@ class Rig:
         self.tmp = tmp
         self.beats: list[Beat] = []
 
-    def start(self, entries: str) -> Beat:
+    def start(self, entries: str, node_timeout: float = 0.15) -> Beat:
         env = dict(
             os.environ,
             PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
@@ -129,7 +129,7 @@ class Rig:
             CRL_BEAT_ENTRIES=entries,
             # The default 50 ms is for a quiet host; on a loaded 2-core CI box a
             # process stall can exceed it and look like an outage.
-            CRL_BEAT_NODE_TIMEOUT="0.15",
+            CRL_BEAT_NODE_TIMEOUT=str(node_timeout),
         )
         beat = Beat(len(self.beats), env, self.tmp)
         self.beats.append(beat)
@@ -348,6 +348,26 @@ def test_three_beats_one_killed_mid_run_no_gap_no_duplicate(rig):
         f"\nthree beats, pid {victim.pid} killed after sending {len(by_victim)}: "
         f"{len(msgs)} messages, every-1s slots {every1[0]:.0f}..{every1[-1]:.0f}"
     )
+
+
+def test_a_beat_told_to_stop_mid_claim_publishes_the_slot_first(rig):
+    # A hung node makes each claim round last the whole node timeout (1 s):
+    # the SIGTERM lands inside the round, between the claim and its publish.
+    beat = rig.start("every-1s=every:1", node_timeout=1.0)
+    beat.wait_started()
+    rig.nodes.pause(2)
+    due = beat.log.count("Sending due task")
+    deadline = time.monotonic() + 10
+    while beat.log.count("Sending due task") == due:
+        assert time.monotonic() < deadline, beat.log
+        time.sleep(0.005)
+    time.sleep(0.1)  # inside the claim round, which waits 1 s for the hung node
+    beat.terminate()
+    beat.proc.wait(STOP_TIMEOUT)
+    rig.nodes.resume(2)
+    msgs = rig.dispatched()
+    assert rig.unsent_claims(msgs) == {}  # no slot claimed and left unsent
+    assert len(msgs) == beat.log.count("Sending due task") == due + 1, beat.log
 
 
 def test_a_minority_of_nodes_down_or_hung_changes_nothing(rig):
