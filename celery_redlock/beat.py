@@ -14,9 +14,9 @@ it. A beat that dies leaves nothing to clean up. A slot is sent at most
 once, never twice: a beat killed (SIGKILL, a crash) between its claim and its
 publish, the length of one round trip, takes that one slot with it, and the
 next slot goes out as usual. A beat told to stop (SIGTERM, SIGINT) in that
-moment stops right after the publish: the signal waits for it. Whether a run may start while
-the previous one is still running is the task lock's business: make the task a
-``LockedTask``.
+moment stops right after the publish: the signal waits for it. Whether a run
+may start while the previous one is still running is the task lock's
+business: make the task a ``LockedTask``.
 
 The mixin composes with any scheduler that publishes through
 ``Scheduler.apply_async``::

@@ -462,8 +462,8 @@ class Redlock:
             granting nodes disagree on the fence value; see the module docstring).
         fence_retention: seconds a fence value is kept after its last grant.
         min_replicas: replicas of each node that must confirm (``WAIT``, in the
-            same round trip) a grant, a renewal, a fence write or a claim before that
-            node counts; for nodes that are a primary with replicas (README,
+            same round trip) a grant, a renewal, a fence write or a claim before
+            that node counts; for nodes that are a primary with replicas (README,
             "Deployments"). 0 sends no ``WAIT``.
         clock: monotonic clock, seconds (injectable for tests).
         sleep: sleep function (injectable for tests).

@@ -235,9 +235,8 @@ SETTINGS: tuple[Setting, ...] = (
         check_count,
         "Replicas of each node that must confirm a grant, a renewal, a fence write or a "
         "claim (WAIT, in the same round trip, within the node timeout) before that node "
-        "counts. For "
-        "nodes that are a primary with replicas: a failover then keeps a held lock in the "
-        "common case. 0: no WAIT.",
+        "counts. For nodes that are a primary with replicas: a failover then keeps a held "
+        "lock in the common case. 0: no WAIT.",
     ),
     Setting(
         "redlock_on_duplicate",
