@@ -1454,6 +1454,18 @@ class Redlock:
         for node in self.nodes:
             node.close()
 
+    def rate(self, name: str, rate: Any, *, burst: int = 1, also: Any = None) -> Any:
+        """Book a start of ``name`` under ``rate`` ("10/s", (count, seconds), or several):
+        a :class:`~celery_redlock.core.rates.RateSlot`, due now or at ``start_at``.
+        ``also``: other names and their rates, booked in the same round.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        from .core.rates import reserve_named
+
+        return reserve_named(self, name, rate, burst=burst, also=also)
+
 
 def _in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
     """What stopped an acquire: the holder a node reported (with the claimant it saw
