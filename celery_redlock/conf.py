@@ -204,6 +204,8 @@ class LockSettings:
     throttle: float | None
     throttle_trailing: bool
     receipt_ttl: float
+    rate: Any = None
+    rate_burst: int = 1
 
     @property
     def node_list(self) -> tuple:

@@ -10,13 +10,28 @@
 ``redlock_slot``
     A throttled message's slot (its planned start, in ms): the worker asks the
     nodes whether the slot is still this message's, or was taken over.
+``redlock_rate_at``
+    A rated message re-published for its booked start: ``"<ms>:<attempt>:<retries>"``,
+    the instant (epoch ms) and the delivery it was booked for, so that only
+    that delivery starts on it.
+``redlock_rate_waits``
+    Rounds a rated start has waited out for lack of a quorum (its backoff).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ATTEMPT", "CLAIM", "SLOT", "SUPERSEDED_BY", "attempt_of", "header"]
+__all__ = [
+    "ATTEMPT",
+    "CLAIM",
+    "RATE_AT",
+    "RATE_WAITS",
+    "SLOT",
+    "SUPERSEDED_BY",
+    "attempt_of",
+    "header",
+]
 
 #: Message header carrying the lock attempt number of a re-published task.
 ATTEMPT = "redlock_attempt"
@@ -24,6 +39,10 @@ ATTEMPT = "redlock_attempt"
 CLAIM = "redlock_claim"
 #: Message header carrying a throttled message's slot.
 SLOT = "redlock_slot"
+#: Message header carrying a rated message's booked start (see the module docstring).
+RATE_AT = "redlock_rate_at"
+#: Message header counting a rated start's waits for a quorum.
+RATE_WAITS = "redlock_rate_waits"
 #: How a superseded execution's REVOKED reason begins; the successor's task id follows.
 SUPERSEDED_BY = "superseded by task "
 

@@ -36,7 +36,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-__all__ = ["EVENTS", "Exporter", "count", "observe", "reset", "snapshot"]
+__all__ = ["EVENTS", "Exporter", "count", "observe", "observe_rate_delay", "reset", "snapshot"]
 
 logger = logging.getLogger("celery_redlock.metrics")
 
@@ -55,6 +55,9 @@ EVENTS = (
     "beat_skipped",
     "beat_outage",
     "beat_missed",
+    "rate_delayed",
+    "rate_outage",
+    "rate_split",
 )
 
 _counts: Counter = Counter()
@@ -68,17 +71,19 @@ except ImportError:  # pragma: no cover - depends on the installed extras
 
 _EVENTS: Any = None
 _ACQUIRE: Any = None
+_RATE_DELAY: Any = None
 
 
 def _create_metrics() -> None:
     """(Re)create the two metrics on the default registry, with the value class
     ``prometheus_client`` uses now (per process, or files in multiprocess mode)."""
-    global _EVENTS, _ACQUIRE
-    for metric in (_EVENTS, _ACQUIRE):
+    global _EVENTS, _ACQUIRE, _RATE_DELAY
+    for metric in (_EVENTS, _ACQUIRE, _RATE_DELAY):
         if metric is not None:
             _prom.REGISTRY.unregister(metric)
     _event_children.clear()
     _acquire_children.clear()
+    _rate_delay_children.clear()
     _EVENTS = _prom.Counter(
         "celery_redlock_events", "Lock events by kind and lock name", ("event", "lock")
     )
@@ -88,6 +93,12 @@ def _create_metrics() -> None:
         ("lock",),
         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
     )
+    _RATE_DELAY = _prom.Histogram(
+        "celery_redlock_rate_delay_seconds",
+        "How far a rate limit moved a start back (delayed starts only)",
+        ("lock",),
+        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
+    )
 
 
 # Labelled children, looked up once per label set: ``labels()`` costs more than
@@ -95,6 +106,7 @@ def _create_metrics() -> None:
 # same child per label set, so a cached one is the one it exports.
 _event_children: dict[tuple[str, str], Any] = {}
 _acquire_children: dict[str, Any] = {}
+_rate_delay_children: dict[str, Any] = {}
 
 if _prom is not None:
     _create_metrics()
@@ -118,6 +130,15 @@ def observe(seconds: float, lock: str) -> None:
         child = _acquire_children.get(lock)
         if child is None:
             child = _acquire_children[lock] = _ACQUIRE.labels(lock)
+        child.observe(seconds)
+
+
+def observe_rate_delay(seconds: float, lock: str) -> None:
+    """Record how far a rate limit moved one start back."""
+    if _prom is not None:
+        child = _rate_delay_children.get(lock)
+        if child is None:
+            child = _rate_delay_children[lock] = _RATE_DELAY.labels(lock)
         child.observe(seconds)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import conf, headers, settings
+from .core.rates import parse_rate
 from .keys import KeyBuilder
 from .redlock import Redlock, make_owner
 
@@ -44,6 +45,9 @@ class LockPlan:
     #: The named limits held together with the key (``lock_also``): (name, limit)
     #: pairs, sorted by name (one order for every task).
     also: tuple[tuple[str, int], ...] = ()
+    #: The named rates booked together with the key's own (``lock_also`` names
+    #: given a rate): (name, windows) pairs, sorted by name.
+    also_rates: tuple[tuple[str, Any], ...] = ()
     #: The app the task is bound to.
     app: Any = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -133,6 +137,7 @@ def build_plan(task_cls: Any, app: Any) -> LockPlan:
             keys=keys,
             token_arg=_token_arg(keys, token_arg, name),
             also=_also(task_cls.lock_also, lock_name, name),
+            also_rates=_also_rates(task_cls.lock_also, lock_name, name),
             app=app,
         )
         if settings.nodes is not None:
@@ -162,6 +167,8 @@ def _also(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, int],
     pairs = option.items() if isinstance(option, Mapping) else ((n, 1) for n in option)
     out = {}
     for name, limit in pairs:
+        if _is_rate(limit):
+            continue  # a shared rate on that name (_also_rates), not a permit
         if not isinstance(name, str) or not name or name == lock_name:
             raise conf.ImproperlyConfigured(
                 f"{task_name}: lock_also names must be lock names other than the task's own "
@@ -175,6 +182,35 @@ def _also(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, int],
             ) from None
         key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
         out[key] = limit
+    return tuple(sorted(out.items()))
+
+
+def _is_rate(value: Any) -> bool:
+    """A ``lock_also`` value that is a rate: anything but a whole number (a limit)."""
+    return not isinstance(value, int) or isinstance(value, bool)
+
+
+def _also_rates(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, Any], ...]:
+    """The ``lock_also`` names given a rate, as (key, windows) pairs."""
+    if not isinstance(option, Mapping):
+        return ()
+    out = {}
+    for name, rate in option.items():
+        if not _is_rate(rate):
+            continue
+        if not isinstance(name, str) or not name or name == lock_name:
+            raise conf.ImproperlyConfigured(
+                f"{task_name}: lock_also names must be lock names other than the task's own "
+                f"({lock_name!r}), got {name!r}"
+            )
+        try:
+            windows = parse_rate(rate)
+        except ValueError as exc:
+            raise conf.ImproperlyConfigured(
+                f"{task_name}: lock_also rate of {name!r} {exc}, got {rate!r}"
+            ) from None
+        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
+        out[key] = windows
     return tuple(sorted(out.items()))
 
 

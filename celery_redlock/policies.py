@@ -60,7 +60,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, tracing
+from . import metrics, rates, tracing
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
@@ -82,6 +82,8 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
     """
     if request is None:
         request = task.request
+    if rates.applies(plan):  # a rate applies first: a start it moves back takes no lock now
+        rates.admit(task, plan, name, request)
     result = _attempt(task, plan, name, request)
     if isinstance(result, Lease):
         return result

@@ -120,6 +120,12 @@ def check_key_prefix(value: Any) -> str:
     return value
 
 
+def _check_rate(value: Any) -> Any:
+    from .core.rates import check_rate  # the rate parser lives with the primitive
+
+    return check_rate(value)
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in options:
@@ -335,6 +341,21 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds a task id that finished successfully is remembered, so a later copy of it "
         "(a redelivery, a re-sent task_id) does not run again. 0 turns receipts off.",
     ),
+    Setting(
+        "redlock_rate",
+        None,
+        _check_rate,
+        "At most N execution starts per key in any window of a period: '10/s', '100/m', "
+        "'1000/h', '20/10s', a (count, seconds) pair, several of them (every window holds), "
+        "or a callable of the task's arguments returning one. A start over the limit is "
+        "re-published for the first instant the limit admits. None: off.",
+    ),
+    Setting(
+        "redlock_rate_burst",
+        1,
+        check_limit,
+        "How many starts of a rated key may go back to back before the spacing applies.",
+    ),
 )
 
 #: Settings of the beat de-duplication (app-wide; no task attribute).
@@ -385,7 +406,8 @@ TASK_OPTIONS: dict[str, str] = {
     "lock_name": "Name of the lock (default: the task name).",
     "lock_token_arg": "Keyword the fencing token is passed as, when run declares it.",
     "lock_also": "Named limits held together with the task's own key: {name: limit}, or "
-    "names (limit 1 each); each name is the key of a task with that lock_name and lock_on=().",
+    "names (limit 1 each); each name is the key of a task with that lock_name and lock_on=(). "
+    "A rate instead of a limit ({name: '100/s'}) shares that name's rate.",
 }
 
 _BY_NAME = {s.name: s for s in SETTINGS + BEAT_SETTINGS + WORKER_SETTINGS}

@@ -18,6 +18,9 @@ Events (each with the ``redlock.lock`` attribute, the lock name):
 ``redlock.dropped`` / ``redlock.retried`` / ``redlock.raised`` / ``redlock.ignored``
     The contention outcome when the body does not run: ``redlock.holder`` (the
     holding task id or owner), ``redlock.reason``.
+``redlock.rate_delayed``
+    A rate limit moved the start back: ``redlock.delay_seconds``,
+    ``redlock.start_at`` (the booked instant, epoch seconds).
 ``redlock.released``
     The body ended and the lease was released: ``redlock.lost`` (True if a
     renewal had failed or the lease lapsed before the end),
@@ -36,7 +39,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ENABLED", "acquired", "known_token", "outcome", "released", "waiting"]
+__all__ = [
+    "ENABLED",
+    "acquired",
+    "known_token",
+    "outcome",
+    "rate_delayed",
+    "released",
+    "waiting",
+]
 
 _trace: Any
 try:  # optional: the ``otel`` extra
@@ -115,3 +126,11 @@ def released(lock: str, lease: Any, lost: bool) -> None:
     span.add_event("redlock.released", _attrs(dict(lock=lock, lost=lost, fencing_token=token)))
     if token is not None:
         span.set_attribute("redlock.fencing_token", token)
+
+
+def rate_delayed(lock: str, delay: float, start_at: float) -> None:
+    """A rate limit moved this start back by ``delay`` seconds, to ``start_at``."""
+    span = _span()
+    if span is not None:
+        values = dict(lock=lock, delay_seconds=delay, start_at=start_at)
+        span.add_event("redlock.rate_delayed", _attrs(values))

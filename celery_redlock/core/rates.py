@@ -91,23 +91,23 @@ SPLIT_PAUSE = 0.005
 
 
 class Window(NamedTuple):
-    """At most ``count`` starts in any window of ``period`` seconds."""
+    """At most ``starts`` starts in any window of ``period`` seconds."""
 
-    count: int
+    starts: int
     period: float
 
     @property
     def interval(self) -> float:
         """Seconds between two starts at the steady rate (GCRA's T)."""
-        return self.period / self.count
+        return self.period / self.starts
 
     @property
     def field(self) -> str:
         """The hash field of this window's TAT: ``count/period_ms``."""
-        return f"{self.count}/{_ms(self.period)}"
+        return f"{self.starts}/{_ms(self.period)}"
 
     def __str__(self) -> str:
-        return f"{self.count}/{_seconds_text(self.period)}"
+        return f"{self.starts}/{_seconds_text(self.period)}"
 
 
 class RateKey(NamedTuple):
@@ -198,7 +198,7 @@ def parse_rate(value: Any) -> tuple[Window, ...]:
         windows = {_one(item) for item in value}
     else:
         windows = {_one(value)}
-    return tuple(sorted(windows, key=lambda w: (w.period, w.count)))
+    return tuple(sorted(windows, key=lambda w: (w.period, w.starts)))
 
 
 def check_rate(value: Any) -> Any:
@@ -425,12 +425,12 @@ def peek(
 
 def _tat(reply: Any, field: str) -> float | None:
     if isinstance(reply, dict):
-        items = reply.items()
+        pairs = list(reply.items())
     elif isinstance(reply, list):
-        items = zip(reply[::2], reply[1::2])
+        pairs = list(zip(reply[::2], reply[1::2]))
     else:
         return None
-    for k, v in items:
+    for k, v in pairs:
         k = k.decode() if isinstance(k, bytes) else k
         if k == field:
             return int(v) / 1000.0
