@@ -388,8 +388,9 @@ class RateView(NamedTuple):
     """A rated key as a quorum sees it (:func:`peek`)."""
 
     key: str
-    #: Per window: (window, its latest TAT in epoch seconds or None, starts booked from now on).
-    windows: tuple[tuple[Window, float | None, int], ...]
+    #: Per window: (window, its latest TAT in epoch seconds or None: the window is
+    #: booked up to that instant, and admits a start again once it comes).
+    windows: tuple[tuple[Window, float | None], ...]
     #: The first instant a new start would get (epoch seconds; with burst 1).
     next_start: float
     #: Nodes that answered.
@@ -399,8 +400,8 @@ class RateView(NamedTuple):
 def peek(
     redlock: Redlock, name: str, rate: Any, *, now: float | None = None, key: str | None = None
 ) -> RateView:
-    """How ``name``'s rate stands: per window the starts already booked ahead and
-    the next admissible start, the latest each answering node knows. Read-only.
+    """How ``name``'s rate stands: per window the instant it is booked up to, and
+    the next admissible start (burst 1), the latest the answering nodes know. Read-only.
 
     Raises:
         QuorumUnavailable: fewer than a quorum of nodes answered.
@@ -415,10 +416,9 @@ def peek(
     for w in windows:
         tats = [_tat(r, w.field) for r in replies if not isinstance(r, BaseException)]
         latest = max((t for t in tats if t is not None), default=None)
-        ahead = 0 if latest is None else max(0, math.ceil((latest - now_s) / w.interval - 1e-9))
         if latest is not None:
             nxt = max(nxt, latest)
-        rows.append((w, latest, ahead))
+        rows.append((w, latest))
     answered = sum(1 for r in replies if not isinstance(r, BaseException))
     return RateView(full_key, tuple(rows), nxt, answered)
 

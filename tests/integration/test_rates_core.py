@@ -1,0 +1,167 @@
+"""Rate reservations (``Redlock.rate``, :mod:`celery_redlock.core.rates`) on real nodes.
+
+The instants a reservation returns are the schedule: the tests count them per
+window, the way the README states the guarantee (at most N booked starts in any
+half-open window of the period with burst 1; each window of several).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_redlock import QuorumUnavailable, Redlock
+from celery_redlock.core.rates import RateKey, parse_rate, peek, reserve
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def most_in_window(instants: list[float], period: float) -> int:
+    """The most instants in any half-open window [t, t + period)."""
+    ordered = sorted(instants)
+    best, j = 0, 0
+    for i, start in enumerate(ordered):
+        while j < len(ordered) and ordered[j] < start + period - 1e-6:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+def book(rl: Redlock, name: str, rate, n: int, threads: int = 4, **kw) -> list[float]:
+    """``n`` reservations from ``threads`` threads at once: their instants."""
+    out: list[float] = []
+    lock = threading.Lock()
+
+    def worker(count: int) -> None:
+        for _ in range(count):
+            slot = rl.rate(name, rate, **kw)
+            assert slot.reserved
+            with lock:
+                out.append(slot.start_at)
+
+    pool = [threading.Thread(target=worker, args=(n // threads,)) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return out
+
+
+def test_concurrent_reservations_get_distinct_instants_spaced_by_the_rate(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    instants = book(rl, "api", "10/s", 80)
+    assert len(instants) == 80
+    ordered = sorted(instants)
+    # distinct, and no two closer than T = 100 ms (1 ms of rounding to whole ms)
+    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
+    assert min(gaps) >= 0.099, min(gaps)
+    assert most_in_window(instants, 1.0) <= 10
+    # the limit is used, not wasted: 80 starts within ~8 s (splits waste a few slots)
+    assert ordered[-1] - ordered[0] < 8.0 + 2.0, ordered[-1] - ordered[0]
+
+
+def test_two_windows_both_hold(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    instants = book(rl, "two", ("5/s", "20/10s"), 40)
+    assert most_in_window(instants, 1.0) <= 5
+    assert most_in_window(instants, 10.0) <= 20
+    # the 10 s window is what holds them back: 40 starts need more than 10 s
+    assert max(instants) - min(instants) >= 10.0
+
+
+def test_burst_then_spacing(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    slots = [rl.rate("bursty", "10/s", burst=3) for _ in range(6)]
+    assert [s.now for s in slots[:3]] == [True, True, True]
+    assert not slots[3].now
+    starts = [s.start_at for s in slots]
+    assert most_in_window(starts, 1.0) <= 10 + 3 - 1
+    assert starts[4] - starts[3] == pytest.approx(0.1, abs=0.002)
+
+
+def test_shared_name_with_also(redis_nodes3):
+    """A name's rate booked with ``also`` and on its own is one schedule."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    a = [rl.rate(f"account-{i}", "100/s", also={"payment-api": "10/s"}).start_at for i in range(5)]
+    b = [rl.rate("payment-api", "10/s").start_at for _ in range(5)]
+    assert most_in_window(a + b, 1.0) <= 10
+    assert len(set(a + b)) == 10
+
+
+def test_a_minority_down_changes_nothing(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+    before = book(rl, "minority", "20/s", 20, threads=2)
+    redis_nodes3.kill(2)
+    after = book(rl, "minority", "20/s", 20, threads=2)
+    instants = before + after
+    assert most_in_window(instants, 1.0) <= 20
+    assert min(b - a for a, b in zip(sorted(instants), sorted(instants)[1:])) >= 0.049
+
+
+def test_a_majority_down_raises(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+    rl.rate("majority", "10/s")
+    redis_nodes3.kill(1)
+    redis_nodes3.kill(2)
+    with pytest.raises(QuorumUnavailable):
+        rl.rate("majority", "10/s")
+
+
+def test_a_node_restarted_empty_alone_changes_nothing(redis_nodes3):
+    """With the other nodes answering, the largest answer wins: no over-admission."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    first = [rl.rate("restart", "10/s").start_at for _ in range(15)]
+    redis_nodes3.restart(0)  # no persistence: back empty
+    second = [rl.rate("restart", "10/s").start_at for _ in range(15)]
+    assert most_in_window(first + second, 1.0) <= 10
+    assert min(second) > max(first)
+
+
+def test_a_node_restarted_empty_over_admits_at_most_the_documented_bound(redis_nodes3):
+    """The worst case the README states: the bookings one node alone held for the
+    quorum are forgotten, so a second schedule starts beside the first: at most
+    2 * (N + B - 1) booked starts in any window, never more."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+    redis_nodes3.kill(2)  # bookings land on nodes 0 and 1 only
+    first = [rl.rate("worst", "10/s").start_at for _ in range(20)]  # 2 s of schedule
+    redis_nodes3.restart(2)  # back, empty: it never saw them
+    redis_nodes3.restart(0)  # node 0 loses them too; node 1 (the only one left) goes away
+    redis_nodes3.kill(1)
+    second = [rl.rate("worst", "10/s").start_at for _ in range(20)]
+    both = first + second
+    assert most_in_window(second, 1.0) <= 10  # each schedule holds on its own
+    assert most_in_window(both, 1.0) <= 2 * 10
+    assert most_in_window(both, 1.0) > 10  # the forgotten schedule was over-admitted
+
+
+def test_a_client_clock_behind_is_bounded(redis_nodes3):
+    """A caller whose clock is d behind books instants d late in true time: a window
+    of true time holds at most N + ceil(d / T)."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    keys = [RateKey(rl.coalesce_key("skew", "rate"), parse_rate("10/s"))]
+    now = time.time()
+    d = 0.35
+    right = [reserve(rl, keys, now_ms=int(now * 1000)).start_at for _ in range(10)]
+    # the slow clock's bookings, as true time (its instants + d)
+    behind = [reserve(rl, keys, now_ms=int((now - d) * 1000)).start_at + d for _ in range(10)]
+    assert most_in_window(right + behind, 1.0) <= 10 + 4  # ceil(0.35 / 0.1) = 4
+
+
+def test_peek_shows_the_schedule(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    for _ in range(5):
+        rl.rate("peeked", ("10/s", "100/m"))
+    view = peek(rl, "peeked", ("10/s", "100/m"))
+    assert view.answered == 3
+    (second, tat_s), (minute, tat_m) = view.windows
+    assert str(second) == "10/s" and str(minute) == "100/m"
+    # 100/m (one per 0.6 s) binds: 5 starts booked 0.6 s apart from the first
+    assert tat_m - tat_s == pytest.approx(0.5, abs=0.002)
+    assert view.next_start == pytest.approx(tat_m)
+    assert 4 * 0.6 <= view.next_start - time.time() <= 5 * 0.6
+    for node in redis_nodes3:
+        with node.client() as client:
+            # the schedule (3 s ahead) plus the longest period: nothing outlives its use
+            assert 60_000 < client.pttl(rl.coalesce_key("peeked", "rate")) <= 64_000
