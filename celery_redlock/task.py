@@ -140,6 +140,10 @@ class LockedTask(Task):
     lock_throttle_trailing: bool | None = None
     #: Setting ``redlock_receipt_ttl`` (0 turns receipts off).
     lock_receipt_ttl: float | None = None
+    #: Setting ``redlock_rate``: at most N starts per key per window ("10/s", ...).
+    lock_rate: Any = None
+    #: Setting ``redlock_rate_burst``.
+    lock_rate_burst: int | None = None
 
     _lock_plan: LockPlan | None = None
 

@@ -18,18 +18,21 @@ windows of TAT - tau)``; each ``TAT := max(TAT, s) + T``; ``v += 1``; the hash
 lives until its latest TAT plus its longest period. The node answers ``(s, v)``.
 The client takes the answers (a quorum at least) and ``s*``, the **largest**
 ``s`` among them. Nodes that answered ``s*`` booked it already. The others get
-a phase-2 compare-and-set: only if their version is still the one they
-answered (no other reservation came in between), ``TAT := max(TAT - T, s*) + T``
-(their booking moved from their ``s`` to ``s*``) and ``v += 1``. The
+a phase-2 compare-and-set: if their version is still the one they answered
+(no other reservation came in between), ``TAT := max(TAT - T, s*) + T``
+(their booking moved from their ``s`` to ``s*``) and ``v += 1``; otherwise,
+if GCRA admits ``s*`` there (``s* >= TAT - tau`` in every window), ``s*`` is
+booked anew beside their own booking, which stays (wasted). The
 reservation stands when ``s*`` is booked on a quorum; otherwise it failed
 (bookings left on some nodes waste capacity there, never add any), and the
 client tries again after a short jittered pause, a few times, then reports it
 unreserved.
 
 Why it holds. Each node's bookings, in the order it made them, are a sequence
-GCRA accepted: phase 1 books an instant GCRA admits, and a compare-and-set that
+GCRA accepted: phase 1 books an instant GCRA admits, a compare-and-set that
 lands replaces the node's last booking with a later instant, which GCRA admits
-too. Two reservations that stand were each booked on a quorum, so both were
+too, and a booking anew is made only where GCRA admits it. Two reservations
+that stand were each booked on a quorum, so both were
 booked on some common node, one after the other, and GCRA spaced them there:
 the later-booked instant is at least the earlier one plus ``T - tau``. With
 ``burst = 1`` (``tau = 0``) any two reserved instants are at least ``T`` apart,
@@ -235,7 +238,9 @@ def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
 # count m of its windows, then m times: field, T ms, tau ms, period ms.
 # Phase 1 returns {1, s, v_1, v_2, ...}: the instant booked and each hash's new
 # version. Phase 2 returns {1} when every hash still had the version given,
-# and then moves this node's last booking from its own instant to s*, else {0}.
+# and then moves this node's last booking from its own instant to s*; or, a
+# booking came in between, when GCRA admits s* here, booked anew beside it;
+# else {0}.
 RATE = Script(
     "rate",
     """
@@ -261,7 +266,16 @@ if phase == '1' then
 else
   start = tonumber(ARGV[3])
   for _, k in ipairs(keys) do
-    if (redis.call('HGET', k.key, 'v') or '') ~= k.version then return {0} end
+    if (redis.call('HGET', k.key, 'v') or '') ~= k.version then phase = '3' end
+  end
+  if phase == '3' then
+    -- another booking came in between: keep mine where it is, and book s* anew
+    -- only if GCRA admits it here
+    for _, k in ipairs(keys) do
+      for _, w in ipairs(k.windows) do
+        if tat(k.key, w[1]) - w[3] > start then return {0} end
+      end
+    end
   end
 end
 local out = {1, string.format('%d', start)}
@@ -277,7 +291,7 @@ for _, k in ipairs(keys) do
   out[#out + 1] = redis.call('HINCRBY', k.key, 'v', 1)
   redis.call('PEXPIRE', k.key, string.format('%d', math.max(1, horizon - now + longest)))
 end
-if phase == '2' then return {1} end
+if phase ~= '1' then return {1} end
 return out
 """,
 )

@@ -372,6 +372,38 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def api_only(self, key, run, duration=0.05, fencing_token=None):
         return body(self, key, run, duration, fencing_token, api_key=self.request.redlock.key)
 
+    # -- rate limits (test_rates_live.py) --
+
+    @task(name="lockapp.rated", lock_rate="10/s", **retry_fast)
+    def rated(self, key, run, duration=0.01, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.rated_two", lock_rate=("5/s", "20/10s"), **retry_fast)
+    def rated_two(self, key, run, duration=0.01, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.rated5", lock_rate="5/s", **retry_fast)
+    def rated5(self, key, run, duration=0.01, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    for letter in "ab":  # the shared rate "crl-rate" (10/s) with a per-key lock each
+
+        @task(name=f"lockapp.rate_also_{letter}", lock_also={"crl-rate": "10/s"}, **retry_fast)
+        def rate_also(self, key, run, duration=0.01, fencing_token=None):
+            return body(self, key, run, duration, fencing_token)
+
+    # the same shared rate taken by its lock name (lock_on=(), 8 permits: no exclusion)
+    @task(
+        name="lockapp.rate_named",
+        lock_name="crl-rate",
+        lock_on=(),
+        lock_rate="10/s",
+        lock_limit=8,
+        **retry_fast,
+    )
+    def rate_named(self, key, run, duration=0.01, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
     @task(name="lockapp.unbound_probe", bind=False)
     def unbound_probe(key, run, fencing_token=None):
         lease = current_lease()
