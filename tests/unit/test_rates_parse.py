@@ -52,6 +52,7 @@ def _app() -> Celery:
 )
 def test_bind_checks_the_rate_options(options, error):
     app = _app()
+
     def rated(x): ...
 
     app.task(base=LockedTask, shared=False, name="rated", **options)(rated)
