@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,36 @@ def test_the_testing_page_example_passes(pytester: pytest.Pytester):
         pytester.path.joinpath(name).write_text(code)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=2)
+
+
+def test_the_readme_quickstart_runs():
+    """The README's first Python block, its Redis servers mapped onto real nodes."""
+    from celery.contrib.testing.worker import start_worker
+
+    from celery_redlock.testing import RedisNodes
+
+    readme = (ROOT / "README.rst").read_text()
+    block = re.search(r"\.\. code-block:: python\n\n((?:    .*\n|\n)+)", readme).group(1)
+    code = "\n".join(line[4:] for line in block.splitlines())
+    servers = sorted(set(re.findall(r"redis://([\w.-]+:\d+)", code)))
+    assert servers, code
+    writes = []
+
+    class Database:
+        def execute(self, sql: str, **params: object) -> None:
+            writes.append(params)
+
+    with RedisNodes(len(servers)) as nodes:
+        for server, node in zip(servers, nodes):
+            code = code.replace(f"redis://{server}/", f"{node.url.rsplit('/', 1)[0]}/")
+        namespace: dict = {"db": Database()}
+        exec(compile(code, "README.rst", "exec"), namespace)
+        app, settle = namespace["app"], namespace["settle"]
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            settle.delay(1, 5)
+            settle.delay(2, 5)
+            deadline = time.monotonic() + 60
+            while len(writes) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert sorted(w["id"] for w in writes) == [1, 2], writes
+    assert all(isinstance(w["token"], int) and w["token"] > 0 for w in writes), writes
