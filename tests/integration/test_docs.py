@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -100,11 +101,17 @@ def test_the_readme_quickstart_runs():
         namespace: dict = {"db": Database()}
         exec(compile(code, "README.rst", "exec"), namespace)
         app, settle = namespace["app"], namespace["settle"]
-        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
-            settle.delay(1, 5)
-            settle.delay(2, 5)
-            deadline = time.monotonic() + 60
-            while len(writes) < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
+        app.conf.worker_hijack_root_logger = False  # as Celery's fixtures do
+        # start_worker sets the root logger's level; later tests' log capture needs it back.
+        root_level = logging.getLogger().level
+        try:
+            with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+                settle.delay(1, 5)
+                settle.delay(2, 5)
+                deadline = time.monotonic() + 60
+                while len(writes) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        finally:
+            logging.getLogger().setLevel(root_level)
     assert sorted(w["id"] for w in writes) == [1, 2], writes
     assert all(isinstance(w["token"], int) and w["token"] > 0 for w in writes), writes

@@ -38,6 +38,7 @@ def worker(app: Any, concurrency: int = 4) -> None:
     from celery.contrib.testing.worker import start_worker
 
     assert _stack is not None, "start() first"
+    app.conf.worker_hijack_root_logger = False  # leave the logging of the host process alone
     _stack.enter_context(
         start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False)
     )
