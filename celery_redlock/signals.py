@@ -154,7 +154,7 @@ def _announce_nodes(app: Any, sender: Any = None, **_: Any) -> None:
     node says that it is one: without ``redlock_nodes`` the locks live on the
     broker's Redis alone, convenient but only as safe as that one server.
     """
-    if getattr(sender, "app", None) is not app:
+    if not hasattr(sender, "app") or sender.app is not app:
         return
     try:
         seen: dict[tuple[str, ...], tuple[int, bool]] = {}
