@@ -11,13 +11,14 @@ Before publishing a due entry, each beat claims the entry's current **slot**
 settings the tasks use. The first beat to claim it sends the task; the others
 skip the publish and move their own schedule on, exactly as if they had sent
 it. Only the sender logs Celery's "Sending due task"; the others log (at INFO)
-that they skipped the slot and which beat sent it. A beat that dies leaves nothing to clean up. A slot is sent at most
-once, never twice: a beat killed (SIGKILL, a crash) between its claim and its
-publish, the length of one round trip, takes that one slot with it, and the
-next slot goes out as usual. A beat told to stop (SIGTERM, SIGINT) in that
-moment stops right after the publish: the signal waits for it. Whether a run
-may start while the previous one is still running is the task lock's
-business: make the task a ``LockedTask``.
+that they skipped the slot and which beat sent it. A beat that dies leaves
+nothing to clean up. A slot is sent at most once, never twice: a beat killed
+(SIGKILL, a crash) between its claim and its publish, the length of one round
+trip, takes that one slot with it, and the next slot goes out as usual. A
+beat told to stop (SIGTERM, SIGINT) in that moment stops right after the
+publish: the signal waits for it. Whether a run may start while the previous
+one is still running is the task lock's business: make the task a
+``LockedTask``.
 
 The mixin composes with any scheduler that publishes through
 ``Scheduler.apply_async``::

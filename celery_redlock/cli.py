@@ -202,7 +202,8 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
         f"redlock_node_timeout {ms_text(settings.node_timeout)})"
     )
     if total == 1:
-        echo(nodes_text([n.name for n in client.nodes], quorum, _nodes_from_broker(app, task)))
+        from_broker = conf.nodes_from_broker(app, app.tasks[task] if task else None)
+        echo(nodes_text([node.name for node in client.nodes], quorum, from_broker))
     echo("")
     header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
     echo(table([node_row(info) for info in infos], header))
@@ -661,13 +662,6 @@ def _plan(app: Any, task: str) -> LockPlan:
     what = "is not a LockedTask" if task in app.tasks else "is not a task registered in the app"
     known = ", ".join(plans) or "none"
     raise click.ClickException(f"{task!r} {what}. The app's LockedTasks: {known}")
-
-
-def _nodes_from_broker(app: Any, task: str | None) -> bool:
-    """Whether the lock nodes are the broker's, for want of ``redlock_nodes``."""
-    if task:
-        return _plan(app, task).settings.nodes is None
-    return not app.conf.get("redlock_nodes")
 
 
 def _target_settings(app: Any, task: str | None) -> tuple[str, conf.LockSettings]:

@@ -164,7 +164,7 @@ def _announce_nodes(app: Any, sender: Any = None, **_: Any) -> None:
                 continue
             redlock = plan.redlock
             names = tuple(node.name for node in redlock.nodes)
-            from_broker = seen.get(names, (0, False))[1] or plan.settings.nodes is None
+            from_broker = seen.get(names, (0, False))[1] or conf.nodes_from_broker(app, task)
             seen[names] = (redlock.quorum, from_broker)
     except Exception as exc:  # noqa: BLE001 - a receiver must not raise
         logger.warning("celery_redlock: cannot resolve the lock nodes: %s", exc)
