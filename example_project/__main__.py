@@ -255,7 +255,7 @@ def demo_throttle(tasks) -> list:
 
 
 def demo_beat(tasks) -> list:
-    print("two beats, 'tick' every second: each slot sent once")
+    print("two beats, 'tick' every second: each slot sent by one of them")
     time.sleep(6)
     ticks = journal(tasks, "tick")
     syncs = journal(tasks, "sync")
