@@ -51,6 +51,7 @@ from ._format import (
     echo_down,
     glob_escape,
     ms_text,
+    nodes_text,
     outage,
     plural,
     printable,
@@ -142,8 +143,8 @@ _LOCK = (
         "Lock Options",
         "--name",
         "lock_name",
-        help="A lock name as `list` shows it (or its full Redis key), instead of TASK and "
-        "its arguments. With TASK too, TASK only picks the nodes and prefix.",
+        help="A lock name as the list command shows it (or its full Redis key), instead of "
+        "TASK and its arguments. With TASK too, TASK only picks the nodes and prefix.",
     ),
 )
 
@@ -200,6 +201,9 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
         f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
         f"redlock_node_timeout {ms_text(settings.node_timeout)})"
     )
+    if total == 1:
+        from_broker = conf.nodes_from_broker(app, app.tasks[task] if task else None)
+        echo(nodes_text([node.name for node in client.nodes], quorum, from_broker))
     echo("")
     header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
     echo(table([node_row(info) for info in infos], header))
@@ -234,7 +238,7 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
 def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: Any) -> None:
     """Show who holds one lock: the quorum's view and every node's.
 
-    With ``lock_limit`` K > 1, every permit of the key with its holder and the
+    With lock_limit K > 1, every permit of the key with its holder and the
     TTL left (the node table is permit 0's, the lock key).
 
     The lock is TASK's for the arguments given with --args/--kwargs (the key
@@ -333,7 +337,7 @@ def list_(
 ) -> None:
     """List the lock keys on the nodes (all, or only TASK's), with holders and TTLs.
 
-    With ``lock_limit``, a key's permits 1 .. K-1 are listed as ``NAME permit I``
+    With lock_limit, a key's permits 1 .. K-1 are listed as "NAME permit I"
     beside its lock key (permit 0).
 
     One line per key with the quorum's view (a key is held when a majority of

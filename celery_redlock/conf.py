@@ -285,6 +285,14 @@ def resolve(
     return LockSettings(**values)
 
 
+def nodes_from_broker(app: Any, task: Any = None) -> bool:
+    """Whether the lock nodes of ``app`` (of ``task``, if given) are the broker's,
+    for want of ``redlock_nodes`` (and of the task's ``lock_nodes``)."""
+    if task is not None and getattr(task, "lock_nodes", None) is not None:
+        return False
+    return not app.conf.get("redlock_nodes")
+
+
 def _has_lock_nodes(app: Any) -> bool:
     """Whether the broker URL can serve as the lock node (see :func:`nodes_from_app`)."""
     broker = app.conf.broker_url

@@ -60,11 +60,11 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, tracing
+from . import metrics, outage, tracing
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
-from .redlock import Claim, Finished, Holder, Lease, TooEarly, full_jitter
+from .redlock import OWNER_SEP, Claim, Finished, Holder, Lease, TooEarly, full_jitter
 
 __all__ = ["take"]
 
@@ -152,14 +152,29 @@ def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Hold
         )
     except QuorumUnavailable as exc:
         metrics.count("outage", plan.lock_name)
+        outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
         attempt = attempt_of(request)
-        if request.is_eager or attempt >= plan.settings.retry_max_attempts:
+        of = plan.settings.retry_max_attempts
+        if request.is_eager or attempt >= of:
+            if not request.is_eager:
+                metrics.count("gave_up", plan.lock_name)
+            after = "in eager mode" if request.is_eager else f"after {attempt} retries"
             logger.error(
-                "%s[%s]: lock service unavailable, giving up: %s", task.name, request.id, exc
+                "%s[%s]: lock nodes unavailable, giving up on %s %s: %s",
+                task.name,
+                request.id,
+                name,
+                after,
+                exc,
             )
             raise
-        logger.warning("%s[%s]: lock service unavailable, retrying: %s", task.name, request.id, exc)
-        _republish(task, plan, attempt, reason=f"lock service unavailable: {exc}")
+        logger.warning(
+            "%s[%s]: lock nodes unavailable, retry %d of %d", task.name, request.id, attempt + 1, of
+        )
+        _republish(
+            task, plan, attempt, reason=f"lock nodes unavailable (retry {attempt + 1} of {of})"
+        )
+    outage.answered(plan.redlock)
     if isinstance(result, Finished):
         _ignore(task, plan, "it already finished successfully")
     if isinstance(result, TooEarly):  # throttled: its period is not over yet
@@ -183,14 +198,22 @@ def _ignore(task: Any, plan: LockPlan, why: str) -> NoReturn:
 
 
 def _drop(
-    task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "", reason: str = ""
+    task: Any,
+    plan: LockPlan,
+    name: str,
+    holder: Holder,
+    why: str = "",
+    reason: str = "",
+    logged: bool = False,
 ) -> NoReturn:
+    """Drop the execution: REVOKED with ``reason``; logged at INFO unless ``logged`` already."""
     request = task.request
     if not reason:
         reason = f"duplicate of {plan.lock_name!r}: {_who(holder)}"
         if why:
             reason += f" ({why})"
-    logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
+    if not logged:
+        logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
     metrics.count("dropped", plan.lock_name)
     tracing.outcome("dropped", plan.lock_name, name, holder, reason)
     if request.is_eager:  # no message to ack and no stored state: the caller sees the error
@@ -218,7 +241,10 @@ def _retry(task: Any, plan: LockPlan, name: str, holder: Holder) -> NoReturn:
         _exhausted(task, plan, name, holder, f"after {attempt} retries")
     metrics.count("retried", plan.lock_name)
     tracing.outcome("retried", plan.lock_name, name, holder)
-    _republish(task, plan, attempt, reason=f"lock {name!r}: {_who(holder)}")
+    of = plan.settings.retry_max_attempts
+    _republish(
+        task, plan, attempt, reason=f"lock {name!r}: {_who(holder)} (retry {attempt + 1} of {of})"
+    )
 
 
 def _republish(
@@ -265,13 +291,34 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder, timeout: float) 
 
 
 def _exhausted(task: Any, plan: LockPlan, name: str, holder: Holder, after: str) -> NoReturn:
+    """Retry or wait ran out: the work does not run. A task that chose to retry or
+    wait chose not to lose it, so this is said at ERROR and counted as ``gave_up``."""
     metrics.count("exhausted", plan.lock_name)
-    if plan.settings.on_exhausted == "raise":
+    metrics.count("gave_up", plan.lock_name)
+    raising = plan.settings.on_exhausted == "raise"
+    logger.error(
+        "%s[%s] gave up on lock %s %s: %s; %s",
+        task.name,
+        task.request.id,
+        name,
+        after,
+        _who(holder, detail=True),
+        "failing with LockContended" if raising else "dropped (REVOKED), lock_on_exhausted='drop'",
+    )
+    if raising:
         _raise(plan, name, holder)
-    _drop(task, plan, name, holder, why=f"gave up {after}")
+    _drop(task, plan, name, holder, why=f"gave up {after}", logged=True)
 
 
-def _who(holder: Holder) -> str:
+def _who(holder: Holder, detail: bool = False) -> str:
+    """The holder for people; with ``detail``, where it runs and how long it keeps the key."""
     if holder.owner is None and holder.claimant is not None:
         return f"claimed by task {holder.claimant}"
-    return f"lock held by task {holder.task_id or holder.owner}"
+    who = f"lock held by task {holder.task_id or holder.owner}"
+    if detail and holder.owner:
+        where = holder.owner.split(OWNER_SEP)
+        if len(where) >= 4:
+            who += f" on {where[2]} pid {where[3]}"
+        if holder.remaining is not None:
+            who += f", {holder.remaining:.1f}s left on its lease"
+    return who

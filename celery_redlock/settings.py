@@ -270,9 +270,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "redlock_on_exhausted",
-        "drop",
+        "raise",
         _choice(EXHAUSTED),
-        "What retry and wait do when their attempts or time run out: drop or raise.",
+        "What retry and wait do when their attempts or time run out: raise (the task fails "
+        "with LockContended) or drop (REVOKED). Either way it is logged at ERROR.",
     ),
     Setting(
         "redlock_heartbeat_interval",
