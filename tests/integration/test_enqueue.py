@@ -14,7 +14,7 @@ import time
 
 import pytest
 from celery import chord, group, states
-from celery.exceptions import TaskRevokedError
+from celery.exceptions import ChordError, TaskRevokedError
 from kombu.exceptions import SerializerNotInstalled
 
 from celery_redlock import AlreadyEnqueued, plan_of, superseded_by
@@ -405,6 +405,18 @@ def test_a_frozen_chord_applied_twice_runs_its_body_twice(claims_worker, run):
     assert bodies[0]["id"] == bodies[1]["id"]
     assert bodies[1]["token"] > bodies[0]["token"]
     assert len(claims_worker.records(run)) == 4  # each header task ran twice
+
+
+def test_a_flat_chord_with_a_dropped_part_fails(claims_worker, run):
+    """A dropped call that is itself a part of a chord's header is counted by the chord,
+    which fails at once instead of waiting for its timeout."""
+    slow, collect = claims_worker.task("slow"), claims_worker.task("collect")
+    result = chord([slow.s(run, run, 2.0) for _ in range(2)], collect.s(run)).apply_async()
+    with pytest.raises((ChordError, TaskRevokedError), match="duplicate"):
+        result.get(timeout=30)
+    wait_for(lambda: claims_worker.records(run), 20, "the part that ran to end")
+    assert len(claims_worker.records(run, "start")) == 1
+    assert claims_worker.records(run, "collect") == []
 
 
 # -- eager mode ------------------------------------------------------------------------
