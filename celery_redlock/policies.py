@@ -10,8 +10,9 @@ are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
     ``TaskRevokedError`` at once instead of waiting for ever. As for a task
     Celery revokes at the worker, a chain stops there and a chord whose header
     holds the call fails at once; a chord holding it deeper (in a chain of its
-    header, or in a nested chord's header) waits for its timeout, as plain
-    Celery's does for such a part. Logged at INFO and counted.
+    header, before the chain's last task, or in a nested chord's header) waits
+    for its timeout, as plain Celery's does for such a part. Logged at INFO
+    and counted.
 ``retry``
     The message is published again with a countdown of
     ``min(lock_retry_backoff_max, lock_retry_backoff * 2**n)`` with full jitter.
