@@ -204,6 +204,7 @@ class LockSettings:
     throttle: float | None
     throttle_trailing: bool
     receipt_ttl: float
+    idempotent_ids: bool
 
     @property
     def node_list(self) -> tuple:

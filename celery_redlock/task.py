@@ -44,8 +44,9 @@ How it works, per execution, on the worker:
    worker process dies, the parent process releases it at once (see
    :mod:`celery_redlock.signals`); if the whole machine dies, the TTL does.
 
-Calling the task function directly (``settle(1, 5)``) is a plain function call:
-no lock is taken, and ``fencing_token`` keeps its default. ``.apply()`` and
+Calling the task directly (``settle(1, 5)``) is Celery's own direct call (the
+request, with its ``args``, and ``current_task`` are the task's) and no lock is
+taken: ``fencing_token`` keeps its default. ``.apply()`` and
 ``task_always_eager`` run through the lock; see :mod:`celery_redlock.policies`
 for how the policies behave there.
 """
@@ -140,6 +141,8 @@ class LockedTask(Task):
     lock_throttle_trailing: bool | None = None
     #: Setting ``redlock_receipt_ttl`` (0 turns receipts off).
     lock_receipt_ttl: float | None = None
+    #: Setting ``redlock_idempotent_ids``: a finished task id never runs again.
+    lock_idempotent_ids: bool | None = None
 
     _lock_plan: LockPlan | None = None
     #: Why the task failed to bind, if it did: publishing it raises this again.
@@ -167,9 +170,11 @@ class LockedTask(Task):
         signals.install(app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plan = plan_of(self)
         request = self.request
-        if plan is None or request.called_directly:
+        if request.called_directly:  # a plain call: Celery's own, no lock
+            return super().__call__(*args, **kwargs)
+        plan = plan_of(self)
+        if plan is None:
             return self.run(*args, **kwargs)
         name = plan.keys.build(args, kwargs)
         clock = plan.redlock.clock

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import pytest
-from celery import Celery, states
+from celery import Celery, current_task, states
 from celery.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TaskRevokedError
 
 from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease, metrics, plan_of
@@ -410,6 +411,46 @@ def test_token_is_on_a_quorum_before_the_body_or_at_the_first_read(
         else:  # the lazy lease wrote its token back at the read, not before
             assert before.count(str(token)) == 1
             assert after == everywhere
+
+
+def test_eager_apply_with_a_reused_id_computes_its_result(eager_app: Celery):
+    """An eager call is never a copy: a receipt of its id does not stop it."""
+    ran = []
+
+    @eager_app.task(base=LockedTask, bind=True, shared=False, lock_on=("key",))
+    def add(self, key, x, y, fencing_token=None):
+        ran.append(fencing_token)
+        return x + y
+
+    task_id = uuid.uuid4().hex
+    first = add.apply(("a", 1, 1), task_id=task_id)
+    second = add.apply(("a", 2, 3), task_id=task_id)
+    assert first.get() == 2 and second.get() == 5
+    assert second.state == states.SUCCESS
+    assert len(ran) == 2 and ran[0] < ran[1]
+
+
+def test_a_direct_call_is_celerys_own(eager_app: Celery):
+    """``who(7)``: the task's request carries the call's arguments and the task is the
+    current task, as in plain Celery; no lock is taken."""
+    seen = []
+
+    @eager_app.task(base=LockedTask, bind=True, shared=False, lock_on=("x",))
+    def who(self, x, fencing_token=None):
+        seen.append(
+            (
+                self.request.args,
+                current_task._get_current_object() is self,
+                self.request.called_directly,
+                getattr(self.request, "redlock", None),
+                fencing_token,
+            )
+        )
+        return x
+
+    assert who(7) == 7
+    assert seen == [((7,), True, True, None, None)]
+    assert current_task._get_current_object() is None  # popped again
 
 
 def test_eager_drop(eager_app: Celery):

@@ -326,6 +326,16 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def retry_brief_drop(self, key, run, duration=0.05, fencing_token=None):
         return body(self, key, run, duration, fencing_token)
 
+    @task(name="lockapp.slow_idempotent", lock_idempotent_ids=True)
+    def slow_idempotent(self, key, run, duration=1.0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.collect", lock_on=("run",))
+    def collect(self, results, run, fencing_token=None):
+        """A chord body: records the header's results."""
+        rec.push(run, phase="collect", id=self.request.id, results=results, token=fencing_token)
+        return sorted(r["token"] for r in results)
+
     # -- debounce and throttle (test_coalesce.py) --
 
     @task(name="lockapp.debounced", lock_debounce=1.0, lock_on_duplicate="retry")
