@@ -19,7 +19,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import TaskRevokedError
 from kombu.asynchronous import set_event_loop
 
-from celery_redlock import LockedTask, heartbeat, plan_of
+from celery_redlock import LockContended, LockedTask, heartbeat, plan_of
 from celery_redlock.redlock import make_owner
 from tests.support import harness, lockapp
 
@@ -74,14 +74,14 @@ def test_a_redelivery_runs_once_the_first_delivery_died(app):
 
 def test_an_eager_call_is_never_a_copy(app):
     """Its id held and renewed elsewhere, an eager call waits out 1.5 TTL like a copy
-    would, then is an ordinary contender: dropped with an error, never ignored with
-    a result it did not compute."""
+    would, then gives up as ``lock_on_exhausted`` says (``raise`` by default): an
+    error, never ignored with a result it did not compute."""
     redlock, lease = first_delivery(app, "task-2", renewed=True)
     try:
         started = time.monotonic()
         result = app.tasks["redelivery.work"].apply(("x",), task_id="task-2")
         waited = time.monotonic() - started
-        assert result.state == states.FAILURE and isinstance(result.result, TaskRevokedError)
+        assert result.state == states.FAILURE and isinstance(result.result, LockContended)
         assert app.ran == []
         assert waited >= TTL * 1.5 - 0.1, waited
         assert not lease.lost
