@@ -22,7 +22,7 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .redlock import Claim, Finished, Holder, Lease, Redlock
+from .core import Claim, Finished, Holder, Lease, Redlock
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .exceptions import ConfigurationError
-from .redlock import Holder, NodeView, mask_url, node_name
+from .core import Holder, NodeView, mask_url, node_name
 
 __all__ = [
     "KeyReport",

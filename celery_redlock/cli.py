@@ -64,7 +64,7 @@ from ._format import (
 from ._health import findings, node_row
 from .exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
 from .plan import plan_of
-from .redlock import STARTED_MARK, Redlock
+from .core import STARTED_MARK, Redlock
 from .task import LockedTask
 
 if TYPE_CHECKING:

@@ -53,7 +53,7 @@ from . import metrics
 from .exceptions import AlreadyEnqueued, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY
 from .plan import LockPlan
-from .redlock import Claim, Redlock, full_jitter
+from .core import Claim, Redlock, full_jitter
 
 __all__ = ["publish", "run_eagerly", "superseded_by", "withdraw"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import conf, headers, settings
 from .keys import KeyBuilder
-from .redlock import Redlock, make_owner
+from .core import Redlock, make_owner
 
 __all__ = ["LockPlan", "build_plan", "plan_of", "set_plan"]
 

@@ -64,7 +64,7 @@ from . import metrics, tracing
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
-from .redlock import Claim, Finished, Holder, Lease, TooEarly, full_jitter
+from .core import Claim, Finished, Holder, Lease, TooEarly, full_jitter
 
 __all__ = ["take"]
 

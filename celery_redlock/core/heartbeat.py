@@ -51,7 +51,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # only for annotations: the core stays import-light
-    from .redlock import Lease
+    from .lease import Lease
 
 __all__ = ["THREAD_NAME", "Heartbeat", "default", "drop", "held", "hold", "renew_once", "stop"]
 
