@@ -61,10 +61,10 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
 from . import metrics, tracing
+from .core import Claim, Finished, Holder, Lease, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
-from .core import Claim, Finished, Holder, Lease, TooEarly, full_jitter
 
 __all__ = ["take"]
 

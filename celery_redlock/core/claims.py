@@ -175,7 +175,8 @@ class Claims:
         q = self.quorum
         replies = q.run(scripts.PEEK, (self.keyspace.claim_key(name),), ())
         q.check(replies)
-        seen = agree([(text(r[0]), int(r[1])) for r in replies if isinstance(r, list) and r[0]], q.needed)
+        found = [(text(r[0]), int(r[1])) for r in replies if isinstance(r, list) and r[0]]
+        seen = agree(found, q.needed)
         if seen.owner is not None and seen.owner.startswith(STARTED_MARK):
             return Claim(None, None)  # its run started: no claim is pending
         return Claim(seen.owner, seen.remaining)

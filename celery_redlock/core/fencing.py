@@ -77,15 +77,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import scripts
-from .exceptions import LockLost
 from .quorum import Quorum
 from .values import ms
-
-if TYPE_CHECKING:
-    from .lease import Lease
 
 __all__ = ["Fencing", "candidate"]
 
@@ -147,21 +143,3 @@ class Fencing:
             return token
         logger.info("fencing token for %r landed on %d nodes, %d needed", key, landed, q.needed)
         return None
-
-    def lazy(self, lease: Lease) -> int:
-        """Phase 2 of a lazy lease, on the first read of its token (the lease's lock is held)."""
-        assert lease._pending is not None  # only lazy leases get here
-        granted, token = lease._pending
-        written = None
-        if not lease.lost:
-            written = self.write_back(
-                granted, token, lease.key, lease.fence_key, lease.owner, lease._expires
-            )
-        # A heartbeat may have marked it lost meanwhile, or shortened it: check again.
-        if written is None or lease.lost:
-            lease.mark_lost()
-            raise LockLost(
-                f"lock {lease.name!r} is no longer held: its fencing token could not be written",
-                lease.name,
-            )
-        return written

@@ -137,8 +137,12 @@ class Inspection:
                 out.append({"node": node.name, "error": str(r)})
             else:
                 out.append(
-                    {"node": node.name, "holder": text(r[0]), "pttl_ms": int(r[1]),
-                     "fence": text(r[2])}
+                    {
+                        "node": node.name,
+                        "holder": text(r[0]),
+                        "pttl_ms": int(r[1]),
+                        "fence": text(r[2]),
+                    }
                 )
         return out
 
@@ -298,5 +302,5 @@ class Inspection:
             aof,
             fsync,
             fields.get("run_id"),
-            int(fields["connected_slaves"]) if fields.get("connected_slaves", "").isdigit() else None,
+            int(replicas) if (replicas := fields.get("connected_slaves", "")).isdigit() else None,
         )

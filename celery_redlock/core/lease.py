@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 from redis.exceptions import RedisError
 
@@ -37,12 +37,17 @@ from .quorum import Quorum
 from .records import OWNER_SEP, Claim, Finished, Holder, TooEarly, agree, claimant_of, full_jitter
 from .values import ms, text
 
-if TYPE_CHECKING:
-    from .redlock import Redlock
-
-__all__ = ["Lease", "Leases", "gate_flags", "in_the_way"]
+__all__ = ["Client", "Lease", "Leases", "gate_flags", "in_the_way", "stopped_early"]
 
 logger = logging.getLogger("celery_redlock.redlock")
+
+
+class Client(Protocol):
+    """What a lease asks of the client that granted it (a :class:`Redlock`)."""
+
+    clock: Callable[[], float]
+
+    def extend_many(self, leases: Sequence[Lease], ttl: float | None = None) -> list[bool]: ...
 
 
 class Lease:
@@ -75,6 +80,7 @@ class Lease:
         "_expires",
         "_lost",
         "_redlock",
+        "_fencing",
         "permit",
         "also",
         "__weakref__",
@@ -82,7 +88,7 @@ class Lease:
 
     def __init__(
         self,
-        redlock: Redlock,
+        redlock: Client,
         name: str,
         key: str,
         fence_key: str,
@@ -91,8 +97,10 @@ class Lease:
         fencing_token: int | None,
         expires: float,
         pending: tuple[tuple[int, ...], int] | None = None,
+        fencing: Fencing | None = None,
     ):
         self._redlock = redlock
+        self._fencing = fencing  # writes a lazy lease's token back
         self.name = name
         self.key = key
         self.fence_key = fence_key
@@ -120,12 +128,31 @@ class Lease:
         assert self._fence_lock is not None
         with self._fence_lock:  # concurrent first reads write it once
             if self._token is None:
-                self._token = self._redlock._fencing.lazy(self)
+                self._token = self._write_lazy()
                 self._pending = None
             return self._token
 
+    def _write_lazy(self) -> int:
+        """Phase 2 of a lazy lease, on the first read of its token (see :mod:`.fencing`)."""
+        assert self._pending is not None and self._fencing is not None
+        granted, token = self._pending
+        written = None
+        if not self.lost:
+            written = self._fencing.write_back(
+                granted, token, self.key, self.fence_key, self.owner, self._expires
+            )
+        # A heartbeat may have marked it lost meanwhile, or shortened it: check again.
+        if written is None or self.lost:
+            self.mark_lost()
+            raise LockLost(
+                f"lock {self.name!r} is no longer held: its fencing token could not be written",
+                self.name,
+            )
+        return written
+
     @property
-    def redlock(self) -> Redlock:
+    def redlock(self) -> Client:
+        """The client that granted the lease."""
         return self._redlock
 
     @property
@@ -206,7 +233,7 @@ class Leases:
 
     __slots__ = ("redlock", "quorum", "keyspace", "fencing")
 
-    def __init__(self, redlock: Redlock, quorum: Quorum, keyspace: KeySpace, fencing: Fencing):
+    def __init__(self, redlock: Client, quorum: Quorum, keyspace: KeySpace, fencing: Fencing):
         self.redlock = redlock  # what a Lease names as its client
         self.quorum = quorum
         self.keyspace = keyspace
@@ -275,33 +302,29 @@ class Leases:
             return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         if not fence:
             pending = (tuple(granted), token)
-            return Lease(self.redlock, name, key, fence_key, owner, ttl, None, expires, pending)
+            return Lease(
+                self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, self.fencing
+            )
         if self.fencing.write_back(granted, token, key, fence_key, owner, expires) is None:
             return None
         return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
 
-    def acquire(
+    def retry(
         self,
-        name: str,
-        ttl: float,
+        attempt: Callable[[], object],
         blocking: bool,
         timeout: float | None,
-        owner: str | None,
         retry_delay: float,
         retry_delay_max: float,
-        fence: bool,
-        limit: int,
-        also: Sequence[tuple[str, int]],
     ) -> Lease | None:
-        """Attempts until a lease, with backoff while blocking (see :meth:`Redlock.acquire`)."""
+        """``attempt()`` until it returns a lease, with backoff while ``blocking``
+        (see :meth:`Redlock.acquire`)."""
         q = self.quorum
         start = q.clock()
-        attempt = 0
+        tries = 0
         while True:
             try:
-                result = self.redlock.try_acquire(
-                    name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also
-                )
+                result = attempt()
             except QuorumUnavailable:
                 if not blocking or (timeout is not None and q.clock() - start >= timeout):
                     raise
@@ -310,14 +333,14 @@ class Leases:
                 return result
             if not blocking:
                 return None
-            delay = full_jitter(attempt, retry_delay, retry_delay_max, q.rng)
+            delay = full_jitter(tries, retry_delay, retry_delay_max, q.rng)
             if timeout is not None:
                 left = timeout - (q.clock() - start)
                 if left <= 0:
                     return None
                 delay = min(delay, left)
             q.sleep(delay)
-            attempt += 1
+            tries += 1
 
     def extend_many(self, leases: Sequence[Lease], ttl: float | None) -> list[bool]:
         """Renew leases and the names held with them, in one call per node."""

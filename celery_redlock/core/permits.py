@@ -112,12 +112,13 @@ class Permits:
         throttle: float | None,
         slot: str | None,
         limit: int,
-        also: Sequence[tuple[str, int]] = (),
+        also: Sequence[tuple[str, int]],
+        rounds: tuple[int, float],
     ) -> Lease | Holder | Claim | Finished | TooEarly:
-        """One attempt, of up to :attr:`Redlock.PERMIT_ROUNDS` rounds on a split
-        (see :meth:`Redlock.try_acquire`)."""
+        """One attempt, of up to ``rounds`` = (:attr:`Redlock.PERMIT_ROUNDS`,
+        :attr:`Redlock.PERMIT_SPLIT_PAUSE`) rounds on a split (see :meth:`Redlock.try_acquire`)."""
         q, space = self.quorum, self.keyspace
-        rounds, pause = self.leases.redlock.PERMIT_ROUNDS, self.leases.redlock.PERMIT_SPLIT_PAUSE
+        count, pause = rounds
         limit = checked("limit", settings.check_limit, limit)
         names = [(name, limit)] + [
             (other, checked("limit", settings.check_limit, k)) for other, k in also
@@ -141,7 +142,7 @@ class Permits:
         for fence_key, group in zip(fences[1:], groups[1:]):
             keys += [fence_key, *group]
         prefer = [""] * len(names)
-        for round_ in range(rounds):
+        for round_ in range(count):
             args = [
                 owner,
                 ms(ttl),
@@ -175,7 +176,7 @@ class Permits:
                 break
             self.leases.release_prefix(every, owner)
             q.check(replies)
-            if not any(ok) or round_ + 1 == rounds:
+            if not any(ok) or round_ + 1 == count:
                 break
             # Split: free permits exist, but the nodes picked different indexes
             # (concurrent acquirers seen in different orders). Ask for the

@@ -40,8 +40,16 @@ class Quorum:
         rng: ``random()`` function for jitter.
     """
 
-    __slots__ = ("nodes", "needed", "node_timeout", "drift_factor", "min_replicas", "clock",
-                 "sleep", "rng")
+    __slots__ = (
+        "nodes",
+        "needed",
+        "node_timeout",
+        "drift_factor",
+        "min_replicas",
+        "clock",
+        "sleep",
+        "rng",
+    )
 
     def __init__(
         self,

@@ -65,7 +65,7 @@ from .keyspace import KeySpace
 from .lease import Lease, Leases
 from .permits import Permits
 from .quorum import Quorum
-from .records import Claim, Finished, Holder, Schedule, TooEarly, make_owner
+from .records import Claim, Finished, Holder, TooEarly, make_owner
 from .values import checked, positive
 
 __all__ = ["Redlock"]
@@ -225,8 +225,6 @@ class Redlock:
     def __repr__(self) -> str:
         return f"<Redlock {len(self.nodes)} nodes quorum={self.quorum} prefix={self.key_prefix!r}>"
 
-
-
     def try_acquire(
         self,
         name: str,
@@ -281,7 +279,18 @@ class Redlock:
         owner = owner or make_owner()
         if limit != 1 or limit.__class__ is not int or also:  # True == 1, but is no limit
             return self._permits.try_acquire(
-                name, ttl, owner, task_id, receipts, claim, own_claim, throttle, slot, limit, also
+                name,
+                ttl,
+                owner,
+                task_id,
+                receipts,
+                claim,
+                own_claim,
+                throttle,
+                slot,
+                limit,
+                also,
+                (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE),
             )
         return self._leases.try_acquire(
             name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot
@@ -327,8 +336,14 @@ class Redlock:
         if timeout is not None:
             checked("timeout", settings.check_non_negative, timeout)
         positive("ttl", ttl)
-        return self._leases.acquire(
-            name, ttl, blocking, timeout, owner, retry_delay, retry_delay_max, fence, limit, also
+        return self._leases.retry(
+            lambda: self.try_acquire(
+                name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also
+            ),
+            blocking,
+            timeout,
+            retry_delay,
+            retry_delay_max,
         )
 
     @contextmanager
@@ -364,8 +379,6 @@ class Redlock:
         if ttl is not None:
             positive("ttl", ttl)
         return self._leases.extend_many(leases, ttl)
-
-
 
     def close(self) -> None:
         """Close this process's idle connections to the nodes (they reopen on use)."""

@@ -15,7 +15,8 @@ import pytest
 from celery import Celery, states
 from celery.exceptions import Ignore, TaskRevokedError
 
-from celery_redlock import LockedTask, heartbeat, plan_of
+from celery_redlock import LockedTask, plan_of
+from celery_redlock.core import heartbeat
 from celery_redlock.redlock import make_owner
 from tests.support import harness, lockapp
 
