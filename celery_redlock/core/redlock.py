@@ -18,7 +18,7 @@ Assumptions:
   has left. If it does, its lease lapses silently; the token is the backstop.
 * A node that restarts keeps its keys (fsync'd AOF), or stays down for at least
   the longest TTL before rejoining. Fencing tokens survive even a node that
-  comes back empty, through the time floor described below.
+  comes back empty, through the time floor described in :mod:`.fencing`.
 * Quorum is ``N // 2 + 1`` **of all configured nodes**, never of the reachable
   ones, so two partitions can never both hold a majority.
 
@@ -77,8 +77,6 @@ R = TypeVar("R")
 class _Handed:
     """A facade method that is one part's own method, bound to that part when
     read on a Redlock: the part's signature and docstring, and no extra call."""
-
-    __slots__ = ("part", "function", "__dict__")
 
     def __init__(self, part: str, function: Callable[..., Any]):
         self.part, self.function = part, function
