@@ -11,6 +11,7 @@ imports neither celery nor kombu; the Celery layer (:class:`LockedTask`,
 
 import importlib as _importlib
 
+from .core import Claim, Finished, Holder, Lease, Redlock
 from .exceptions import (
     AlreadyEnqueued,
     ConfigurationError,
@@ -22,7 +23,6 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .redlock import Claim, Finished, Holder, Lease, Redlock
 
 __version__ = "0.1.0"
 

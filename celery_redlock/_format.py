@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from .core import Holder, NodeView, mask_url, node_name
 from .exceptions import ConfigurationError
-from .redlock import Holder, NodeView, mask_url, node_name
 
 __all__ = [
     "KeyReport",

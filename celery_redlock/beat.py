@@ -70,8 +70,8 @@ from kombu.utils.uuid import uuid
 
 from . import metrics, settings
 from .conf import redlock_for, resolve, resolve_beat
+from .core import OWNER_SEP, Redlock
 from .exceptions import ConfigurationError, QuorumUnavailable
-from .redlock import OWNER_SEP, Redlock
 from .slots import Slot, claim_key, compute_slot, schedule_now
 
 __all__ = [

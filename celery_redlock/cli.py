@@ -63,9 +63,9 @@ from ._format import (
     view_cells,
 )
 from ._health import findings, node_row
+from .core import STARTED_MARK, Redlock
 from .exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
 from .plan import plan_of
-from .redlock import STARTED_MARK, Redlock
 from .task import LockedTask
 
 if TYPE_CHECKING:

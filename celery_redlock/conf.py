@@ -34,7 +34,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from celery import exceptions as celery_exceptions
 
 from . import exceptions
-from .redlock import Redlock
+from .core import Redlock
 from .settings import (
     BEAT_SETTINGS,
     EXHAUSTED,

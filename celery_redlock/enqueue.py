@@ -50,10 +50,10 @@ from celery import states
 from kombu.utils.uuid import uuid
 
 from . import metrics
+from .core import Claim, Redlock, full_jitter
 from .exceptions import AlreadyEnqueued, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY
 from .plan import LockPlan
-from .redlock import Claim, Redlock, full_jitter
 
 __all__ = ["publish", "result_of", "run_eagerly", "superseded_by", "withdraw"]
 

@@ -79,10 +79,10 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
 from . import metrics, outage, tracing
+from .core import OWNER_SEP, Claim, Finished, Holder, Lease, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
-from .redlock import OWNER_SEP, Claim, Finished, Holder, Lease, TooEarly, full_jitter
 
 __all__ = ["take"]
 

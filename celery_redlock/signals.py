@@ -55,8 +55,9 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
-from . import conf, heartbeat, metrics
+from . import conf, metrics
 from ._format import nodes_text
+from .core import heartbeat
 from .enqueue import withdraw
 from .headers import CLAIM, header
 from .plan import plan_of

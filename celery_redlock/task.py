@@ -60,10 +60,10 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Retry
 
-from . import enqueue, heartbeat, metrics, policies, signals, tracing
+from . import enqueue, metrics, policies, signals, tracing
+from .core import Lease, heartbeat
 from .exceptions import LockLost
 from .plan import LockPlan, build_plan, plan_of, set_plan
-from .redlock import Lease
 
 __all__ = ["LockPlan", "LockedTask", "current_lease"]
 

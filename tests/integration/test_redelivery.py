@@ -19,7 +19,8 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import TaskRevokedError
 from kombu.asynchronous import set_event_loop
 
-from celery_redlock import LockContended, LockedTask, heartbeat, plan_of
+from celery_redlock import LockContended, LockedTask, plan_of
+from celery_redlock.core import heartbeat
 from celery_redlock.redlock import make_owner
 from tests.support import harness, lockapp
 
