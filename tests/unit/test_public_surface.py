@@ -148,6 +148,7 @@ RECORDED = {
         "RedlockError",
         "current_lease",
         "plan_of",
+        "result_of",
         "superseded_by",
     ],
 }
