@@ -141,9 +141,7 @@ def test_the_dashboard_live_in_a_browser(
     )
     wait_for(lambda: row_of(browser, slow.id), 30, "the lock's row")
     first = wait_for(lambda: seconds_left(browser, slow.id), 10, "a time left")
-    wait_for(
-        lambda: (seconds_left(browser, slow.id) or first) < first, 10, "the time left to fall"
-    )
+    wait_for(lambda: (seconds_left(browser, slow.id) or first) < first, 10, "the time left to fall")
     assert slow.id in row_of(browser, slow.id).text
 
     # A claim (a call queued with a countdown) and a throttle schedule.
