@@ -30,10 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import textwrap
-import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
@@ -64,18 +61,15 @@ from ._format import (
     view_cells,
 )
 from ._health import findings, node_row
+from ._reading import OWNER, all_settings, connect, key_report, locked_plans
 from .core import STARTED_MARK, Redlock
 from .exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
-from .plan import plan_of
-from .task import LockedTask
 
 if TYPE_CHECKING:
     from .plan import LockPlan
 
 __all__ = ["redlock"]
 
-#: Named in configuration errors raised while resolving the app-level settings.
-OWNER = "celery redlock"
 #: Default seconds per node and round for the CLI's own connections.
 DEFAULT_TIMEOUT = 0.5
 #: Exit code when fewer than a quorum of nodes answered.
@@ -195,7 +189,7 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     nodes answer.
     """
     label, settings = _target_settings(app, task)
-    with _connect(settings, timeout) as (client, notes):
+    with connect(settings, timeout) as (client, notes):
         infos = client.node_info()
     quorum, total = client.quorum, len(client.nodes)
     echo(
@@ -247,12 +241,12 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
     LockedTask of the app.
     """
     label, settings, name = _lock_target(app, **options)
-    with _connect(settings, timeout) as (client, _):
+    with connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
-        lock = _report(client, key, fence_key)
+        lock = key_report(client, key, fence_key)
         # With lock_limit K > 1: permit 0 is the lock key, read above; the others.
         permits = [lock] + [
-            _report(client, k, skip=dict(lock.down))
+            key_report(client, k, skip=dict(lock.down))
             for k in client.permit_keys(name, settings.limit)[1:]
         ]
     holder, problem = lock.holder, lock.outage()
@@ -350,12 +344,12 @@ def list_(
         plan = _plan(app, task)
         groups = [(f"task {task}", plan.resolved, glob_escape(plan.lock_name) + ":{*}")]
     else:
-        groups = [(label, settings, "*") for label, settings in _all_settings(app)]
+        groups = [(label, settings, "*") for label, settings in all_settings(app)]
     failed = []
     for index, (label, settings, tail) in enumerate(groups):
         if index:
             echo("")
-        with _connect(settings, timeout) as (client, _):
+        with connect(settings, timeout) as (client, _):
             listing = _Listing(client, "lock", tail, limit)
             rows, held = [], 0
             for name in listing.names:
@@ -479,10 +473,10 @@ def release(
     if claim:
         _release_claim(echo, settings, name, task_id, force, timeout)
         return
-    with _connect(settings, timeout) as (client, _):
+    with connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
         total = len(client.nodes)
-        lock = _report(client, key, fence_key)
+        lock = key_report(client, key, fence_key)
         problem = lock.outage()
         if problem:
             lock.echo_down(echo)
@@ -501,7 +495,7 @@ def release(
                 abort=True,
             )
             # The lock may have changed hands while the operator read the prompt.
-            if _report(client, key, fence_key).owners - lock.owners:
+            if key_report(client, key, fence_key).owners - lock.owners:
                 raise click.ClickException(
                     f"not deleted: {key} was taken by another holder meanwhile; run again"
                 )
@@ -547,9 +541,9 @@ def _release_claim(
     timeout: float,
 ) -> None:
     """``release --claim``: withdraw the enqueue claim of ``name``, owner-checked."""
-    with _connect(settings, timeout) as (client, _):
+    with connect(settings, timeout) as (client, _):
         key = client.claim_key(name)
-        current = _report(client, key)
+        current = key_report(client, key)
         problem = current.outage()
         if problem:
             current.echo_down(echo)
@@ -587,7 +581,7 @@ def beat_slots(
     epoch seconds and as UTC time; the claim value (who sent it, the message
     id) is printed as stored.
     """
-    with _connect(conf.resolve(app, owner=OWNER), timeout) as (client, _):
+    with connect(conf.resolve(app, owner=OWNER), timeout) as (client, _):
         tail = glob_escape(entry) + ":*" if entry else "*"
         listing = _Listing(client, "beat", tail, limit)
         slots = []
@@ -645,19 +639,8 @@ def settings_(app: Any, echo: Callable, task: str | None, **kwargs: Any) -> None
 # -- helpers: app, tasks, settings -------------------------------------------
 
 
-def _locked_plans(app: Any) -> dict[str, LockPlan]:
-    """The lock plans of the app's LockedTasks by task name (after importing its task modules)."""
-    app.loader.import_default_modules()
-    plans = {}
-    for name, task in sorted(app.tasks.items()):
-        plan = plan_of(task) if isinstance(task, LockedTask) else None
-        if plan is not None:
-            plans[name] = plan
-    return plans
-
-
 def _plan(app: Any, task: str) -> LockPlan:
-    plans = _locked_plans(app)
+    plans = locked_plans(app)
     if task in plans:
         return plans[task]
     what = "is not a LockedTask" if task in app.tasks else "is not a task registered in the app"
@@ -695,38 +678,6 @@ def _lock_target(
     return label, settings, lock_name[len(full) :] if lock_name.startswith(full) else lock_name
 
 
-def _all_settings(app: Any) -> list[tuple[str, conf.LockSettings]]:
-    """Each distinct (nodes, prefix) the app and its LockedTasks use, with who uses it."""
-    candidates = []
-    try:
-        candidates.append(("the app", conf.resolve(app, owner=OWNER)))
-    except ConfigurationError:
-        pass  # every task may name its own nodes; fail below only if none does
-    candidates += [(f"task {name}", plan.resolved) for name, plan in _locked_plans(app).items()]
-    if not candidates:
-        conf.resolve(app, owner=OWNER)  # raises the configuration error
-    groups: dict[tuple, tuple[list[str], conf.LockSettings]] = {}
-    for label, settings in candidates:
-        nodes = tuple(n if isinstance(n, str) else id(n) for n in settings.node_list)
-        groups.setdefault((nodes, settings.key_prefix), ([], settings))[0].append(label)
-    if len(groups) == 1:  # the usual case: everyone shares the app's nodes
-        return candidates[:1]
-    return [(", ".join(labels), settings) for labels, settings in groups.values()]
-
-
-@contextmanager
-def _connect(settings: conf.LockSettings, timeout: float) -> Iterator[tuple[Redlock, list[str]]]:
-    """A Redlock on ``settings``' nodes with the CLI's timeout, and its construction warnings."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")  # report "use an odd number of nodes" in the output
-        options = {**settings.redlock_options(), "node_timeout": timeout}
-        client = Redlock(settings.node_list, **options)
-    try:
-        yield client, [str(w.message) for w in caught]
-    finally:
-        client.close()
-
-
 # -- helpers: reading keys ---------------------------------------------------
 
 
@@ -734,14 +685,6 @@ def _remaining(report: KeyReport) -> str:
     """The TTL left on the key of the holder a quorum agrees on, for a table cell."""
     remaining = report.holder.remaining
     return ttl_text(None if remaining is None else int(remaining * 1000))
-
-
-def _report(
-    client: Redlock, key: str, fence_key: str | None = None, skip: dict[str, str] | None = None
-) -> KeyReport:
-    """``key`` as every node holds it, with the holder a quorum agrees on."""
-    views = client.inspect_key(key, fence_key, skip=skip)
-    return KeyReport(views, client.quorum, client.agreed(views))
 
 
 class _Listing:
@@ -759,7 +702,7 @@ class _Listing:
         """``{prefix}:{key}`` (and ``{prefix}:{fence_key}``) on the nodes still answering."""
         prefix = self.client.key_prefix
         fence = f"{prefix}:{fence_key}" if fence_key else None
-        report = _report(self.client, f"{prefix}:{key}", fence, skip=self.down)
+        report = key_report(self.client, f"{prefix}:{key}", fence, skip=self.down)
         for name, error in report.down:  # a node that fails now is skipped from now on
             self.down.setdefault(name, error)
         return report

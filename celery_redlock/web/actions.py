@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cli import _report
+from .._reading import key_report
 from ..conf import LockSettings
-from ..redlock import Redlock
+from ..core import Redlock
 
 __all__ = ["ActionRefused", "release", "withdraw"]
 
@@ -40,7 +40,7 @@ def release(
     keys = client.permit_keys(name, index + 1)
     key = keys[index]
     fence_key = client.keys(name)[1]
-    lock = _report(client, key, fence_key)
+    lock = key_report(client, key, fence_key)
     problem = lock.outage()
     if problem:
         raise ActionRefused(problem + "; nothing released", "503 Service Unavailable")

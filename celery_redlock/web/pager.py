@@ -23,7 +23,7 @@ import redis
 from redis.exceptions import RedisError
 
 from .._format import glob_escape
-from ..redlock import Redlock
+from ..core import Redlock
 
 __all__ = ["Page", "Pager", "RawKey", "END"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from .._format import KeyReport, glob_escape, outage, printable, slot_number, slot_time
 from .._health import SAFE_POLICIES, findings
-from ..cli import _all_settings, _connect, _locked_plans, _report
+from .._reading import all_settings, connect, key_report, locked_plans
 from ..conf import LockSettings
-from ..redlock import OWNER_SEP, STARTED_MARK, Redlock
+from ..core import OWNER_SEP, STARTED_MARK, Redlock
 from .pager import Pager, RawKey
 from .watch import Watch
 
@@ -56,8 +56,8 @@ class Board:
         """Built at first use: the app's task modules are imported then, not at import."""
         if self._groups is None:
             groups = []
-            for label, settings in _all_settings(self.app):
-                client, notes = self._stack.enter_context(_connect(settings, self.timeout))
+            for label, settings in all_settings(self.app):
+                client, notes = self._stack.enter_context(connect(settings, self.timeout))
                 group = Group(label, settings, client, notes)
                 group.pager = Pager(client, self.scan_count)
                 groups.append(group)
@@ -70,18 +70,18 @@ class Board:
     def tasks_of(self) -> dict[str, list[str]]:
         """Lock name -> the LockedTasks that lock on it."""
         out: dict[str, list[str]] = {}
-        for task, plan in _locked_plans(self.app).items():
+        for task, plan in locked_plans(self.app).items():
             out.setdefault(plan.lock_name, []).append(task)
         return out
 
     def plans_by_lock(self) -> dict[str, LockSettings]:
-        return {plan.lock_name: plan.resolved for plan in _locked_plans(self.app).values()}
+        return {plan.lock_name: plan.resolved for plan in locked_plans(self.app).values()}
 
     def tail(self, task: str | None) -> str:
         """The SCAN pattern (after ``{prefix}:{kind}:``) of a filter by task name."""
         if not task:
             return "*"
-        plans = _locked_plans(self.app)
+        plans = locked_plans(self.app)
         if task in plans:
             return glob_escape(plans[task].lock_name) + ":{*"
         return "*" + glob_escape(task) + "*"
@@ -292,7 +292,7 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def _read(client: Redlock, key: str, fence_key: str | None, down: dict) -> KeyReport:
-    report = _report(client, key, fence_key, skip=down)
+    report = key_report(client, key, fence_key, skip=down)
     for node, error in report.down:  # a node that fails now is skipped from now on
         down.setdefault(node, error)
     return report

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import LockedTask
-from celery_redlock.redlock import Redlock
+from celery_redlock import LockedTask, Redlock
 from celery_redlock.testing import RedisNodes
 from celery_redlock.web import make_app, server
 
