@@ -64,8 +64,8 @@ from redis._parsers import BaseParser, Encoder
 from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 
-from ._scripts import Script
-from .exceptions import ConfigurationError
+from .core.exceptions import ConfigurationError
+from .core.scripts import Script
 
 __all__ = ["Node", "NotReplicated", "gather", "run_script", "mask_url", "NodeSpec"]
 

@@ -10,13 +10,15 @@ Before publishing a due entry, each beat claims the entry's current **slot**
 (:mod:`celery_redlock.slots` names it) on the Redlock quorum, with the nodes and
 settings the tasks use. The first beat to claim it sends the task; the others
 skip the publish and move their own schedule on, exactly as if they had sent
-it. A beat that dies leaves nothing to clean up. A slot is sent at most
-once, never twice: a beat killed (SIGKILL, a crash) between its claim and its
-publish, the length of one round trip, takes that one slot with it, and the
-next slot goes out as usual. A beat told to stop (SIGTERM, SIGINT) in that
-moment stops right after the publish: the signal waits for it. Whether a run
-may start while the previous one is still running is the task lock's
-business: make the task a ``LockedTask``.
+it. Only the sender logs Celery's "Sending due task"; the others log (at INFO)
+that they skipped the slot and which beat sent it. A beat that dies leaves
+nothing to clean up. A slot is sent at most once, never twice: a beat killed
+(SIGKILL, a crash) between its claim and its publish, the length of one round
+trip, takes that one slot with it, and the next slot goes out as usual. A
+beat told to stop (SIGTERM, SIGINT) in that moment stops right after the
+publish: the signal waits for it. Whether a run may start while the previous
+one is still running is the task lock's business: make the task a
+``LockedTask``.
 
 The mixin composes with any scheduler that publishes through
 ``Scheduler.apply_async``::
@@ -68,8 +70,8 @@ from kombu.utils.uuid import uuid
 
 from . import metrics, settings
 from .conf import redlock_for, resolve, resolve_beat
+from .core import OWNER_SEP, Redlock
 from .exceptions import ConfigurationError, QuorumUnavailable
-from .redlock import OWNER_SEP, Redlock
 from .slots import Slot, claim_key, compute_slot, schedule_now
 
 __all__ = [
@@ -83,6 +85,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("celery_redlock.beat")
+#: Celery's beat logger: "Sending due task" is said there, by the beat that sends.
+celery_logger = logging.getLogger("celery.beat")
 
 #: Message header carrying the slot (``self.request.redlock_beat_slot`` in the task).
 HEADER = "redlock_beat_slot"
@@ -255,6 +259,20 @@ class RedlockSchedulerMixin:
 
     # -- publishing -----------------------------------------------------------
 
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        """``Scheduler.apply_entry`` without its "Sending due task" line up front.
+
+        Celery says it before publishing; here only the beat that won the slot
+        says it (in :meth:`_redlock_publish`), and the others log the skip.
+        """
+        try:
+            result = self.apply_async(entry, producer=producer, advance=False)
+        except Exception as exc:  # as Scheduler.apply_entry: log, never stop beat
+            celery_logger.error("Message Error: %s", exc, exc_info=True)
+        else:
+            if result:
+                celery_logger.debug("%s sent. id->%s", entry.task, result.id)
+
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
@@ -284,6 +302,7 @@ class RedlockSchedulerMixin:
         task_id = held.task_id if held else uuid()  # a retried claim keeps its value
         value = OWNER_SEP.join((task_id, self._redlock_host, str(os.getpid())))
         key = claim_key(entry.name, slot.label)
+        logger.debug("beat: claiming slot %s of entry %r", slot.label, entry.name)
         try:
             won, holder = self._redlock_claim(key, value, slot)
         except QuorumUnavailable as exc:
@@ -301,7 +320,11 @@ class RedlockSchedulerMixin:
             return SlotSkipped(entry.name, slot.label, "split")
         self._redlock_count("skipped", entry.name)
         logger.info(
-            "beat: slot %s of entry %r already sent by %s", slot.label, entry.name, _who(holder)
+            "beat: skipped slot %s of entry %r (%s): already sent by the beat on %s",
+            slot.label,
+            entry.name,
+            entry.task,
+            _who(holder),
         )
         return SlotSkipped(entry.name, slot.label, "taken", holder)
 
@@ -346,6 +369,7 @@ class RedlockSchedulerMixin:
         options = dict(entry.options or {})
         options["task_id"] = task_id
         options["headers"] = {**(options.get("headers") or {}), HEADER: slot.label}
+        celery_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
         result = super().apply_async(  # type: ignore[misc]
             _with_options(entry, options), producer=producer, advance=False
         )

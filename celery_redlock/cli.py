@@ -9,6 +9,7 @@ runs with the app ``-A`` names::
     celery -A proj redlock release proj.settle --args '[42]' [--force | --task-id ID]
     celery -A proj redlock beat-slots [ENTRY]
     celery -A proj redlock settings [proj.settle]
+    celery -A proj redlock web [--port 8089] [--actions --token T]   # a live dashboard
 
 Output is plain text in aligned columns (``status --json`` for scripts).
 
@@ -29,10 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import textwrap
-import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
@@ -51,6 +49,7 @@ from ._format import (
     echo_down,
     glob_escape,
     ms_text,
+    nodes_text,
     outage,
     plural,
     printable,
@@ -62,18 +61,15 @@ from ._format import (
     view_cells,
 )
 from ._health import findings, node_row
+from ._reading import OWNER, all_settings, connect, key_report, locked_plans
+from .core import STARTED_MARK, Redlock
 from .exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
-from .plan import plan_of
-from .redlock import STARTED_MARK, Redlock
-from .task import LockedTask
 
 if TYPE_CHECKING:
     from .plan import LockPlan
 
 __all__ = ["redlock"]
 
-#: Named in configuration errors raised while resolving the app-level settings.
-OWNER = "celery redlock"
 #: Default seconds per node and round for the CLI's own connections.
 DEFAULT_TIMEOUT = 0.5
 #: Exit code when fewer than a quorum of nodes answered.
@@ -142,8 +138,8 @@ _LOCK = (
         "Lock Options",
         "--name",
         "lock_name",
-        help="A lock name as `list` shows it (or its full Redis key), instead of TASK and "
-        "its arguments. With TASK too, TASK only picks the nodes and prefix.",
+        help="A lock name as the list command shows it (or its full Redis key), instead of "
+        "TASK and its arguments. With TASK too, TASK only picks the nodes and prefix.",
     ),
 )
 
@@ -193,13 +189,16 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     nodes answer.
     """
     label, settings = _target_settings(app, task)
-    with _connect(settings, timeout) as (client, notes):
+    with connect(settings, timeout) as (client, notes):
         infos = client.node_info()
     quorum, total = client.quorum, len(client.nodes)
     echo(
         f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
         f"redlock_node_timeout {ms_text(settings.node_timeout)})"
     )
+    if total == 1:
+        from_broker = conf.nodes_from_broker(app, app.tasks[task] if task else None)
+        echo(nodes_text([node.name for node in client.nodes], quorum, from_broker))
     echo("")
     header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
     echo(table([node_row(info) for info in infos], header))
@@ -234,7 +233,7 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
 def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: Any) -> None:
     """Show who holds one lock: the quorum's view and every node's.
 
-    With ``lock_limit`` K > 1, every permit of the key with its holder and the
+    With lock_limit K > 1, every permit of the key with its holder and the
     TTL left (the node table is permit 0's, the lock key).
 
     The lock is TASK's for the arguments given with --args/--kwargs (the key
@@ -242,12 +241,12 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
     LockedTask of the app.
     """
     label, settings, name = _lock_target(app, **options)
-    with _connect(settings, timeout) as (client, _):
+    with connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
-        lock = _report(client, key, fence_key)
+        lock = key_report(client, key, fence_key)
         # With lock_limit K > 1: permit 0 is the lock key, read above; the others.
         permits = [lock] + [
-            _report(client, k, skip=dict(lock.down))
+            key_report(client, k, skip=dict(lock.down))
             for k in client.permit_keys(name, settings.limit)[1:]
         ]
     holder, problem = lock.holder, lock.outage()
@@ -333,7 +332,7 @@ def list_(
 ) -> None:
     """List the lock keys on the nodes (all, or only TASK's), with holders and TTLs.
 
-    With ``lock_limit``, a key's permits 1 .. K-1 are listed as ``NAME permit I``
+    With lock_limit, a key's permits 1 .. K-1 are listed as "NAME permit I"
     beside its lock key (permit 0).
 
     One line per key with the quorum's view (a key is held when a majority of
@@ -345,12 +344,12 @@ def list_(
         plan = _plan(app, task)
         groups = [(f"task {task}", plan.resolved, glob_escape(plan.lock_name) + ":{*}")]
     else:
-        groups = [(label, settings, "*") for label, settings in _all_settings(app)]
+        groups = [(label, settings, "*") for label, settings in all_settings(app)]
     failed = []
     for index, (label, settings, tail) in enumerate(groups):
         if index:
             echo("")
-        with _connect(settings, timeout) as (client, _):
+        with connect(settings, timeout) as (client, _):
             listing = _Listing(client, "lock", tail, limit)
             rows, held = [], 0
             for name in listing.names:
@@ -474,10 +473,10 @@ def release(
     if claim:
         _release_claim(echo, settings, name, task_id, force, timeout)
         return
-    with _connect(settings, timeout) as (client, _):
+    with connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
         total = len(client.nodes)
-        lock = _report(client, key, fence_key)
+        lock = key_report(client, key, fence_key)
         problem = lock.outage()
         if problem:
             lock.echo_down(echo)
@@ -496,7 +495,7 @@ def release(
                 abort=True,
             )
             # The lock may have changed hands while the operator read the prompt.
-            if _report(client, key, fence_key).owners - lock.owners:
+            if key_report(client, key, fence_key).owners - lock.owners:
                 raise click.ClickException(
                     f"not deleted: {key} was taken by another holder meanwhile; run again"
                 )
@@ -542,9 +541,9 @@ def _release_claim(
     timeout: float,
 ) -> None:
     """``release --claim``: withdraw the enqueue claim of ``name``, owner-checked."""
-    with _connect(settings, timeout) as (client, _):
+    with connect(settings, timeout) as (client, _):
         key = client.claim_key(name)
-        current = _report(client, key)
+        current = key_report(client, key)
         problem = current.outage()
         if problem:
             current.echo_down(echo)
@@ -582,7 +581,7 @@ def beat_slots(
     epoch seconds and as UTC time; the claim value (who sent it, the message
     id) is printed as stored.
     """
-    with _connect(conf.resolve(app, owner=OWNER), timeout) as (client, _):
+    with connect(conf.resolve(app, owner=OWNER), timeout) as (client, _):
         tail = glob_escape(entry) + ":*" if entry else "*"
         listing = _Listing(client, "beat", tail, limit)
         slots = []
@@ -640,19 +639,8 @@ def settings_(app: Any, echo: Callable, task: str | None, **kwargs: Any) -> None
 # -- helpers: app, tasks, settings -------------------------------------------
 
 
-def _locked_plans(app: Any) -> dict[str, LockPlan]:
-    """The lock plans of the app's LockedTasks by task name (after importing its task modules)."""
-    app.loader.import_default_modules()
-    plans = {}
-    for name, task in sorted(app.tasks.items()):
-        plan = plan_of(task) if isinstance(task, LockedTask) else None
-        if plan is not None:
-            plans[name] = plan
-    return plans
-
-
 def _plan(app: Any, task: str) -> LockPlan:
-    plans = _locked_plans(app)
+    plans = locked_plans(app)
     if task in plans:
         return plans[task]
     what = "is not a LockedTask" if task in app.tasks else "is not a task registered in the app"
@@ -690,38 +678,6 @@ def _lock_target(
     return label, settings, lock_name[len(full) :] if lock_name.startswith(full) else lock_name
 
 
-def _all_settings(app: Any) -> list[tuple[str, conf.LockSettings]]:
-    """Each distinct (nodes, prefix) the app and its LockedTasks use, with who uses it."""
-    candidates = []
-    try:
-        candidates.append(("the app", conf.resolve(app, owner=OWNER)))
-    except ConfigurationError:
-        pass  # every task may name its own nodes; fail below only if none does
-    candidates += [(f"task {name}", plan.resolved) for name, plan in _locked_plans(app).items()]
-    if not candidates:
-        conf.resolve(app, owner=OWNER)  # raises the configuration error
-    groups: dict[tuple, tuple[list[str], conf.LockSettings]] = {}
-    for label, settings in candidates:
-        nodes = tuple(n if isinstance(n, str) else id(n) for n in settings.node_list)
-        groups.setdefault((nodes, settings.key_prefix), ([], settings))[0].append(label)
-    if len(groups) == 1:  # the usual case: everyone shares the app's nodes
-        return candidates[:1]
-    return [(", ".join(labels), settings) for labels, settings in groups.values()]
-
-
-@contextmanager
-def _connect(settings: conf.LockSettings, timeout: float) -> Iterator[tuple[Redlock, list[str]]]:
-    """A Redlock on ``settings``' nodes with the CLI's timeout, and its construction warnings."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")  # report "use an odd number of nodes" in the output
-        options = {**settings.redlock_options(), "node_timeout": timeout}
-        client = Redlock(settings.node_list, **options)
-    try:
-        yield client, [str(w.message) for w in caught]
-    finally:
-        client.close()
-
-
 # -- helpers: reading keys ---------------------------------------------------
 
 
@@ -729,14 +685,6 @@ def _remaining(report: KeyReport) -> str:
     """The TTL left on the key of the holder a quorum agrees on, for a table cell."""
     remaining = report.holder.remaining
     return ttl_text(None if remaining is None else int(remaining * 1000))
-
-
-def _report(
-    client: Redlock, key: str, fence_key: str | None = None, skip: dict[str, str] | None = None
-) -> KeyReport:
-    """``key`` as every node holds it, with the holder a quorum agrees on."""
-    views = client.inspect_key(key, fence_key, skip=skip)
-    return KeyReport(views, client.quorum, client.agreed(views))
 
 
 class _Listing:
@@ -754,7 +702,7 @@ class _Listing:
         """``{prefix}:{key}`` (and ``{prefix}:{fence_key}``) on the nodes still answering."""
         prefix = self.client.key_prefix
         fence = f"{prefix}:{fence_key}" if fence_key else None
-        report = _report(self.client, f"{prefix}:{key}", fence, skip=self.down)
+        report = key_report(self.client, f"{prefix}:{key}", fence, skip=self.down)
         for name, error in report.down:  # a node that fails now is skipped from now on
             self.down.setdefault(name, error)
         return report
@@ -775,3 +723,95 @@ class _Listing:
         ]
         echo_down(echo, down)
         return outage(down, len(client.nodes), client.quorum)
+
+
+# -- web ---------------------------------------------------------------------
+
+
+@_command(
+    "web",
+    _option(
+        "Web Options",
+        "--port",
+        type=click.IntRange(min=0, max=65535),
+        default=8089,
+        show_default=True,
+        help="The TCP port to listen on (0: any free port).",
+    ),
+    _option(
+        "Web Options",
+        "--bind",
+        default="127.0.0.1",
+        show_default=True,
+        help="The address to listen on; the default keeps the page on this machine.",
+    ),
+    _option(
+        "Web Options",
+        "--actions",
+        is_flag=True,
+        help="Offer release and withdraw on the page (needs --token or --basic-auth).",
+    ),
+    _option(
+        "Web Options",
+        "--token",
+        envvar="CELERY_REDLOCK_WEB_TOKEN",
+        help="Require this token to log in (or as Authorization: Bearer); "
+        "also read from CELERY_REDLOCK_WEB_TOKEN.",
+    ),
+    _option(
+        "Web Options",
+        "--basic-auth",
+        envvar="CELERY_REDLOCK_WEB_BASIC_AUTH",
+        help="Require HTTP basic authentication as USER:PASSWORD; "
+        "also read from CELERY_REDLOCK_WEB_BASIC_AUTH.",
+    ),
+    _option(
+        "Web Options",
+        "--refresh",
+        type=click.FloatRange(min=0.5),
+        default=1.5,
+        show_default=True,
+        help="Seconds between the page's reads.",
+    ),
+)
+def web(
+    app: Any,
+    echo: Callable,
+    port: int,
+    bind: str,
+    actions: bool,
+    token: str | None,
+    basic_auth: str | None,
+    refresh: float,
+    timeout: float,
+    **kwargs: Any,
+) -> None:
+    """Serve a live dashboard of the locks, permits, claims, schedules and nodes.
+
+    Read-only unless --actions, which offers release (a lock or a permit) and
+    withdraw (a claim), owner-checked and confirmed one key at a time, and
+    which needs --token or --basic-auth. Binds 127.0.0.1 unless --bind says
+    otherwise; put it behind TLS before binding anything else.
+    """
+    from .web import make_app, server
+
+    if token and basic_auth:
+        raise click.UsageError("give --token or --basic-auth, not both")
+    auth: Any = token or None
+    if basic_auth:
+        user, sep, password = basic_auth.partition(":")
+        if not (sep and user and password):
+            raise click.UsageError("--basic-auth takes USER:PASSWORD")
+        auth = (user, password)
+    dashboard = make_app(app, actions=actions, auth=auth, timeout=timeout, refresh=refresh)
+    httpd = server(dashboard, bind, port)
+    host, bound = httpd.server_address[:2]
+    mode = "actions on" if actions else "read-only"
+    echo(f"celery redlock dashboard on http://{host!s}:{bound}/ ({mode}); Ctrl-C stops it")
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+        dashboard.close()

@@ -15,7 +15,7 @@ rates the task shares through ``lock_also``:
   instant (a worker whose clock is behind) sleeps up to the grace, else is
   re-published again.
 * No quorum: the message is re-published with the lock's backoff (jittered,
-  capped at ``lock_retry_backoff_max``), for as long as the outage lasts:
+  capped at :data:`RATE_OUTAGE_MAX`, 2 s), for as long as the outage lasts:
   nothing is dropped and nothing starts unbooked. Logged at WARNING, counted
   (``rate_outage``).
 * Concurrent callers split the nodes for every round: re-published after a
@@ -32,14 +32,13 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Retry
 
-from . import metrics, tracing
-from .core.rates import RateKey, reserve, resolve_rate
+from . import metrics, outage, tracing
+from .core import RateKey, full_jitter, reserve_rates, resolve_rate
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
 from .plan import LockPlan
-from .redlock import full_jitter
 
-__all__ = ["admit", "applies", "grace"]
+__all__ = ["admit", "applies", "grace", "outage_countdown"]
 
 logger = logging.getLogger("celery_redlock.rates")
 
@@ -49,6 +48,20 @@ NEAR = 0.005
 MAX_GRACE = 0.25
 #: Longest pause before a start whose reservation split the nodes asks again.
 SPLIT_PAUSE = 0.2
+#: Longest and shortest countdown of a rated start waiting out an outage: it asks
+#: again soon, whatever ``redlock_retry_backoff_max`` says (the starts it holds
+#: back must resume promptly), but never in a tight loop.
+RATE_OUTAGE_MAX = 2.0
+RATE_OUTAGE_MIN = 0.1
+
+
+def outage_countdown(waits: int, settings: Any, rng: Any) -> float:
+    """When a rated start that met an outage asks again: the lock's backoff, jittered,
+    but capped at :data:`RATE_OUTAGE_MAX` and never below :data:`RATE_OUTAGE_MIN`, so the
+    starts waiting out an outage resume within seconds of a quorum's return."""
+    base = min(settings.retry_backoff, RATE_OUTAGE_MAX / 4)
+    cap = min(settings.retry_backoff_max, RATE_OUTAGE_MAX)
+    return max(RATE_OUTAGE_MIN, full_jitter(waits, base, cap, rng))
 
 
 def applies(plan: LockPlan) -> bool:
@@ -78,21 +91,20 @@ def admit(task: Any, plan: LockPlan, name: str, request: Any) -> None:
         if early > slack:  # this worker's clock is behind the booking's: not yet
             _republish(task, request, early, {RATE_AT: _rate_at(booked, request)}, "rate: early")
     try:
-        slot = reserve(redlock, keys)
+        slot = reserve_rates(redlock, keys)
     except QuorumUnavailable as exc:
         metrics.count("rate_outage", plan.lock_name)
+        outage.failed(redlock, exc)  # the nodes' errors, once per outage
         if request.is_eager:
             raise
         waits = _int(header(request, RATE_WAITS))
-        settings = plan.settings
-        countdown = full_jitter(
-            waits, settings.retry_backoff, settings.retry_backoff_max, redlock.rng
-        )
+        countdown = outage_countdown(waits, plan.settings, redlock.rng)
         logger.warning(
-            "%s[%s]: rate of %r not booked, lock service unavailable; again in %.2fs: %s",
-            task.name, request.id, name, countdown, exc,
+            "%s[%s]: rate of %r not booked, lock nodes unavailable; again in %.2fs (wait %d)",
+            task.name, request.id, name, countdown, waits + 1,
         )  # fmt: skip
         _republish(task, request, countdown, {RATE_WAITS: waits + 1}, f"rate: {exc}")
+    outage.answered(redlock)
     if not slot.reserved:
         metrics.count("rate_split", plan.lock_name)
         if request.is_eager:

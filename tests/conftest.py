@@ -21,7 +21,8 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 from kombu.asynchronous import set_event_loop
 
-from celery_redlock import heartbeat, testing
+from celery_redlock import testing
+from celery_redlock.core import heartbeat
 
 if celery.VERSION < (5, 7):
     # Celery 5.5's Redis result backend: an AsyncResult collected by the garbage

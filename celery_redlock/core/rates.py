@@ -1,6 +1,7 @@
 """Rate limits on the quorum: at most N starts per key in any window of a period.
 
-This module is core: it imports neither celery nor kombu.
+This module is core: it imports neither celery nor kombu. Its Lua is
+:mod:`.scripts.rates`.
 
 A rate is one or several **windows** ``(count, period)``; a start is admitted
 only when every window of every key it names admits it. Each key's state is one
@@ -61,56 +62,33 @@ late in true time: a window of true time then holds at most the bound plus
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-from .._nodes import gather, run_script
-from .._scripts import Script
-from ..exceptions import ConfigurationError, QuorumUnavailable
-
-if TYPE_CHECKING:
-    from ..redlock import Redlock
+from ..settings import Window, check_rate, parse_rate
+from . import scripts
+from .exceptions import ConfigurationError, QuorumUnavailable
+from .keyspace import KeySpace
+from .quorum import Quorum
 
 __all__ = [
-    "RATE",
     "RateKey",
     "RateSlot",
     "RateView",
+    "Rates",
     "Window",
     "check_rate",
     "parse_rate",
-    "peek",
-    "reserve",
-    "reserve_named",
+    "peek_rate",
+    "reserve_rates",
+    "resolve_rate",
 ]
 
 #: Rounds a reservation spends while concurrent callers split the nodes between them.
 ROUNDS = 3
 #: Longest pause, in seconds, before a reservation asks again after a split.
 SPLIT_PAUSE = 0.005
-
-
-class Window(NamedTuple):
-    """At most ``starts`` starts in any window of ``period`` seconds."""
-
-    starts: int
-    period: float
-
-    @property
-    def interval(self) -> float:
-        """Seconds between two starts at the steady rate (GCRA's T)."""
-        return self.period / self.starts
-
-    @property
-    def field(self) -> str:
-        """The hash field of this window's TAT: ``count/period_ms``."""
-        return f"{self.starts}/{_ms(self.period)}"
-
-    def __str__(self) -> str:
-        return f"{self.starts}/{_seconds_text(self.period)}"
 
 
 class RateKey(NamedTuple):
@@ -140,77 +118,6 @@ class RateSlot(NamedTuple):
         return self.reserved and self.wait <= 0
 
 
-# -- parsing ------------------------------------------------------------------
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_RATE_TEXT = re.compile(r"^\s*(\d+)\s*(?:/\s*(\d+(?:\.\d+)?)?\s*([smhd]))?\s*$")
-_SHAPE = (
-    "must be a rate ('10/s', '100/m', '1000/h', '20/10s', a whole number per second, "
-    "or a (count, seconds) pair), several of them, or a callable returning one"
-)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _one(value: Any) -> Window:
-    if isinstance(value, str):
-        match = _RATE_TEXT.match(value)
-        if not match:
-            raise ValueError(_SHAPE)
-        count, amount, unit = match.groups()
-        period = float(amount or 1) * _UNITS[unit or "s"]
-        return _window(int(count), period)
-    if _number(value):
-        if value != int(value):
-            raise ValueError(_SHAPE)
-        return _window(int(value), 1.0)
-    if _is_pair(value):
-        count, seconds = value
-        if count != int(count):
-            raise ValueError(_SHAPE)
-        return _window(int(count), float(seconds))
-    raise ValueError(_SHAPE)
-
-
-def _window(count: int, period: float) -> Window:
-    if count < 1 or not 0 < period < math.inf or _ms(period / count) < 1:
-        raise ValueError(_SHAPE + " (at least 1 start, at most 1 per ms)")
-    return Window(count, period)
-
-
-def _is_pair(value: Any) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_number, value))
-
-
-def parse_rate(value: Any) -> tuple[Window, ...]:
-    """A rate as its windows, sorted by period (one order for every caller).
-
-    Accepts Celery's rate syntax (``"10/s"``, ``"100/m"``, ``"1000/h"``; a
-    whole number, or its text, is per second), ``"20/10s"`` for other periods,
-    a ``(count, seconds)`` pair, or a list or tuple of those (every window
-    holds). A pair of two numbers is always one ``(count, seconds)`` window.
-
-    Raises:
-        ValueError: the value is none of those.
-    """
-    if isinstance(value, (tuple, list)) and not _is_pair(value):
-        if not value:
-            raise ValueError(_SHAPE)
-        windows = {_one(item) for item in value}
-    else:
-        windows = {_one(value)}
-    return tuple(sorted(windows, key=lambda w: (w.period, w.starts)))
-
-
-def check_rate(value: Any) -> Any:
-    """The ``redlock_rate`` check: None, a callable (resolved per call), or windows."""
-    if value is None or callable(value):
-        return value
-    return parse_rate(value)
-
-
 def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
     """The windows of a checked rate; a callable is called with the arguments
     (its None or empty result: no rate for this call).
@@ -229,74 +136,6 @@ def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
         raise ConfigurationError(f"the rate callable returned {value!r}: {exc}") from None
 
 
-# -- the script ---------------------------------------------------------------
-
-# KEYS the rate hashes of the keys booked together.
-# ARGV[1] '1' (phase 1: book the first admitted instant) or '2' (phase 2:
-# compare-and-set); ARGV[2] the client's clock in ms; ARGV[3] s* in ms (phase
-# 2) or ''; then per key: the version phase 1 answered (phase 2) or '', the
-# count m of its windows, then m times: field, T ms, tau ms, period ms.
-# Phase 1 returns {1, s, v_1, v_2, ...}: the instant booked and each hash's new
-# version. Phase 2 returns {1} when every hash still had the version given,
-# and then moves this node's last booking from its own instant to s*; or, a
-# booking came in between, when GCRA admits s* here, booked anew beside it;
-# else {0}.
-RATE = Script(
-    "rate",
-    """
-local phase, now = ARGV[1], tonumber(ARGV[2])
-local keys, a = {}, 4
-for i, key in ipairs(KEYS) do
-  local k = {key = key, version = ARGV[a], windows = {}}
-  local m = tonumber(ARGV[a + 1])
-  a = a + 2
-  for j = 1, m do
-    k.windows[j] = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])}
-    a = a + 4
-  end
-  keys[i] = k
-end
-local function tat(key, field) return tonumber(redis.call('HGET', key, field) or '0') end
-local start
-if phase == '1' then
-  start = now
-  for _, k in ipairs(keys) do
-    for _, w in ipairs(k.windows) do start = math.max(start, tat(k.key, w[1]) - w[3]) end
-  end
-else
-  start = tonumber(ARGV[3])
-  for _, k in ipairs(keys) do
-    if (redis.call('HGET', k.key, 'v') or '') ~= k.version then phase = '3' end
-  end
-  if phase == '3' then
-    -- another booking came in between: keep mine where it is, and book s* anew
-    -- only if GCRA admits it here
-    for _, k in ipairs(keys) do
-      for _, w in ipairs(k.windows) do
-        if tat(k.key, w[1]) - w[3] > start then return {0} end
-      end
-    end
-  end
-end
-local out = {1, string.format('%d', start)}
-for _, k in ipairs(keys) do
-  local horizon, longest = start, 0
-  for _, w in ipairs(k.windows) do
-    local t = tat(k.key, w[1])
-    if phase == '2' then t = t - w[2] end
-    t = math.max(t, start) + w[2]
-    redis.call('HSET', k.key, w[1], string.format('%d', t))
-    horizon, longest = math.max(horizon, t), math.max(longest, w[4])
-  end
-  out[#out + 1] = redis.call('HINCRBY', k.key, 'v', 1)
-  redis.call('PEXPIRE', k.key, string.format('%d', math.max(1, horizon - now + longest)))
-end
-if phase ~= '1' then return {1} end
-return out
-""",
-)
-
-
 # -- reserving ----------------------------------------------------------------
 
 
@@ -310,74 +149,142 @@ def _args(keys: Sequence[RateKey], now_ms: int, best: str = "", versions: Sequen
     return args
 
 
-def reserve(
-    redlock: Redlock,
-    keys: Sequence[RateKey],
-    *,
-    now_ms: int | None = None,
-    rounds: int = ROUNDS,
-) -> RateSlot:
-    """Book the first instant every window of every key admits, on a quorum.
-
-    ``now_ms`` is the client's clock (epoch ms; default: ``time.time()``).
-
-    Raises:
-        QuorumUnavailable: fewer than a quorum of nodes answered.
-    """
-    if not keys:
-        raise ConfigurationError("a reservation needs at least one rated key")
-    names = [k.key for k in keys]
-    best = 0
-    for attempt in range(rounds):
-        now = time.time_ns() // 1_000_000 if now_ms is None else int(now_ms)
-        replies = run_script(RATE, redlock.nodes, names, _args(keys, now), redlock.node_timeout)
-        answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
-        if not redlock.has_quorum(len(answers)):
-            errors = {
-                redlock.nodes[i].name: r if isinstance(r, BaseException) else f"answered {r!r}"
-                for i, r in enumerate(replies)
-                if not _answer(r)
-            }
-            raise QuorumUnavailable(errors, redlock.quorum, len(redlock.nodes))
-        best = max(int(r[1]) for _, r in answers)
-        booked = sum(1 for _, r in answers if int(r[1]) == best)
-        behind = [(i, r) for i, r in answers if int(r[1]) < best]
-        if behind:
-            # Move the behind nodes' bookings to s*, where nothing came in between.
-            for i, r in behind:
-                reply = run_script(
-                    RATE,
-                    [redlock.nodes[i]],
-                    names,
-                    _args(keys, now, str(best), r[2:]),
-                    redlock.node_timeout,
-                )[0]
-                booked += 1 if _answer(reply) else 0
-        if redlock.has_quorum(booked):
-            return RateSlot(best / 1000.0, max(0, best - now) / 1000.0)
-        if attempt + 1 < rounds:
-            redlock.sleep(redlock.rng() * SPLIT_PAUSE)
-    now = time.time_ns() // 1_000_000 if now_ms is None else int(now_ms)
-    return RateSlot(best / 1000.0, max(0, best - now) / 1000.0, reserved=False)
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
-def reserve_named(
-    redlock: Redlock,
-    name: str,
-    rate: Any,
-    *,
-    burst: int = 1,
-    also: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
-    now: float | None = None,
-) -> RateSlot:
-    """:meth:`Redlock.rate`: ``name``'s rate (and the rates of ``also``, names
-    with their rates, burst 1) booked together. ``now``: epoch seconds."""
-    keys = [RateKey(redlock.coalesce_key(name, "rate"), _checked(rate), _burst(burst))]
-    pairs = also.items() if isinstance(also, Mapping) else (also or ())
-    for other, other_rate in pairs:
-        keys.append(RateKey(redlock.coalesce_key(other, "rate"), _checked(other_rate)))
-    now_ms = None if now is None else int(now * 1000)
-    return reserve(redlock, keys, now_ms=now_ms)
+class RateView(NamedTuple):
+    """A rated key as a quorum sees it (:meth:`Rates.peek`)."""
+
+    key: str
+    #: Per window: (window, its latest TAT in epoch seconds or None: the window is
+    #: booked up to that instant, and admits a start again once it comes).
+    windows: tuple[tuple[Window, float | None], ...]
+    #: The first instant a new start would get (epoch seconds; with burst 1).
+    next_start: float
+    #: Nodes that answered.
+    answered: int
+
+
+class Rates:
+    """The rate reservations of a client (see :meth:`Redlock.rate`)."""
+
+    __slots__ = ("quorum", "keyspace")
+
+    #: Rounds a reservation spends while concurrent callers split the nodes between them.
+    ROUNDS = ROUNDS
+    #: Longest pause, in seconds, before a reservation asks again after a split.
+    SPLIT_PAUSE = SPLIT_PAUSE
+
+    def __init__(self, quorum: Quorum, keyspace: KeySpace):
+        self.quorum = quorum
+        self.keyspace = keyspace
+
+    def rate_key(self, name: str, rate: Any, burst: int = 1) -> RateKey:
+        """``name``'s rate hash with its checked windows and burst."""
+        return RateKey(self.keyspace.coalesce_key(name, "rate"), _checked(rate), _burst(burst))
+
+    def rate(
+        self,
+        name: str,
+        rate: Any,
+        *,
+        burst: int = 1,
+        also: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+        now: float | None = None,
+    ) -> RateSlot:
+        """Book a start of ``name`` under ``rate`` on a quorum: a :class:`RateSlot`,
+        due now (``slot.now``) or at ``slot.start_at``.
+
+        ``rate``: ``"10/s"``, ``"100/m"``, ``"1000/h"``, ``"20/10s"``, a
+        ``(count, seconds)`` pair, or several (every window holds). ``burst``:
+        starts that may go back to back before the spacing applies. ``also``:
+        other names and their rates (burst 1), booked in the same round, all
+        or nothing. ``now``: the caller's clock, epoch seconds (default: ``time.time()``).
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        keys = [self.rate_key(name, rate, burst)]
+        pairs = also.items() if isinstance(also, Mapping) else (also or ())
+        keys += [self.rate_key(other, other_rate) for other, other_rate in pairs]
+        return self.reserve(keys, now_ms=None if now is None else int(now * 1000))
+
+    def reserve(
+        self, keys: Sequence[RateKey], *, now_ms: int | None = None, rounds: int | None = None
+    ) -> RateSlot:
+        """Book the first instant every window of every key admits, on a quorum.
+
+        ``now_ms`` is the client's clock (epoch ms; default: ``time.time()``).
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        if not keys:
+            raise ConfigurationError("a reservation needs at least one rated key")
+        q = self.quorum
+        names = [k.key for k in keys]
+        best = 0
+        for attempt in range(rounds or self.ROUNDS):
+            now = _epoch_ms() if now_ms is None else int(now_ms)
+            replies = q.run(scripts.RATE, names, _args(keys, now))
+            answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
+            if not q.has_quorum(len(answers)):
+                errors = {
+                    q.nodes[i].name: r if isinstance(r, BaseException) else f"answered {r!r}"
+                    for i, r in enumerate(replies)
+                    if not _answer(r)
+                }
+                raise QuorumUnavailable(errors, q.needed, len(q.nodes))
+            best = max(int(r[1]) for _, r in answers)
+            booked = sum(1 for _, r in answers if int(r[1]) == best)
+            for i, r in answers:
+                if int(r[1]) < best:  # move this node's booking to s*: phase 2
+                    args = _args(keys, now, str(best), r[2:])
+                    booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
+            if q.has_quorum(booked):
+                return RateSlot(best / 1000.0, max(0, best - now) / 1000.0)
+            if attempt + 1 < (rounds or self.ROUNDS):
+                q.sleep(q.rng() * self.SPLIT_PAUSE)
+        now = _epoch_ms() if now_ms is None else int(now_ms)
+        return RateSlot(best / 1000.0, max(0, best - now) / 1000.0, reserved=False)
+
+    def peek(
+        self, name: str, rate: Any, *, now: float | None = None, key: str | None = None
+    ) -> RateView:
+        """How ``name``'s rate stands: per window the instant it is booked up to, and
+        the next admissible start (burst 1), the latest the answering nodes know. Read-only.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        windows = _checked(rate)
+        full_key = key or self.keyspace.coalesce_key(name, "rate")
+        replies = self.quorum.gather(("HGETALL", full_key))
+        self.quorum.check(replies)
+        now_s = time.time() if now is None else now
+        rows = []
+        nxt = now_s
+        for w in windows:
+            tats = [_tat(r, w.field) for r in replies if not isinstance(r, BaseException)]
+            latest = max((t for t in tats if t is not None), default=None)
+            if latest is not None:
+                nxt = max(nxt, latest)
+            rows.append((w, latest))
+        answered = sum(1 for r in replies if not isinstance(r, BaseException))
+        return RateView(full_key, tuple(rows), nxt, answered)
+
+
+def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None = None) -> RateSlot:
+    """:meth:`Rates.reserve` on ``redlock``'s nodes: several keys, each with its own burst."""
+    return redlock._rates.reserve(keys, now_ms=now_ms)
+
+
+def peek_rate(
+    redlock: Any, name: str, rate: Any, *, now: float | None = None, key: str | None = None
+) -> RateView:
+    """:meth:`Rates.peek` on ``redlock``'s nodes (read-only)."""
+    return redlock._rates.peek(name, rate, now=now, key=key)
 
 
 def _checked(rate: Any) -> tuple[Window, ...]:
@@ -393,48 +300,6 @@ def _burst(burst: Any) -> int:
     if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
         raise ConfigurationError(f"burst must be a whole number >= 1, got {burst!r}")
     return burst
-
-
-# -- looking -------------------------------------------------------------------
-
-
-class RateView(NamedTuple):
-    """A rated key as a quorum sees it (:func:`peek`)."""
-
-    key: str
-    #: Per window: (window, its latest TAT in epoch seconds or None: the window is
-    #: booked up to that instant, and admits a start again once it comes).
-    windows: tuple[tuple[Window, float | None], ...]
-    #: The first instant a new start would get (epoch seconds; with burst 1).
-    next_start: float
-    #: Nodes that answered.
-    answered: int
-
-
-def peek(
-    redlock: Redlock, name: str, rate: Any, *, now: float | None = None, key: str | None = None
-) -> RateView:
-    """How ``name``'s rate stands: per window the instant it is booked up to, and
-    the next admissible start (burst 1), the latest the answering nodes know. Read-only.
-
-    Raises:
-        QuorumUnavailable: fewer than a quorum of nodes answered.
-    """
-    windows = _checked(rate)
-    full_key = key or redlock.coalesce_key(name, "rate")
-    replies = gather(redlock.nodes, ("HGETALL", full_key), redlock.node_timeout)
-    redlock.check_quorum(replies)
-    now_s = time.time() if now is None else now
-    rows = []
-    nxt = now_s
-    for w in windows:
-        tats = [_tat(r, w.field) for r in replies if not isinstance(r, BaseException)]
-        latest = max((t for t in tats if t is not None), default=None)
-        if latest is not None:
-            nxt = max(nxt, latest)
-        rows.append((w, latest))
-    answered = sum(1 for r in replies if not isinstance(r, BaseException))
-    return RateView(full_key, tuple(rows), nxt, answered)
 
 
 def _tat(reply: Any, field: str) -> float | None:
@@ -455,18 +320,9 @@ def _answer(reply: Any) -> bool:
     return isinstance(reply, list) and bool(reply) and int(reply[0]) == 1
 
 
-def _ms(seconds: float) -> int:
-    return int(round(seconds * 1000))
-
-
-def _seconds_text(seconds: float) -> str:
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
-        if seconds == size:
-            return unit
-    if seconds == 1.0:
-        return "s"
-    return f"{seconds:g}s"
-
-
 #: For type checkers: what a rate callable looks like.
 RateCallable = Callable[..., Any]
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))

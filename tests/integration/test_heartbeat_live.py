@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from celery_redlock import heartbeat
+from celery_redlock.core import heartbeat
+from celery_redlock.core.heartbeat import THREAD_NAME, Heartbeat
 from celery_redlock.exceptions import LockLost
-from celery_redlock.heartbeat import THREAD_NAME, Heartbeat
 from celery_redlock.redlock import Redlock
 
 pytestmark = pytest.mark.integration

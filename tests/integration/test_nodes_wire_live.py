@@ -12,7 +12,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from celery_redlock._nodes import Node, gather, run_script
-from celery_redlock._scripts import Script
+from celery_redlock.core.scripts import Script
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from celery_redlock import QuorumUnavailable, Redlock
-from celery_redlock.core.rates import RateKey, parse_rate, peek, reserve
+from celery_redlock.core import RateKey, parse_rate, peek_rate, reserve_rates
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -143,9 +143,9 @@ def test_a_client_clock_behind_is_bounded(redis_nodes3):
     keys = [RateKey(rl.coalesce_key("skew", "rate"), parse_rate("10/s"))]
     now = time.time()
     d = 0.35
-    right = [reserve(rl, keys, now_ms=int(now * 1000)).start_at for _ in range(10)]
+    right = [reserve_rates(rl, keys, now_ms=int(now * 1000)).start_at for _ in range(10)]
     # the slow clock's bookings, as true time (its instants + d)
-    behind = [reserve(rl, keys, now_ms=int((now - d) * 1000)).start_at + d for _ in range(10)]
+    behind = [reserve_rates(rl, keys, now_ms=int((now - d) * 1000)).start_at + d for _ in range(10)]
     assert most_in_window(right + behind, 1.0) <= 10 + 4  # ceil(0.35 / 0.1) = 4
 
 
@@ -153,7 +153,7 @@ def test_peek_shows_the_schedule(redis_nodes3):
     rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
     for _ in range(5):
         rl.rate("peeked", ("10/s", "100/m"))
-    view = peek(rl, "peeked", ("10/s", "100/m"))
+    view = peek_rate(rl, "peeked", ("10/s", "100/m"))
     assert view.answered == 3
     (second, tat_s), (minute, tat_m) = view.windows
     assert str(second) == "10/s" and str(minute) == "100/m"

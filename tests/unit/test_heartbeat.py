@@ -18,9 +18,9 @@ import weakref
 import fakeredis
 import pytest
 
-from celery_redlock import heartbeat
+from celery_redlock.core import heartbeat
+from celery_redlock.core.heartbeat import THREAD_NAME, Heartbeat
 from celery_redlock.exceptions import LockLost, QuorumUnavailable
-from celery_redlock.heartbeat import THREAD_NAME, Heartbeat
 from celery_redlock.redlock import Redlock
 
 TTL = 10.0

@@ -7,7 +7,7 @@ from celery import Celery
 
 from celery_redlock import LockedTask
 from celery_redlock.conf import ImproperlyConfigured
-from celery_redlock.core.rates import Window, parse_rate
+from celery_redlock.core import Window, parse_rate
 from celery_redlock.plan import plan_of
 
 

@@ -9,7 +9,7 @@ crashed holder blocks everyone else; so something must renew the lease while the
 body runs. That is this module.
 
 * **One daemon thread per process** (``celery_redlock-heartbeat``) renews every
-  held lease, of any :class:`~celery_redlock.redlock.Redlock` client. A threads
+  held lease, of any :class:`~celery_redlock.core.Redlock` client. A threads
   or solo worker runs many tasks per process; one thread per lock would not
   scale, and a thread per lock is what python-redis-lock regrets.
 * **Batching:** each round groups the due leases by client and calls
@@ -51,7 +51,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # only for annotations: the core stays import-light
-    from .redlock import Lease
+    from .lease import Lease
 
 __all__ = ["THREAD_NAME", "Heartbeat", "default", "drop", "held", "hold", "renew_once", "stop"]
 
