@@ -48,7 +48,10 @@ distinct instants (each pushes the TAT on by ``T``): concurrent callers are
 handed a schedule, not one next instant to fight over.
 
 Faults. A minority of nodes that do not answer changes nothing (a quorum
-answers). Fewer than a quorum: :class:`QuorumUnavailable`, nothing is granted.
+answers). Fewer than a quorum: :class:`QuorumUnavailable`, nothing is granted,
+and the bookings phase 1 made on the minority that answered are taken back
+(an undo that lands only where nothing was booked after them), so attempts
+made all through an outage do not push the schedule back.
 A node that restarts empty (or whose hash expired early through a jump of its
 clock) answers ``s = now``; as ``s*`` is the largest answer, this matters only
 when every other answering node missed the reservations that node alone held
@@ -139,14 +142,20 @@ def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
 # -- reserving ----------------------------------------------------------------
 
 
-def _args(keys: Sequence[RateKey], now_ms: int, best: str = "", versions: Sequence[Any] = ()):
-    args: list[Any] = ["2" if best else "1", str(now_ms), best]
+def _args(
+    keys: Sequence[RateKey], now_ms: int, phase: str = "1", third: str = "", versions=()
+) -> list[Any]:
+    args: list[Any] = [phase, str(now_ms), third]
     for i, key in enumerate(keys):
-        args += [str(versions[i]) if versions else "", str(len(key.windows))]
+        args += [_text(versions[i]) if versions else "", str(len(key.windows))]
         for w in key.windows:
             interval = _ms(w.interval)
             args += [w.field, str(interval), str((key.burst - 1) * interval), str(_ms(w.period))]
     return args
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _epoch_ms() -> int:
@@ -230,6 +239,7 @@ class Rates:
             replies = q.run(scripts.RATE, names, _args(keys, now))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
             if not q.has_quorum(len(answers)):
+                self._undo(keys, now, answers)  # bookings on a minority must not stay
                 errors = {
                     q.nodes[i].name: r if isinstance(r, BaseException) else f"answered {r!r}"
                     for i, r in enumerate(replies)
@@ -240,7 +250,7 @@ class Rates:
             booked = sum(1 for _, r in answers if int(r[1]) == best)
             for i, r in answers:
                 if int(r[1]) < best:  # move this node's booking to s*: phase 2
-                    args = _args(keys, now, str(best), r[2:])
+                    args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
                     booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
             if q.has_quorum(booked):
                 return RateSlot(best / 1000.0, max(0, best - now) / 1000.0)
@@ -248,6 +258,13 @@ class Rates:
                 q.sleep(q.rng() * self.SPLIT_PAUSE)
         now = _epoch_ms() if now_ms is None else int(now_ms)
         return RateSlot(best / 1000.0, max(0, best - now) / 1000.0, reserved=False)
+
+    def _undo(self, keys: Sequence[RateKey], now: int, answers: list[tuple[int, Any]]) -> None:
+        """Take phase 1's bookings back where nothing was booked after them."""
+        q, k, names = self.quorum, len(keys), [key.key for key in keys]
+        for i, r in answers:
+            before = " ".join(_text(t) for t in r[2 + k :])
+            q.run(scripts.RATE, names, _args(keys, now, "0", before, r[2 : 2 + k]), [q.nodes[i]])
 
     def peek(
         self, name: str, rate: Any, *, now: float | None = None, key: str | None = None

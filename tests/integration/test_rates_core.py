@@ -109,6 +109,21 @@ def test_a_majority_down_raises(redis_nodes3):
         rl.rate("majority", "10/s")
 
 
+def test_attempts_during_an_outage_leave_no_booking_behind(redis_nodes3):
+    """Phase 1 books on the minority that answers; a round short of a quorum takes those
+    bookings back, so the schedule after the outage is the one before it."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+    redis_nodes3.kill(0)
+    redis_nodes3.kill(1)
+    for _ in range(50):  # 5 s of schedule at 10/s, were they kept
+        with pytest.raises(QuorumUnavailable):
+            rl.rate("outage", "10/s")
+    redis_nodes3.heal()
+    assert rl.rate("outage", "10/s").now
+    gaps = [rl.rate("outage", "10/s").wait for _ in range(3)]
+    assert max(gaps) <= 0.3 + 0.05, gaps
+
+
 def test_a_node_restarted_empty_alone_changes_nothing(redis_nodes3):
     """With the other nodes answering, the largest answer wins: no over-admission."""
     rl = Redlock(redis_nodes3.urls, node_timeout=0.5)

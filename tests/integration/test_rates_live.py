@@ -155,3 +155,30 @@ def test_five_keys_in_parallel(two_workers: WorkerHandle, topology: Topology):
     # about 25 starts per second in all: 75 starts in about 3 s
     assert max(got) - min(got) <= 3.0 + 2.0, max(got) - min(got)
     assert most_in_window(got, 1.0) >= 15
+
+
+def test_majority_down_holds_every_start_until_it_returns(
+    two_workers: WorkerHandle, topology: Topology
+):
+    """2 of 3 nodes killed: 20 rated calls start nothing while down, lose nothing, and
+    all run within the limit soon after the nodes return (the outage backoff is capped)."""
+    run = harness.new_run()
+    topology.quorum.kill(0)
+    topology.quorum.kill(1)
+    try:
+        for i in range(20):
+            two_workers.task("rated").delay("down", run)
+        time.sleep(4.0)  # long enough for the capped backoff to have grown to its cap
+        assert two_workers.records(run, "start") == []
+    finally:
+        healing = time.time()  # a quorum may answer before heal() returns
+        topology.quorum.heal()
+    healed = time.time()
+    got = starts(two_workers, run, 20, timeout=30)
+    assert len(got) == 20
+    assert min(got) >= healing
+    assert_rate(got, 10, 1.0)
+    # back within the outage cap (2 s) plus the 2 s the 20 starts take at 10/s
+    assert max(got) - healed <= 2.0 + 2.0 + 3.0, max(got) - healed
+    time.sleep(0.5)
+    assert len(two_workers.records(run, "start")) == 20  # nothing ran twice
