@@ -8,7 +8,8 @@ rates the task shares through ``lock_also``:
 * Due now: the execution goes on to its run lock.
 * Due later: the message is re-published with the countdown to the booked
   instant and the ``redlock_rate_at`` header naming it; it holds no worker slot
-  meanwhile (the broker, or the worker's ETA timer, keeps it). When it arrives
+  meanwhile (the broker, or the worker's ETA timer, keeps it); its countdown
+  ends half a grace before the instant, which it sleeps out. When it arrives
   no later than the instant plus a grace of ``min(T / 2, 0.25 s)`` (T the
   shortest interval of its windows), it starts on that booking; a later
   arrival (a busy pool, a broker backlog) books again. An arrival before the
@@ -125,7 +126,10 @@ def admit(task: Any, plan: LockPlan, name: str, request: Any) -> None:
         return
     logger.debug("%s[%s]: rate of %r: starts in %.3fs", task.name, request.id, name, wait)
     extra = {RATE_AT: _rate_at(slot.start_at, request), RATE_WAITS: 0}
-    _republish(task, request, wait, extra, f"rate: starts in {wait:.3f}s")
+    # due a little before its instant (half the grace): a delivery that comes late
+    # by up to the whole grace still starts on its booking; one that comes early
+    # sleeps the few ms left
+    _republish(task, request, wait - slack / 2, extra, f"rate: starts in {wait:.3f}s")
 
 
 def _keys(plan: LockPlan, name: str, args: Any, kwargs: Any) -> list[RateKey]:

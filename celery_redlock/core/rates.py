@@ -17,9 +17,14 @@ every window admits, and books it.
 Phase 1, one script call on every node at once: ``s = max(now, max over the
 windows of TAT - tau)``; each ``TAT := max(TAT, s) + T``; ``v += 1``; the hash
 lives until its latest TAT plus its longest period. The node answers ``(s, v)``.
-The client takes the answers (a quorum at least) and ``s*``, the **largest**
-``s`` among them. Nodes that answered ``s*`` booked it already. The others get
-a phase-2 compare-and-set: if their version is still the one they answered
+The client takes the answers (a quorum at least) and ``s*``, the earliest
+instant that a quorum of the answers are at or before (the q-th smallest
+``s``; with every node agreeing, their common answer). Nodes that answered
+``s*`` booked it already. Nodes that answered later than ``s*`` are ahead of
+the others (they hold bookings the others do not) and are not needed: their
+own booking stays there, wasting capacity on that node alone, never dragging
+the quorum's schedule on. Nodes that answered earlier get a phase-2
+compare-and-set: if their version is still the one they answered
 (no other reservation came in between), ``TAT := max(TAT - T, s*) + T``
 (their booking moved from their ``s`` to ``s*``) and ``v += 1``; otherwise,
 if GCRA admits ``s*`` there (``s* >= TAT - tau`` in every window), ``s*`` is
@@ -53,9 +58,10 @@ and the bookings phase 1 made on the minority that answered are taken back
 (an undo that lands only where nothing was booked after them), so attempts
 made all through an outage do not push the schedule back.
 A node that restarts empty (or whose hash expired early through a jump of its
-clock) answers ``s = now``; as ``s*`` is the largest answer, this matters only
-when every other answering node missed the reservations that node alone held
-for the quorum: then the key starts a second GCRA sequence beside the one it
+clock) answers ``s = now``; as ``s*`` is the q-th smallest answer, this
+matters only when, with it, a quorum of the answering nodes missed the
+latest reservations (a node that was down or cut off when they were made):
+then the key starts a second GCRA sequence beside the one it
 forgot, so a window holds at most twice the bound (``2 * (count + B - 1)``),
 and only while the forgotten bookings last (up to the end of the schedule
 booked before). A client whose clock is behind by d books instants that are d
@@ -246,7 +252,10 @@ class Rates:
                     if not _answer(r)
                 }
                 raise QuorumUnavailable(errors, q.needed, len(q.nodes))
-            best = max(int(r[1]) for _, r in answers)
+            # s*: the earliest instant a quorum of answers is at or before. Nodes
+            # that answered later (ahead of the others: bookings they alone hold)
+            # are not needed and keep their own booking; the others move to s*.
+            best = sorted(int(r[1]) for _, r in answers)[q.needed - 1]
             booked = sum(1 for _, r in answers if int(r[1]) == best)
             for i, r in answers:
                 if int(r[1]) < best:  # move this node's booking to s*: phase 2

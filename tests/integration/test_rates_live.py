@@ -101,8 +101,8 @@ def test_ten_per_second_across_two_workers(two_workers: WorkerHandle, topology: 
     assert len(got) == 200
     assert_rate(got, 10, 1.0)
     # the limit is used: 200 starts at 10/s take about 20 s from the first
-    # (bookings that split the nodes waste a few slots: measured 23.6 s on a loaded host)
-    assert max(got) - min(got) <= 200 / 10 + 4.0, max(got) - min(got)
+    # (measured 20.4 to 20.7 s on a loaded host; a late delivery re-books a slot)
+    assert max(got) - min(got) <= 200 / 10 + 1.5, max(got) - min(got)
     assert min(got) - began < 5.0
     probes = {r["id"]: r["start"] for r in two_workers.records(probe_run, "start")}
     wait_for(lambda: len(two_workers.records(probe_run, "start")) == 10, 10, "probes")
@@ -166,7 +166,7 @@ def test_majority_down_holds_every_start_until_it_returns(
     topology.quorum.kill(0)
     topology.quorum.kill(1)
     try:
-        for i in range(20):
+        for _ in range(20):
             two_workers.task("rated").delay("down", run)
         time.sleep(4.0)  # long enough for the capped backoff to have grown to its cap
         assert two_workers.records(run, "start") == []
