@@ -182,3 +182,23 @@ def test_majority_down_holds_every_start_until_it_returns(
     assert max(got) - healed <= 2.0 + 2.0 + 3.0, max(got) - healed
     time.sleep(0.5)
     assert len(two_workers.records(run, "start")) == 20  # nothing ran twice
+
+
+def test_a_minority_killed_mid_run_changes_nothing(two_workers: WorkerHandle, topology: Topology):
+    """One of 3 nodes killed mid-run: 30 rated calls booked on 3 nodes, 30 more on the
+    2 left, while the first ones run: the limit holds across both, every call runs
+    once, and the limit is still used."""
+    run = harness.new_run()
+    produce(topology, "rated", run, ["minority"] * 30)
+    try:
+        wait_for(lambda: len(two_workers.records(run, "start")) >= 10, 20, "10 starts", 0.05)
+        topology.quorum.kill(2)
+        produce(topology, "rated", run, ["minority"] * 30)
+        got = starts(two_workers, run, 60, timeout=30)
+    finally:
+        topology.quorum.heal()
+    assert len(got) == 60
+    assert_rate(got, 10, 1.0)
+    assert max(got) - min(got) <= 60 / 10 + 1.5, max(got) - min(got)
+    time.sleep(0.5)
+    assert len(two_workers.records(run, "start")) == 60  # nothing ran twice
