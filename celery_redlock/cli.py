@@ -43,7 +43,7 @@ from celery.bin.base import (
 )
 from redis.exceptions import RedisError
 
-from . import conf
+from . import conf, rates
 from ._format import (
     KeyReport,
     echo_down,
@@ -249,6 +249,9 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
             key_report(client, k, skip=dict(lock.down))
             for k in client.permit_keys(name, settings.limit)[1:]
         ]
+        rate_rows, rate = rates.status(
+            client, settings, name, options.get("args_"), options.get("kwargs_")
+        )
     holder, problem = lock.holder, lock.outage()
     if as_json:
         out: dict[str, Any] = {
@@ -289,6 +292,8 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
                     zip(client.permit_keys(name, settings.limit), permits)
                 )
             ]
+        if rate is not None:
+            out["rate"] = rate
         if problem:
             out["error"] = problem
         echo(json.dumps(out, indent=2))
@@ -304,7 +309,7 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
         if settings.limit > 1:
             held = sum(1 for report in permits if report.holder.owner is not None)
             about[-1] = ["Permits:", f"{held} of {settings.limit} held"]
-        echo(table(about) + "\n")
+        echo(table(about + rate_rows) + "\n")
         if settings.limit > 1:
             rows = [
                 [

@@ -28,18 +28,20 @@ In eager mode the call sleeps until its instant; an outage raises.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 from celery.exceptions import Retry
 
 from . import metrics, outage, tracing
-from .core import RateKey, full_jitter, reserve_rates, resolve_rate
+from .core import RateKey, full_jitter, peek_rate, reserve_rates, resolve_rate
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
 from .plan import LockPlan
 
-__all__ = ["admit", "applies", "grace", "outage_countdown"]
+__all__ = ["admit", "applies", "grace", "outage_countdown", "status"]
 
 logger = logging.getLogger("celery_redlock.rates")
 
@@ -189,3 +191,66 @@ def _republish(task: Any, request: Any, countdown: float, extra: dict, reason: s
     )
     sig.apply_async()
     raise Retry(reason, when=countdown, sig=sig)
+
+
+# -- celery redlock status ----------------------------------------------------
+
+
+def status(client: Any, settings: Any, name: str, args: Any, kwargs: Any) -> tuple[list, Any]:
+    """What ``celery redlock status`` shows of a rated key: table rows and a JSON
+    value (None and no rows for a key without a rate). ``client`` a Redlock."""
+    rate = settings.rate
+    if rate is None:
+        return [], None
+    if callable(rate) and args is None and kwargs is None:
+        return [["Rate:", "depends on the arguments (give --args/--kwargs)"]], {"rate": None}
+    windows = resolve_rate(rate, *(args or ()), **(kwargs or {}))
+    if not windows:
+        return [["Rate:", "none for these arguments"]], {"rate": None}
+    try:
+        view = peek_rate(client, name, windows)
+    except QuorumUnavailable as exc:
+        return [["Rate:", f"unknown: {exc}"]], {
+            "rate": [str(w) for w in windows],
+            "error": str(exc),
+        }
+    now = time.time()
+    rows = [
+        ["Rate:", f"{', '.join(map(str, windows))}, burst {settings.rate_burst}"],
+        ["Rate key:", view.key],
+    ]
+    out: dict = {"rate": [str(w) for w in windows], "burst": settings.rate_burst, "windows": []}
+    for window, booked_to in view.windows:
+        starts, ahead = _window_counts(window, booked_to, now)
+        until = "" if booked_to is None else f", booked up to {slot_time(booked_to)}"
+        rows.append(
+            [
+                f"  {window}:",
+                f"{starts} of {window.starts} booked in the next {window.period:g} s "
+                f"({ahead} ahead{until})",
+            ]
+        )
+        out["windows"].append(
+            {"window": str(window), "starts": starts, "booked_ahead": ahead, "tat": booked_to}
+        )
+    wait = max(0.0, view.next_start - now)
+    rows.append(["Next start:", f"{slot_time(view.next_start)} (in {wait:.3f} s)"])
+    out.update(next_start=view.next_start, wait=wait, answered=view.answered)
+    return rows, out
+
+
+def _window_counts(window: Any, booked_to: float | None, now: float) -> tuple[int, int]:
+    """(starts booked in the window of one period from now, starts booked from now on)
+    of one window, from its TAT: the bookings still ahead of the clock are back to
+    back, one interval apart, up to the TAT (an upper count: a later arrival that
+    booked again leaves its first instant unused)."""
+    if booked_to is None or booked_to <= now:
+        return 0, 0
+    ahead = math.ceil((booked_to - now) / window.interval - 1e-9)
+    return min(window.starts, ahead), ahead
+
+
+def slot_time(epoch: float) -> str:
+    """An instant as UTC ISO time, to the ms."""
+    when = datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
+    return when.isoformat(timespec="milliseconds") + "Z"

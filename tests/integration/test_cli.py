@@ -170,6 +170,24 @@ def test_status_of_a_free_lock_and_by_name(app):
         assert "task task-aaa" in result.output
 
 
+def test_status_shows_a_rated_keys_window_and_next_start(app):
+    plan = plan_of(app.tasks[cli_app.SYNC])
+    name = plan.keys.build([5], {})
+    slots = [plan.redlock.rate(name, "10/s") for _ in range(5)]  # as 5 starts would book
+    result = invoke(app, "status", cli_app.SYNC, "--args", "[5]")
+    assert result.exit_code == 0, result.output
+    assert "Rate:         10/s, burst 1" in result.output
+    assert "5 of 10 booked in the next 1 s (5 ahead" in result.output
+    data = json.loads(invoke(app, "status", cli_app.SYNC, "--args", "[5]", "--json").output)
+    assert data["rate"]["rate"] == ["10/s"]
+    assert data["rate"]["windows"][0]["booked_ahead"] == 5
+    assert abs(data["rate"]["next_start"] - (slots[-1].start_at + 0.1)) < 0.002
+    assert 0.3 < data["rate"]["wait"] <= 0.5
+    # another customer's key has nothing booked: due now
+    data = json.loads(invoke(app, "status", cli_app.SYNC, "--args", "[6]", "--json").output)
+    assert data["rate"]["windows"][0]["starts"] == 0 and data["rate"]["wait"] == 0
+
+
 def test_status_without_a_quorum_exits_2(app, redis_nodes3):
     hold(app, 7, "task-aaa")
     redis_nodes3.kill(0)
