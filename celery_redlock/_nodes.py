@@ -723,6 +723,7 @@ def _parse(buf: bytes, pos: int) -> tuple[Any, int]:
 #: On nodes with ``min_replicas``, each is followed by ``WAIT``. Deletions are
 #: not: one a failover loses only leaves a key to its TTL.
 CONFIRMED = frozenset({"acquire", "extend", "fence", "claim", "claim_next", "debounce", "throttle"})
+CONFIRMED |= {"rate"}  # a rate booking (celery_redlock.core.rates) is one too
 
 
 class NotReplicated(RedisError):

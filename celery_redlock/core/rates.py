@@ -75,6 +75,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable, NamedTuple
 
+from .._nodes import NotReplicated
 from ..settings import Window, check_rate, parse_rate
 from . import scripts
 from .exceptions import ConfigurationError, QuorumUnavailable
@@ -245,7 +246,8 @@ class Rates:
             replies = q.run(scripts.RATE, names, _args(keys, now))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
             if not q.has_quorum(len(answers)):
-                self._undo(keys, now, answers)  # bookings on a minority must not stay
+                # bookings on a minority (or not confirmed by replicas) must not stay
+                self._undo(keys, now, answers + _unconfirmed(replies))
                 errors = {
                     q.nodes[i].name: r if isinstance(r, BaseException) else f"answered {r!r}"
                     for i, r in enumerate(replies)
@@ -340,6 +342,15 @@ def _tat(reply: Any, field: str) -> float | None:
         if k == field:
             return int(v) / 1000.0
     return None
+
+
+def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(index, reply) of the nodes that booked but whose replicas did not confirm it."""
+    return [
+        (i, r.reply)
+        for i, r in enumerate(replies)
+        if isinstance(r, NotReplicated) and _answer(r.reply)
+    ]
 
 
 def _answer(reply: Any) -> bool:

@@ -82,6 +82,25 @@ def test_claims_are_confirmed_like_grants(pair):
         replica.resume()
 
 
+def test_rate_bookings_are_confirmed_like_grants(pair):
+    primary, replica = pair
+    rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+    assert rl.rate("api", "10/s").now
+    key = rl.coalesce_key("api", "rate")
+    with replica.client() as client:  # on the replica when the call returns
+        booked = client.hget(key, "10/1000")
+    assert booked is not None
+    replica.pause()
+    try:
+        with pytest.raises(QuorumUnavailable, match="replicas confirmed|Timeout"):
+            rl.rate("api", "10/s")
+        with primary.client() as client:  # the unconfirmed booking was taken back
+            assert client.hget(key, "10/1000") == booked
+    finally:
+        replica.resume()
+    assert rl.rate("api", "10/s").wait <= 0.1 + 0.01  # the next slot after the first
+
+
 def test_without_min_replicas_a_silent_replica_changes_nothing(pair):
     primary, replica = pair
     rl = Redlock([primary.url], node_timeout=TIMEOUT)
