@@ -82,6 +82,7 @@ def main() -> int:
         checks += demo_enqueue(tasks)
         checks += demo_debounce(tasks)
         checks += demo_throttle(tasks)
+        checks += demo_rate(tasks)
         checks += demo_beat(tasks)
 
         print()
@@ -251,6 +252,30 @@ def demo_throttle(tasks) -> list:
         ("throttle: the first event ran at once", bool(runs) and starts[0] - first < 0.5, ""),
         ("throttle: at most one run per second", spaced, f"{len(runs)} runs"),
         ("throttle: the last event was not lost", bool(runs) and runs[-1]["event"] == 24, ""),
+    ]
+
+
+def demo_rate(tasks) -> list:
+    print("payment-api: 20 charges and refunds on 5 accounts at once, sharing 10 starts per second")
+    results = [
+        (tasks.charge if n % 3 else tasks.refund).delay(f"acct-{n % 5}", 10) for n in range(20)
+    ]
+    for r in results:
+        r.get(timeout=30)
+    starts = sorted(r["start"] for r in journal(tasks, "payment-api"))
+    # actual starts may come up to a grace (0.05 s) after their slot: 10 + 1 per 1 s,
+    # and at most 10 in any window 0.2 s shorter (see the manual, "Rate limits")
+    most = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts) if starts else 0
+    strict = max(sum(1 for t in starts if s <= t < s + 0.8) for s in starts) if starts else 0
+    span = starts[-1] - starts[0] if starts else 0.0
+    return [
+        ("rate: every call ran (none dropped)", len(starts) == 20, f"{len(starts)} runs"),
+        (
+            "rate: at most 10 starts per second across both tasks",
+            most <= 11 and strict <= 10,
+            f"at most {most} in any 1 s",
+        ),
+        ("rate: the limit is used, not wasted", 1.8 <= span <= 4.0, f"20 starts in {span:.2f} s"),
     ]
 
 

@@ -135,3 +135,19 @@ def reindex(index, edit=None):
 def webhook(account, event=None):
     """At most one run per account per second; a burst ends with one trailing run."""
     record("webhook", account=account, event=event, start=time.time())
+
+
+# Both share one API quota, "payment-api" at 10 starts per second across every
+# worker, each with its own per-account lock: a rate in lock_also.
+PAYMENT_API = {"payment-api": "10/s"}
+
+
+@app.task(base=LockedTask, lock_on=("account",), lock_also=PAYMENT_API, lock_on_duplicate="retry")
+def charge(account, amount):
+    """A call to the payment API: over the shared rate it is re-published for its slot."""
+    record("payment-api", task="charge", account=account, start=time.time())
+
+
+@app.task(base=LockedTask, lock_on=("account",), lock_also=PAYMENT_API, lock_on_duplicate="retry")
+def refund(account, amount):
+    record("payment-api", task="refund", account=account, start=time.time())
