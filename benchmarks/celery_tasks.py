@@ -18,6 +18,9 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
   ``apply_async`` claims the key on the 3 nodes before publishing, the worker
   takes the lock under the claim and drops it at the end (distinct arguments,
   so nothing is deduplicated: every task must still run exactly once);
+* ``redlock-3-rate``: ``redlock-3`` with ``lock_rate="10/s"`` per key: every
+  start books its key's rate first (one more round on the 3 nodes), never
+  delayed (each key starts once): what a rated start costs under its limit;
 * ``once``: celery-once ``QueueOnce`` (``graceful=False``), Redis backend on db 2
   of the broker server;
 * ``singleton``: celery-singleton ``Singleton``, backend on db 3 of the broker
@@ -107,6 +110,7 @@ VARIANTS = [
     ("redlock-3", "crl_bench.redlock_3", "celery_redlock, 3 nodes"),
     ("redlock-3-lazy", "crl_bench.redlock_3_lazy", "celery_redlock, 3 nodes, token unread"),
     ("redlock-3-enqueue", "crl_bench.redlock_3_enqueue", "celery_redlock, 3 nodes, enqueue claim"),
+    ("redlock-3-rate", "crl_bench.redlock_3_rate", "celery_redlock, 3 nodes, lock_rate"),
     ("once", "crl_bench.once", "celery-once QueueOnce"),
     ("singleton", "crl_bench.singleton", "celery-singleton Singleton"),
     ("floor-3", "crl_bench.floor_3", "floor: SET NX + DEL on 3 nodes, raw sockets"),
@@ -121,6 +125,13 @@ TARGETS = [
     ("celery-3-prefork", "celery_redlock 3 nodes, prefork -c 2: >= 0.9x plain",
      "prefork:2", "redlock-3", 0.9),
 ]  # fmt: skip
+#: (id, description, variant, reference variant, minimum ratio of the two), per pool
+RELATIVE_TARGETS = [
+    ("rate-cost", "a rated task under its limit: >= 1/1.2 of the same task without a rate",
+     "redlock-3-rate", "redlock-3", 1 / 1.2),
+]  # fmt: skip
+#: The rate of the rated variant: per key, and each key starts once.
+RATE = "10/s"
 
 
 # --------------------------------------------------------------------------- #
@@ -241,6 +252,8 @@ def make_app() -> Any:
     _adapters.locked_task(
         app, _task_body, name="crl_bench.redlock_3_lazy", nodes=nodes[:LOCK_NODES], token=False
     )
+    _adapters.locked_task(app, _task_body, name="crl_bench.redlock_3_rate",
+                          nodes=nodes[:LOCK_NODES], lock_rate=RATE)  # fmt: skip
     for n_nodes in (1, LOCK_NODES):  # enqueue-time claims; enqueue.py times their .delay()
         _adapters.locked_task(app, _task_body, name=f"crl_bench.redlock_{n_nodes}_enqueue",
                               nodes=nodes[:n_nodes], lock_enqueue=ENQUEUE_MODE)  # fmt: skip
@@ -536,6 +549,17 @@ def evaluate(summ: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Any]]:
         res.append({"id": tid, "target": desc, "value": s["x_plain"], "limit": limit,
                     "per_rep": per_rep, "reps_passing": sum(1 for v in per_rep if v >= limit),
                     "pass": s["x_plain"] >= limit})  # fmt: skip
+    for tid, desc, variant, reference, limit in RELATIVE_TARGETS:
+        for pool, variants in summ.items():
+            if variant not in variants or reference not in variants:
+                continue
+            got, ref = variants[variant], variants[reference]
+            per_rep = [a / b for a, b in zip(got["x_plain_reps"], ref["x_plain_reps"]) if b]
+            value = got["x_plain"] / ref["x_plain"] if ref["x_plain"] else 0.0
+            res.append({"id": f"{tid} {pool}", "target": f"{desc} ({pool})",
+                        "value": value, "limit": limit,
+                        "per_rep": per_rep, "reps_passing": sum(1 for v in per_rep if v >= limit),
+                        "pass": value >= limit})  # fmt: skip
     ok = all(v["exactly_once"] for p in summ.values() for v in p.values())
     clean = all(
         not any(p["leftovers"]["redlock_lock_keys_per_node"])

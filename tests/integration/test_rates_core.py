@@ -180,3 +180,24 @@ def test_peek_shows_the_schedule(redis_nodes3):
         with node.client() as client:
             # the schedule (3 s ahead) plus the longest period: nothing outlives its use
             assert 60_000 < client.pttl(rl.coalesce_key("peeked", "rate")) <= 64_000
+
+
+def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
+    """Uncontended, a reservation is one script call per node, sent at once: what a rated
+    start adds to its run lock is one lock round."""
+    from celery_redlock import _nodes
+
+    rl = Redlock(redis_nodes3.urls)
+    rl.rate("rounds", "100/s")  # the script is loaded: each round below is one EVALSHA
+    rounds = []
+    real = _nodes.gather
+
+    def spy(nodes, args, timeout, then=None):
+        rounds.append((args[0], len(nodes)))
+        return real(nodes, args, timeout, then)
+
+    monkeypatch.setattr(_nodes, "gather", spy)
+    for _ in range(5):
+        rl.rate("rounds", "100/s")
+        rl.rate("rounds-and-api", "100/s", also={"api": ("10/s", "500/h")})
+    assert rounds == [("EVALSHA", 3)] * 10
