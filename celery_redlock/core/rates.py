@@ -55,8 +55,10 @@ handed a schedule, not one next instant to fight over.
 Faults. A minority of nodes that do not answer changes nothing (a quorum
 answers). Fewer than a quorum: :class:`QuorumUnavailable`, nothing is granted,
 and the bookings phase 1 made on the minority that answered are taken back
-(an undo that lands only where nothing was booked after them), so attempts
-made all through an outage do not push the schedule back.
+(an undo that lands only where nothing was booked after them); after such a
+round the client books again only once a quorum answers a read (a PING
+round), so attempts made all through an outage do not push the schedule
+back.
 A node that restarts empty (or whose hash expired early through a jump of its
 clock) answers ``s = now``; as ``s*`` is the q-th smallest answer, this
 matters only when, with it, a quorum of the answering nodes missed the
@@ -185,7 +187,7 @@ class RateView(NamedTuple):
 class Rates:
     """The rate reservations of a client (see :meth:`Redlock.rate`)."""
 
-    __slots__ = ("quorum", "keyspace")
+    __slots__ = ("quorum", "keyspace", "unsure")
 
     #: Rounds a reservation spends while concurrent callers split the nodes between them.
     ROUNDS = ROUNDS
@@ -195,6 +197,8 @@ class Rates:
     def __init__(self, quorum: Quorum, keyspace: KeySpace):
         self.quorum = quorum
         self.keyspace = keyspace
+        #: The last round fell short of a quorum: ask the nodes before booking again.
+        self.unsure = False
 
     def rate_key(self, name: str, rate: Any, burst: int = 1) -> RateKey:
         """``name``'s rate hash with its checked windows and burst."""
@@ -240,12 +244,19 @@ class Rates:
             raise ConfigurationError("a reservation needs at least one rated key")
         q = self.quorum
         names = [k.key for k in keys]
+        if self.unsure:
+            # Every round during an outage would book on the minority that answers,
+            # and an undo can lose to a concurrent booking: until a quorum answers a
+            # read, book nothing (one round more, only after a round fell short).
+            q.check(q.gather(("PING",)))
+            self.unsure = False
         best = 0
         for attempt in range(rounds or self.ROUNDS):
             now = _epoch_ms() if now_ms is None else int(now_ms)
             replies = q.run(scripts.RATE, names, _args(keys, now))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
             if not q.has_quorum(len(answers)):
+                self.unsure = True
                 # bookings on a minority (or not confirmed by replicas) must not stay
                 self._undo(keys, now, answers + _unconfirmed(replies))
                 errors = {
