@@ -223,6 +223,26 @@ def test_the_core_loads_where_celery_cannot(module):
     )
 
 
+CORE_TESTS = sorted((ROOT / "tests" / "core").rglob("*.py"))
+
+
+def test_the_core_tests_load_where_celery_cannot():
+    """The core's tests (``tests/core``), their conftest and the support modules they
+    use import in a fresh interpreter that refuses celery and kombu."""
+    assert len(CORE_TESTS) >= 10 and any(p.name == "conftest.py" for p in CORE_TESTS)
+    run_without_celery(
+        """
+        import importlib.util, sys
+        for index, path in enumerate(sys.argv[1:]):
+            spec = importlib.util.spec_from_file_location(f"core_test_{index}", path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("celery", "kombu"))
+        assert not loaded, loaded
+        """,
+        *map(str, CORE_TESTS),
+    )
+
+
 def test_the_celery_layer_needs_celery():
     """The refusing finder really refuses: the Celery layer fails to load under it."""
     done = subprocess.run(
