@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -129,16 +130,26 @@ def _import_path() -> list[str]:
     return [] if root in installed else [root]
 
 
+OUTCOMES = ("passed", "failed", "skipped", "xfailed")
+
+
 def outcomes(junit: Path) -> dict[str, str]:
-    """Map each test id to passed, failed or skipped (failed if any phase failed)."""
+    """Map each test id to one of OUTCOMES.
+
+    A test rerun by ``flaky`` has one entry per attempt (a failed attempt shows as
+    an empty one); the last counts. An unexpected pass of an ``xfail`` test is a
+    pass, as in the junit file.
+    """
     found: dict[str, str] = {}
     for case in ET.parse(junit).iter("testcase"):
         test = f"{case.get('classname')}::{case.get('name')}"
+        skipped = case.find("skipped")
         if case.find("failure") is not None or case.find("error") is not None:
             found[test] = "failed"
-        elif found.get(test) != "failed":
-            skipped = case.find("skipped") is not None
-            found[test] = "skipped" if skipped else "passed"
+        elif skipped is not None:
+            found[test] = "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"
+        else:
+            found[test] = "passed"
     return found
 
 
@@ -177,7 +188,7 @@ def run_config(name: str, suite: Path, out: Path, timeout: float, pytest_args: l
     if settings is not None and not fences:
         raise SystemExit(f"[{name}]: no task took a lock (no fence key on the lock nodes)")
     found = outcomes(junit) if junit.exists() else {}
-    counts = {k: sum(1 for v in found.values() if v == k) for k in ("passed", "failed", "skipped")}
+    counts = {k: sum(1 for v in found.values() if v == k) for k in OUTCOMES}
     return {
         "name": name,
         "exit": code,
@@ -195,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
     args = parser.parse_args(argv)
+    # A TERM (a CI job cancelled) unwinds like Ctrl-C: pytest is stopped and the
+    # servers this run started are stopped by pid on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     configs = args.config or list(CONFIGS)
 
     version = celery_version()
@@ -207,10 +221,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n=== celery-suite: Celery {version}, {', '.join(SUITE_FILES)}")
     for run in runs:
-        print(
-            f"{run['name']:>8}: {run['passed']} passed, {run['failed']} failed, "
-            f"{run['skipped']} skipped in {run['duration']} s (pytest exit {run['exit']})"
-        )
+        counts = ", ".join(f"{run[k]} {k}" for k in OUTCOMES)
+        print(f"{run['name']:>8}: {counts} in {run['duration']} s (pytest exit {run['exit']})")
     broken = [r["name"] for r in runs if r["exit"] not in (0, 1)]
     regressions = 0
     plain = next((r for r in runs if r["name"] == "plain"), None)
