@@ -15,7 +15,9 @@ broker and the result backend, three lock nodes) and stops when done:
 The plugin runs go through ``shim/sitecustomize.py``, which the runner puts on
 ``PYTHONPATH``; a duplicate under ``wait`` runs after the first, and under a
 limit of 64 permits runs alongside it, so the suite's identical calls
-(``add(1, 1)`` in many tests) all run, as in plain Celery.
+(``add(1, 1)`` in many tests) all run, as in plain Celery. A task class that
+derives from ``celery.Task`` itself stays as it is (two in Celery's
+``t/integration/tasks.py``: ``ClassBasedAutoRetryTask``, ``StampedTaskOnReplace``).
 
 At the end the runner lists the tests that passed plain but failed with the
 plugin, and exits non-zero if there is any (or if a run broke off). Options:
