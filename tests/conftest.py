@@ -30,6 +30,9 @@ if celery.VERSION < (5, 7):
     # tests drop thousands of results; 5.7's consumer is re-entrant.
     AsyncResult.__del__ = lambda self: None  # type: ignore[method-assign]
 
+# Celery's own integration suite with the plugin: a tool of its own (tox -e celery-suite).
+collect_ignore = ["celery_suite"]
+
 
 @pytest.fixture
 def celery_worker(
