@@ -21,8 +21,12 @@ redis-py's ``send_packed_command`` / ``read_response``.
 
 A ``sentinel://`` node (grammar: :func:`sentinel_options`) is a client from
 redis-py's public ``redis.sentinel.Sentinel.master_for``: each new connection
-asks the sentinels where the master is, so after a failover the connection
-that fails is dropped and the next one reaches the new master.
+asks the sentinels (all at once) where the master is, so after a failover the
+connection that fails is dropped and the next one reaches the new master.
+
+New connections are opened in background threads, all at once, each within
+the round's timeout of its own (:class:`_Opening`); a node whose connects time
+out is skipped for a while, but for a probe (:meth:`Node.skips_connects`).
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
 scripts a lease or a claim rests on (:data:`CONFIRMED`) in the same round.
@@ -382,11 +386,10 @@ def _sentinel_master(url: str, fail_fast: dict[str, Any]) -> redis.Redis:
 
     The master is looked up when a connection is opened, so after a failover
     the next new connection reaches the new master. The sentinels are asked
-    with the node's fail-fast timeouts: one in turn, each within the node
-    timeout (redis-py moves the one that answered to the front).
+    with the node's fail-fast timeouts, all at once (:class:`_Sentinels`).
     """
     options = sentinel_options(url)
-    sentinel = redis.sentinel.Sentinel(
+    sentinel = _Sentinels(
         options["sentinels"],
         min_other_sentinels=options["min_other_sentinels"],
         sentinel_kwargs={**fail_fast, **options["sentinel"]},
@@ -394,6 +397,39 @@ def _sentinel_master(url: str, fail_fast: dict[str, Any]) -> redis.Redis:
         **options["master"],
     )
     return sentinel.master_for(options["service"])
+
+
+class _Sentinels(redis.sentinel.Sentinel):
+    """redis-py's ``Sentinel``, but every sentinel is asked at once (in threads of
+    :func:`connector`), and the first valid answer wins: a hung sentinel costs
+    nothing while another answers. redis-py asks one after another, each within
+    its timeout, so a hung first sentinel delays every new connection."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        sentinels = list(self.sentinels)
+        if len(sentinels) < 2:
+            return super().discover_master(service_name)
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        for sentinel in sentinels:
+            connector().submit(_ask_sentinel, sentinel, answers)
+        errors = []
+        for _ in sentinels:  # each ask ends within its sentinel's own timeouts
+            sentinel, masters, error = answers.get()
+            if error is not None:
+                errors.append(f"{sentinel} - {error!r}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                return state["ip"], state["port"]
+        detail = f" : {', '.join(errors)}" if errors else ""
+        raise redis.sentinel.MasterNotFoundError(f"No master found for {service_name!r}{detail}")
+
+
+def _ask_sentinel(sentinel: redis.Redis, answers: queue.SimpleQueue) -> None:
+    try:
+        answers.put((sentinel, sentinel.sentinel_masters(), None))
+    except Exception as exc:  # whatever it is, the lookup must hear back
+        answers.put((sentinel, None, exc))
 
 
 def _address(kw: dict[str, Any]) -> tuple[str, int]:
