@@ -346,6 +346,9 @@ def test_fenced_updates_under_random_network_faults(
     except AssertionError:
         left = unfinished()
         states_left = Counter(app.AsyncResult(t).state for t in left)
+        with topo.recorder() as client:
+            seen = [r for r in read_records(client, run) if r["id"] in left]
+        print(f"records of the unfinished tasks: {seen}")
         raise AssertionError(
             f"{len(left)} tasks never finished: {states_left}, e.g. {left[:5]}"
         ) from None
@@ -382,6 +385,14 @@ def test_fenced_updates_under_random_network_faults(
     # -- no lock phase longer than a few node timeouts --
     phases = sorted(r["lock_phase"] for r in ends)
     print(f"lock phase: median {phases[len(phases) // 2]:.3f}s, max {phases[-1]:.3f}s")
+    slowest = sorted(ends, key=lambda r: r["lock_phase"])[-3:]
+    print(
+        "slowest: "
+        + "; ".join(
+            f"{r['lock_phase']:.3f}s {r['id']} retries={r['retries']} at {r['start']:.2f}"
+            for r in slowest
+        )
+    )
     assert phases[-1] < 10 * WORKER_NODE_TIMEOUT, phases[-5:]
 
     # -- no key left after a TTL, every key the run wrote expires --

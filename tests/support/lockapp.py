@@ -301,6 +301,7 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
 
     @task(
         name="lockapp.fenced_rmw",
+        lock_name="crl-rmw",
         max_retries=20,
         lock_on_duplicate="retry",
         lock_retry_backoff=0.02,
@@ -309,7 +310,7 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def fenced_rmw(self, key, run, resource, pause=0.02, fencing_token=None):
         return increment(self, key, run, resource, pause, fencing_token)
 
-    @task(name="lockapp.fenced_rmw_drop", max_retries=20)
+    @task(name="lockapp.fenced_rmw_drop", lock_name="crl-rmw", max_retries=20)
     def fenced_rmw_drop(self, key, run, resource, pause=0.02, fencing_token=None):
         return increment(self, key, run, resource, pause, fencing_token)
 
