@@ -523,7 +523,7 @@ def gather(
         else:
             replies[i] = error
     if lean or opening is not None:
-        _collect(lean, other, opening, deadline, replies, (args, then, wire, count, timeout))
+        _collect(lean, other, opening, deadline, replies, args, then, wire, count, timeout)
     for call in other:
         reply = _read(call, deadline)
         if call.reused and _closed_by_server(reply):
@@ -588,7 +588,11 @@ def _collect(
     opening: _Opening | None,
     deadline: float,
     replies: list[Any],
-    spec: tuple,
+    args: Sequence[Any],
+    then: Sequence[Any] | None,
+    wire: bytes,
+    count: int,
+    timeout: float,
 ) -> None:
     """Finish the lean calls and the round's new connections: one poll over the
     lean sockets and the wake-up pipe of the connections being opened, until
@@ -602,18 +606,6 @@ def _collect(
         poller.register(fd, select.POLLOUT if call.out else select.POLLIN)
         waiting[fd] = call
 
-    def connected() -> None:
-        assert opening is not None
-        for i, node, conn in opening.take(replies):
-            call = _Call(i, node, conn, False, opening.command_for(node, conn), opening.count)
-            error = _start(call)
-            if error is not None:
-                replies[i] = error
-            elif node.lean:
-                watch(call)
-            else:
-                other.append(call)
-
     for call in calls:
         watch(call)
     wake = -1
@@ -626,8 +618,17 @@ def _collect(
             # A reply already buffered is read even past the deadline.
             events = poller.poll(max(left, _LAST_LOOK) * 1000)
             for fd, _ in events:
-                if fd == wake:
-                    connected()
+                if fd == wake and opening is not None:  # connections opened meanwhile
+                    for i, node, conn in opening.take(replies):
+                        command = opening.command_for(node, conn)
+                        call = _Call(i, node, conn, False, command, opening.count)
+                        error = _start(call)
+                        if error is not None:
+                            replies[i] = error
+                        elif node.lean:
+                            watch(call)
+                        else:
+                            other.append(call)
                     continue
                 call = waiting.pop(fd)
                 reply = _step(call)
@@ -637,7 +638,7 @@ def _collect(
                 poller.unregister(fd)
                 if call.reused and _closed_by_server(reply):
                     if opening is None:
-                        opening = _Opening(*spec)
+                        opening = _Opening(args, then, wire, count, timeout)
                         wake = opening.wake
                         poller.register(wake, select.POLLIN)
                     opening.open(call.i, call.node, replies)
