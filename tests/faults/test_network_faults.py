@@ -33,7 +33,7 @@ from celery import states
 
 from celery_redlock import plan_of
 from celery_redlock.testing import RedisNode, RedisNodes
-from tests.support import harness, netproxy
+from tests.support import deploy, harness, netproxy
 from tests.support.harness import PreforkWorker, Topology, wait_for
 from tests.support.lockapp import read_records
 from tests.support.netproxy import ProxyGrid
@@ -67,11 +67,13 @@ print(json.dumps(out))
 """
 
 
-def fresh_process_acquires(urls: list[str], n: int = 20) -> list[dict]:
+def fresh_process_acquires(
+    urls: list[str], n: int = 20, timeout: float = NODE_TIMEOUT
+) -> list[dict]:
     """``n`` acquires (each released) by a new process on ``urls``: what each gave, how long."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (harness.ROOT, env.get("PYTHONPATH")) if p)
-    arg = json.dumps([urls, NODE_TIMEOUT, f"crl-net-{uuid.uuid4().hex[:8]}", n])
+    arg = json.dumps([urls, timeout, f"crl-net-{uuid.uuid4().hex[:8]}", n])
     done = subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, arg],
         capture_output=True, text=True, timeout=120, env=env, cwd=harness.ROOT,
@@ -105,6 +107,8 @@ HANGS = [(netproxy.BLACKHOLE_CONNECT, 0), (netproxy.BLACKHOLE, 1)]
 @pytest.mark.parametrize("mode,db", HANGS, ids=["connect", "handshake"])
 @pytest.mark.parametrize("hung", [(0,), (0, 1)], ids=["first", "first-two"])
 def test_a_new_process_locks_while_a_minority_hangs(grid: ProxyGrid, mode, db, hung):
+    # The others 2 ms away, as over a network: a handshake left a millisecond fails.
+    grid.set("fresh", [i for i in range(5) if i not in hung], netproxy.LATENCY, delay=0.001)
     grid.set("fresh", hung, mode)
     results = fresh_process_acquires(grid.urls("fresh", db=db))
     took = [r["took"] for r in results]
@@ -130,6 +134,27 @@ def test_a_new_process_fails_fast_naming_the_nodes_when_a_majority_hangs(grid: P
         for i in hung:
             assert urls[i] in r["error"], (urls[i], r["error"])
     assert max(took) < 4 * NODE_TIMEOUT, took
+    # Once its connects timed out, a hung node is skipped: no more waiting for it.
+    assert sorted(took)[len(took) // 2] < NODE_TIMEOUT / 2, took
+
+
+def test_a_hung_sentinel_costs_a_new_process_nothing():
+    """The sentinels are asked all at once: with the first one hung (SIGSTOP: its
+    connects complete, it never answers), a new process's first lookup does not
+    wait for it. Asked one after another, the first lookup spent the node
+    timeout on it, and the round failed."""
+    timeout = 1.0
+    sentinels = deploy.SentinelDeployment(replicas=0, sentinels=3)
+    try:
+        sentinels.sentinels[0].pause()
+        results = fresh_process_acquires([sentinels.url()], n=5, timeout=timeout)
+        sentinels.sentinels[0].resume()
+    finally:
+        sentinels.close()
+    took = [r["took"] for r in results]
+    print(f"\nfirst sentinel hung: acquires took {[round(t, 3) for t in took]}")
+    assert [r["error"] for r in results if not r["ok"]] == []
+    assert max(took) < timeout / 2, took
 
 
 # -- a few hundred fenced read-modify-write tasks under random network faults ---------------
