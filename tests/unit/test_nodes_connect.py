@@ -19,7 +19,7 @@ import warnings
 import pytest
 import redis
 
-from celery_redlock import _nodes
+from celery_redlock import _connect
 from celery_redlock._nodes import BREAKER_MAX, Node, gather
 from tests.support import netproxy
 from tests.unit.test_nodes_wire import REPLY
@@ -161,12 +161,12 @@ def test_no_thread_per_round(peers):
 def test_a_forked_child_opens_its_own_connections(peers):
     nodes = [Node(url, 1.0) for url in peers(3, netproxy.BLACKHOLE_CONNECT, hung=(0,))]
     timed(nodes)
-    assert nodes[0]._backoff and _nodes._CONNECTOR is not None
+    assert nodes[0]._backoff and _connect._CONNECTOR is not None
     with warnings.catch_warnings():  # Python 3.12+ frowns on fork with threads running
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: no connector thread, no idle connection, no breaker of the parent's
-        ok = _nodes._CONNECTOR is None
+        ok = _connect._CONNECTOR is None
         replies = gather(nodes, ("ANY",), 1.0)
         ok = ok and replies[1:] == [PONG, PONG] and isinstance(replies[0], redis.TimeoutError)
         os._exit(0 if ok else 1)

@@ -20,6 +20,7 @@ PACKAGE = ROOT / "celery_redlock"
 
 #: Modules that must import neither celery nor kombu, even transitively.
 CORE = (
+    "_connect",
     "_nodes",
     "_scripts",
     "exceptions",

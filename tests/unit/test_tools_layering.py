@@ -14,7 +14,7 @@ import pytest
 import celery_redlock
 
 PACKAGE = Path(celery_redlock.__file__).parent
-CORE = {"redlock", "_nodes", "_scripts", "heartbeat", "exceptions", "metrics"}
+CORE = {"redlock", "_connect", "_nodes", "_scripts", "heartbeat", "exceptions", "metrics"}
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
 
 
@@ -34,8 +34,10 @@ def imports(module: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("module", [m for m in MODULES if m not in CORE])
 def test_no_module_outside_the_core_imports_its_private_modules(module):
     for source, name in imports(module):
-        assert source not in ("_nodes", "_scripts"), f"{module} imports {name} from {source}"
-        assert name not in ("_nodes", "_scripts"), f"{module} imports {name}"
+        assert source not in ("_connect", "_nodes", "_scripts"), (
+            f"{module} imports {name} from {source}"
+        )
+        assert name not in ("_connect", "_nodes", "_scripts"), f"{module} imports {name}"
 
 
 @pytest.mark.parametrize("module", MODULES)
