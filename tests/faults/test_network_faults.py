@@ -330,6 +330,7 @@ def test_fenced_updates_under_random_network_faults(
         tid = send(retry_task, r, "qa", 2.0 * TTL)
         name = plan_of(retry_task).keys.build((f"res{r}", run, resources[r]), {})
         redlock = plan_of(retry_task).redlock
+
         def holds() -> bool:
             try:
                 return redlock.holder(name).task_id == tid
