@@ -23,7 +23,7 @@ scripts measure the same thing.
 its celery_redlock tasks with the same :func:`locked_task`.
 
 This module must stay importable in spawned child processes and without
-Celery being set up: it imports only redis, celery_redlock.redlock and, lazily,
+Celery being set up: it imports only redis, celery_redlock.core and, lazily,
 pottery and (in :func:`locked_task`) celery_redlock's task layer.
 """
 
@@ -87,7 +87,7 @@ class CeleryRedlockAdapter:
         retry_delay: float = 0.05,
         key_prefix: str = "anchors",
     ) -> None:
-        from celery_redlock.redlock import Redlock
+        from celery_redlock.core import Redlock
 
         urls = [n if isinstance(n, str) else f"redis://{n[0]}:{n[1]}/0" for n in nodes]
         self.redlock = Redlock(urls, fencing=fencing, key_prefix=key_prefix, sleep=self._sleep)

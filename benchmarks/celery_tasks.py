@@ -80,8 +80,8 @@ sys.path.insert(0, HERE)
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
-from celery_redlock import _scripts  # noqa: E402
 from celery_redlock._nodes import _pack, _parse, _Partial  # noqa: E402  (the floor's wire)
+from celery_redlock.core import scripts  # noqa: E402
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"
@@ -160,7 +160,7 @@ class _FloorNodes:
             sock = socket.create_connection((parts.hostname, parts.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.socks[sock.fileno()] = sock
-        for script in (_scripts.ACQUIRE, _scripts.RELEASE):
+        for script in (scripts.ACQUIRE, scripts.RELEASE):
             self.round(b"SCRIPT", b"LOAD", script.text.encode())
         for sock in self.socks.values():
             sock.setblocking(False)
@@ -198,9 +198,9 @@ def _floor_task_body(i: Any, scripts: bool) -> None:
     key = f"crl_bench:floor:{i}".encode()
     if scripts:
         now = b"%d" % (time.time_ns() // 1000)
-        acquire = (_scripts.ACQUIRE.sha.encode(), b"2", key, key + b":f", b"o", b"10000", b"9", now)
+        acquire = (scripts.ACQUIRE.sha.encode(), b"2", key, key + b":f", b"o", b"10000", b"9", now)
         _floor.round(b"EVALSHA", *acquire)
-        release: tuple[bytes, ...] = (b"EVALSHA", _scripts.RELEASE.sha.encode(), b"1", key, b"o")
+        release: tuple[bytes, ...] = (b"EVALSHA", scripts.RELEASE.sha.encode(), b"1", key, b"o")
     else:
         _floor.round(b"SET", key, b"1", b"NX", b"PX", b"10000")
         release = (b"DEL", key)

@@ -5,12 +5,13 @@ with a fencing token that grows with every grant. See README.rst.
 
 The lock itself (:class:`Redlock`, :class:`Lease`, the errors) is a core that
 imports neither celery nor kombu; the Celery layer (:class:`LockedTask`,
-:func:`current_lease`, :func:`plan_of`, :class:`ImproperlyConfigured`) is
-loaded on first use of one of its names.
+:func:`current_lease`, :func:`plan_of`, :func:`result_of`,
+:class:`ImproperlyConfigured`) is loaded on first use of one of its names.
 """
 
 import importlib as _importlib
 
+from .core import Claim, Finished, Holder, Lease, Redlock
 from .exceptions import (
     AlreadyEnqueued,
     ConfigurationError,
@@ -22,7 +23,6 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .redlock import Claim, Finished, Holder, Lease, Redlock
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,7 @@ _LAZY = {
     "LockedTask": "task",
     "current_lease": "task",
     "plan_of": "plan",
+    "result_of": "enqueue",
     "superseded_by": "enqueue",
 }
 
@@ -56,6 +57,7 @@ __all__ = [
     "RedlockError",
     "current_lease",
     "plan_of",
+    "result_of",
     "superseded_by",
 ]
 

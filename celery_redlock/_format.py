@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from .core import Holder, NodeView, mask_url, node_name
 from .exceptions import ConfigurationError
-from .redlock import Holder, NodeView, mask_url, node_name
 
 __all__ = [
     "KeyReport",
@@ -186,3 +186,18 @@ def setting_text(value: Any) -> str:
         return f"{node_name(value)} (client)"
     except ConfigurationError:
         return mask_url(repr(value))
+
+
+def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
+    """One line on where the locks live; a single node is said to be one."""
+    if len(names) > 1:
+        return f"lock nodes: {', '.join(names)} (quorum {quorum} of {len(names)})"
+    source = (
+        "the broker's Redis, as redlock_nodes is not set"
+        if from_broker
+        else "the only node of redlock_nodes"
+    )
+    return (
+        f"lock node: {names[0]} ({source}): ONE node, so the locks are only as safe as this "
+        "one Redis server; set redlock_nodes to 3 or 5 independent masters for a quorum"
+    )

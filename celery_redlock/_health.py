@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._format import ms_text
-from .redlock import NodeInfo
+from .core import NodeInfo
 
 __all__ = ["SAFE_POLICIES", "findings", "node_row"]
 

@@ -70,8 +70,8 @@ from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 
 from ._connect import Sentinels, connector
-from ._scripts import Script
-from .exceptions import ConfigurationError
+from .core.exceptions import ConfigurationError
+from .core.scripts import Script
 
 __all__ = ["Node", "NotReplicated", "gather", "run_script", "mask_url", "NodeSpec"]
 

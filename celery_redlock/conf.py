@@ -34,7 +34,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from celery import exceptions as celery_exceptions
 
 from . import exceptions
-from .redlock import Redlock
+from .core import Redlock
 from .settings import (
     BEAT_SETTINGS,
     EXHAUSTED,
@@ -204,6 +204,7 @@ class LockSettings:
     throttle: float | None
     throttle_trailing: bool
     receipt_ttl: float
+    idempotent_ids: bool
 
     @property
     def node_list(self) -> tuple:
@@ -283,6 +284,14 @@ def resolve(
             f"the lock TTL {values['ttl']}s"
         )
     return LockSettings(**values)
+
+
+def nodes_from_broker(app: Any, task: Any = None) -> bool:
+    """Whether the lock nodes of ``app`` (of ``task``, if given) are the broker's,
+    for want of ``redlock_nodes`` (and of the task's ``lock_nodes``)."""
+    if task is not None and getattr(task, "lock_nodes", None) is not None:
+        return False
+    return not app.conf.get("redlock_nodes")
 
 
 def _has_lock_nodes(app: Any) -> bool:

@@ -50,12 +50,12 @@ from celery import states
 from kombu.utils.uuid import uuid
 
 from . import metrics
+from .core import Claim, Redlock, full_jitter
 from .exceptions import AlreadyEnqueued, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY
 from .plan import LockPlan
-from .redlock import Claim, Redlock, full_jitter
 
-__all__ = ["publish", "run_eagerly", "superseded_by", "withdraw"]
+__all__ = ["publish", "result_of", "run_eagerly", "superseded_by", "withdraw"]
 
 logger = logging.getLogger("celery_redlock.enqueue")
 
@@ -294,6 +294,30 @@ def superseded_by(result: Any) -> Any:
             return successor
         successor = result = type(result)(text[len(SUPERSEDED_BY) :].split()[0], app=result.app)
     return successor
+
+
+def result_of(result: Any) -> Any:
+    """The ``AsyncResult`` to wait on for a call: the run that replaced it, or itself.
+
+    A call that was debounced, throttled or replaced (``lock_on_enqueued=
+    "replace"``) never runs: its own result is REVOKED with ``"superseded by
+    task <id>"``, so its ``.get()`` raises ``TaskRevokedError``. This follows
+    that chain of replacements (as :func:`superseded_by` does) to the run that
+    did the work, so that ``result_of(rebuild_index.delay("docs")).get()``
+    returns what that run returned, whichever call of the burst it was::
+
+        from celery_redlock import result_of
+
+        result = result_of(rebuild_index.delay("docs"))
+        result.get(timeout=30)   # the value of the run of the burst
+
+    A call that was not superseded is returned as is. Its successor is known
+    only once it was superseded: call this when the burst is over (a debounced
+    call is replaced up to ``lock_debounce`` after it was made), or again on
+    the result it returns. Reads the result backend; needs one that stores
+    REVOKED states (any backend, unless the task has ``ignore_result``).
+    """
+    return superseded_by(result) or result
 
 
 def _is_republish(headers: dict, options: dict) -> bool:

@@ -1,34 +1,22 @@
-"""Every error celery_redlock raises, under one root.
+"""Every error celery_redlock raises: the tree is drawn in :mod:`celery_redlock.core.exceptions`.
 
-::
-
-    RedlockError
-    ├── ConfigurationError        (also ValueError: a setting or argument is invalid)
-    │   └── ImproperlyConfigured  (also celery.exceptions.ImproperlyConfigured; in
-    │                             celery_redlock.conf: raised at bind / for app.conf)
-    ├── LockKeyError              (also TypeError: an argument has no canonical form)
-    ├── QuorumUnavailable         fewer than a quorum of nodes answered
-    └── LockError                 about one lock; carries ``name``
-        ├── LockNotAcquired       a blocking acquire timed out
-        │   └── LockContended     another holder has it (``holder``, ``remaining``)
-        ├── LockLost              the lease lapsed or lost its quorum while held
-        └── AlreadyEnqueued       another task is claimed to run the key next
-                                  (``task_id``, ``remaining``)
-
-``QuorumUnavailable`` is never raised for contention, and contention is never
-reported as an outage: callers can tell "someone else holds it" from "the lock
-service is down".
-
-This module is core: it imports neither celery nor kombu. The one
-Celery-flavoured leaf, ``ImproperlyConfigured``, lives in the Celery layer
-(:mod:`celery_redlock.conf`) and is exported as
-``celery_redlock.ImproperlyConfigured``: ``except ConfigurationError`` and
-``except celery.exceptions.ImproperlyConfigured`` both catch it.
+The errors live in the core, which imports neither celery nor kombu; this
+module keeps their documented import path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from .core.exceptions import (
+    AlreadyEnqueued,
+    ConfigurationError,
+    LockContended,
+    LockError,
+    LockKeyError,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    RedlockError,
+)
 
 __all__ = [
     "AlreadyEnqueued",
@@ -41,106 +29,3 @@ __all__ = [
     "QuorumUnavailable",
     "RedlockError",
 ]
-
-
-class RedlockError(Exception):
-    """Root of every celery_redlock error."""
-
-
-class ConfigurationError(RedlockError, ValueError):
-    """A setting or argument is invalid; raised when the task binds or the client is built.
-
-    The Celery layer raises its subclass ``celery_redlock.ImproperlyConfigured``.
-    """
-
-
-class LockKeyError(RedlockError, TypeError):
-    """An argument selected for the lock key cannot be put in canonical form."""
-
-
-class QuorumUnavailable(RedlockError):
-    """Fewer than a quorum of the configured nodes answered.
-
-    Attributes:
-        errors: node name -> the error it gave (or ``"timeout"``).
-        quorum: how many answers were needed.
-    """
-
-    def __init__(self, errors: Mapping[str, BaseException | str], quorum: int, total: int):
-        self.errors = dict(errors)
-        self.quorum = quorum
-        self.total = total
-        detail = "; ".join(f"{node}: {err}" for node, err in self.errors.items())
-        super().__init__(
-            f"only {total - len(self.errors)} of {total} Redis nodes answered, "
-            f"{quorum} needed ({detail})"
-        )
-
-    def __reduce__(self):  # keep it picklable for Celery result backends
-        return (type(self), (self.errors_as_text(), self.quorum, self.total))
-
-    def errors_as_text(self) -> dict:
-        return {node: str(err) for node, err in self.errors.items()}
-
-
-class LockError(RedlockError):
-    """An error about one lock.
-
-    Attributes:
-        name: the lock name.
-    """
-
-    def __init__(self, message: str, name: str):
-        self.name = name
-        super().__init__(message)
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.name))
-
-
-class LockNotAcquired(LockError):
-    """A blocking acquire ran out of time."""
-
-
-class LockContended(LockNotAcquired):
-    """Another holder has the lock.
-
-    Attributes:
-        holder: the holder's owner value (task id first), if known.
-        remaining: seconds left on the holder's lease as the quorum sees it, if known.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        name: str,
-        holder: str | None = None,
-        remaining: float | None = None,
-    ):
-        self.holder = holder
-        self.remaining = remaining
-        super().__init__(message, name)
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.name, self.holder, self.remaining))
-
-
-class LockLost(LockError):
-    """The lease is no longer held: it expired, or a renewal failed to reach a quorum."""
-
-
-class AlreadyEnqueued(LockError):
-    """Another task id holds the key's enqueue claim: it is already on its way.
-
-    Attributes:
-        task_id: the id of the task the claim names.
-        remaining: seconds left on the claim, if known.
-    """
-
-    def __init__(self, message: str, name: str, task_id: str, remaining: float | None = None):
-        self.task_id = task_id
-        self.remaining = remaining
-        super().__init__(message, name)
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.name, self.task_id, self.remaining))

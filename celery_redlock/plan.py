@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import conf, headers, settings
+from .core import Redlock, make_owner
 from .keys import KeyBuilder
-from .redlock import Redlock, make_owner
 
 __all__ = ["LockPlan", "build_plan", "plan_of", "set_plan"]
 

@@ -7,8 +7,12 @@ are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
 ``drop`` (default)
     The duplicate does not run. Its result is stored as ``REVOKED`` with a
     reason naming the holder task, so ``AsyncResult.get()`` raises
-    ``TaskRevokedError`` at once instead of waiting for ever, chains stop and
-    chords see the failure. Logged at INFO and counted.
+    ``TaskRevokedError`` at once instead of waiting for ever. As for a task
+    Celery revokes at the worker, a chain stops there and a chord whose header
+    holds the call fails at once; a chord holding it deeper (in a chain of its
+    header, before the chain's last task, or in a nested chord's header) waits
+    for its timeout, as plain Celery's does for such a part. Logged at INFO
+    and counted.
 ``retry``
     The message is published again with a countdown of
     ``min(lock_retry_backoff_max, lock_retry_backoff * 2**n)`` with full jitter.
@@ -23,13 +27,24 @@ are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
     seconds, then gives up as ``lock_on_exhausted`` says. It keeps a worker
     slot busy meanwhile; prefer ``retry`` for long waits.
 
-A redelivered message (same task id, same retry count) whose first delivery
-holds the key waits up to 1.5 TTL: if the first delivery still runs, it keeps
-renewing, and this copy is ignored (the work is already running); if it died
-with its worker process, its lease lapses within one TTL and this copy runs.
-A copy of a task id that finished successfully finds its receipt
-(``lock_receipt_ttl``) and is ignored. Neither runs the body nor stores any
-state for that id: the first delivery's result stands.
+A *copy* is a delivery of a task id (same retry count) that finds the key
+held by that very id: a redelivery, or another delivery while the first still
+runs. It watches the holder for 1.5 TTL. A first delivery that still runs
+keeps renewing its key, and a copy that sees the same holder for that long is
+ignored (the work is already running). A holder that died with its worker
+process, or a leftover of an attempt that never ran (an acquire that landed
+after its release round, a release whose reply was lost), lapses within one
+TTL: then the copy takes the key and runs, or, if another task took it
+meanwhile, is an ordinary contender and ``lock_on_duplicate`` decides.
+
+A copy, and a message the broker flags as redelivered
+(``delivery_info["redelivered"]``), also reads the id's receipt
+(``lock_receipt_ttl``): a task id that finished successfully is not run again.
+An ignored copy neither runs the body nor stores any state for that id: the
+first delivery's result stands. A *new* publish of a finished id (a re-applied
+frozen canvas, ``apply_async(task_id=...)``) runs, as in plain Celery, unless
+the task sets ``lock_idempotent_ids`` (its id is then an idempotency key and
+every delivery reads the receipt).
 
 With enqueue claims (``lock_enqueue``, see :mod:`celery_redlock.enqueue`):
 
@@ -51,6 +66,9 @@ its attempts are spent.
 In eager mode (``task_always_eager`` or ``.apply()``) nothing can be
 published, so ``retry`` waits like ``wait`` does, an outage raises at once, and
 a dropped duplicate fails with ``TaskRevokedError`` (there is no stored state).
+An eager call is never a copy and reads no receipt: the caller asked for the
+body here and now, so it runs it (or fails with an error), and never returns
+a result it did not compute.
 """
 
 from __future__ import annotations
@@ -60,11 +78,11 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, tracing
+from . import metrics, outage, tracing
+from .core import OWNER_SEP, Claim, Finished, Holder, Lease, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
-from .redlock import Claim, Finished, Holder, Lease, TooEarly, full_jitter
 
 __all__ = ["take"]
 
@@ -88,19 +106,19 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
     metrics.count("contended", plan.lock_name)
     settings = plan.settings
     if result.task_id == request.id:
-        # This very task holds it: an earlier run that called retry() and is
-        # letting go, or an earlier delivery of this message. That one either
-        # still runs (its heartbeat renews it) or died with its worker process
-        # (task_reject_on_worker_lost requeues without telling us), and then its
-        # lease lapses within one TTL. Waiting tells them apart.
-        redelivery = (result.retries or 0) >= (request.retries or 0)
-        limit = settings.ttl * 1.5 if redelivery else settings.wait_timeout
-        waited = _wait(task, plan, name, result, limit)
+        if _is_copy(request, result):
+            waited = _watch_copy(task, plan, name, request, result)
+        else:
+            # An earlier run that called retry() and is letting go, or (eager) a
+            # delivery of the id the caller runs here: wait for it to let go.
+            eager = request.is_eager and not _is_earlier(request, result)
+            limit = settings.ttl * 1.5 if eager else settings.wait_timeout
+            waited = _wait(task, plan, name, result, limit)
+            if not isinstance(waited, Lease) and waited.task_id == request.id:
+                _exhausted(task, plan, name, waited, f"after waiting {limit}s")
         if isinstance(waited, Lease):
             return waited
-        if redelivery:
-            _ignore(task, plan, "it is a copy of the running task")
-        _exhausted(task, plan, name, waited, f"after waiting {limit}s")
+        result = waited  # another task holds the key now, or none: an ordinary contender
     claimant = result.claimant
     looked = plan.claim_mode(request) or header(request, SLOT)
     if claimant != request.id and header(request, CLAIM) == name and looked:
@@ -130,9 +148,12 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
     _drop(task, plan, name, result)
 
 
-def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Holder:
+def _attempt(
+    task: Any, plan: LockPlan, name: str, request: Any, copy: bool = False
+) -> Lease | Holder:
     """One try: the lease or what is in the way. An outage becomes a retry (or,
-    once attempts are spent, the error); a receipt of this task id ends it here."""
+    once attempts are spent, the error); where the receipt is read (see
+    :func:`_reads_receipt`), a receipt of this task id ends it here."""
     try:
         # A body that takes the token gets it written before it runs; any other
         # lease writes it on the first read of lease.fencing_token, if ever.
@@ -142,7 +163,7 @@ def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Hold
             owner=plan.owner(request),
             fence=plan.token_arg is not None,
             task_id=request.id,
-            receipts=plan.settings.receipt_ttl > 0,
+            receipts=_reads_receipt(plan, request, copy),
             claim=plan.claim_mode(request),
             own_claim=header(request, CLAIM) == name,
             throttle=plan.settings.throttle,
@@ -152,14 +173,29 @@ def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Hold
         )
     except QuorumUnavailable as exc:
         metrics.count("outage", plan.lock_name)
+        outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
         attempt = attempt_of(request)
-        if request.is_eager or attempt >= plan.settings.retry_max_attempts:
+        of = plan.settings.retry_max_attempts
+        if request.is_eager or attempt >= of:
+            if not request.is_eager:
+                metrics.count("gave_up", plan.lock_name)
+            after = "in eager mode" if request.is_eager else f"after {attempt} retries"
             logger.error(
-                "%s[%s]: lock service unavailable, giving up: %s", task.name, request.id, exc
+                "%s[%s]: lock nodes unavailable, giving up on %s %s: %s",
+                task.name,
+                request.id,
+                name,
+                after,
+                exc,
             )
             raise
-        logger.warning("%s[%s]: lock service unavailable, retrying: %s", task.name, request.id, exc)
-        _republish(task, plan, attempt, reason=f"lock service unavailable: {exc}")
+        logger.warning(
+            "%s[%s]: lock nodes unavailable, retry %d of %d", task.name, request.id, attempt + 1, of
+        )
+        _republish(
+            task, plan, attempt, reason=f"lock nodes unavailable (retry {attempt + 1} of {of})"
+        )
+    outage.answered(plan.redlock)
     if isinstance(result, Finished):
         _ignore(task, plan, "it already finished successfully")
     if isinstance(result, TooEarly):  # throttled: its period is not over yet
@@ -173,6 +209,68 @@ def _attempt(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | Hold
     return result
 
 
+def _is_copy(request: Any, holder: Holder) -> bool:
+    """Whether a delivery that finds its own task id holding the key is a copy of
+    that holder (same retry count or later): never an eager call, which is no delivery."""
+    return not request.is_eager and not _is_earlier(request, holder)
+
+
+def _is_earlier(request: Any, holder: Holder) -> bool:
+    """Whether ``holder`` is an earlier run of the request's task id (before a ``retry()``)."""
+    return (holder.retries or 0) < (request.retries or 0)
+
+
+def _is_redelivery(request: Any) -> bool:
+    """Whether the broker flags the message as redelivered (AMQP; kombu's Redis
+    transport on restoring an unacked message)."""
+    return bool((request.delivery_info or {}).get("redelivered"))
+
+
+def _reads_receipt(plan: LockPlan, request: Any, copy: bool) -> bool:
+    """Only a copy of a task id consults the id's receipt, unless the task treats
+    ids as idempotency keys; an eager call never does (it always runs)."""
+    settings = plan.settings
+    if settings.receipt_ttl <= 0 or request.is_eager:
+        return False
+    return copy or settings.idempotent_ids or _is_redelivery(request)
+
+
+def _watch_copy(
+    task: Any, plan: LockPlan, name: str, request: Any, holder: Holder
+) -> Lease | Holder:
+    """A copy of the task id holding the key: the lease once the key is free, or,
+    once another task holds it (or none), that holder. Ignored only while the
+    holder is proven live or the id's receipt shows up.
+
+    A holder of this id that still runs renews its key; one that died, or the
+    leftover of an attempt that never ran, lapses within one TTL of its last
+    write. So the same owner value seen for 1.5 TTL is being renewed. Another
+    owner value of this id (a further delivery that took the key meanwhile) is
+    watched anew from when it shows up.
+    """
+    redlock = plan.redlock
+    settings = plan.settings
+    limit = settings.ttl * 1.5
+    metrics.count("waited", plan.lock_name)
+    tracing.waiting(plan.lock_name, holder, limit)
+    watched, since = holder.owner, redlock.clock()
+    attempt = 0
+    while True:
+        base = min(0.05, settings.retry_backoff)
+        delay = full_jitter(attempt, base, settings.retry_backoff_max, redlock.rng)
+        redlock.sleep(min(delay, max(0.0, since + limit - redlock.clock())))
+        attempt += 1
+        result = _attempt(task, plan, name, request, copy=True)
+        if isinstance(result, Lease):
+            return result
+        if result.task_id != request.id or not _is_copy(request, result):
+            return result
+        if result.owner != watched:
+            watched, since = result.owner, redlock.clock()
+        elif redlock.clock() - since >= limit:
+            _ignore(task, plan, "it is a copy of the running task")
+
+
 def _ignore(task: Any, plan: LockPlan, why: str) -> NoReturn:
     """A copy of a task id that runs or ran: ack it, store nothing, run nothing."""
     request = task.request
@@ -183,14 +281,22 @@ def _ignore(task: Any, plan: LockPlan, why: str) -> NoReturn:
 
 
 def _drop(
-    task: Any, plan: LockPlan, name: str, holder: Holder, why: str = "", reason: str = ""
+    task: Any,
+    plan: LockPlan,
+    name: str,
+    holder: Holder,
+    why: str = "",
+    reason: str = "",
+    logged: bool = False,
 ) -> NoReturn:
+    """Drop the execution: REVOKED with ``reason``; logged at INFO unless ``logged`` already."""
     request = task.request
     if not reason:
         reason = f"duplicate of {plan.lock_name!r}: {_who(holder)}"
         if why:
             reason += f" ({why})"
-    logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
+    if not logged:
+        logger.info("%s[%s] dropped: %s", task.name, request.id, reason)
     metrics.count("dropped", plan.lock_name)
     tracing.outcome("dropped", plan.lock_name, name, holder, reason)
     if request.is_eager:  # no message to ack and no stored state: the caller sees the error
@@ -218,7 +324,10 @@ def _retry(task: Any, plan: LockPlan, name: str, holder: Holder) -> NoReturn:
         _exhausted(task, plan, name, holder, f"after {attempt} retries")
     metrics.count("retried", plan.lock_name)
     tracing.outcome("retried", plan.lock_name, name, holder)
-    _republish(task, plan, attempt, reason=f"lock {name!r}: {_who(holder)}")
+    of = plan.settings.retry_max_attempts
+    _republish(
+        task, plan, attempt, reason=f"lock {name!r}: {_who(holder)} (retry {attempt + 1} of {of})"
+    )
 
 
 def _republish(
@@ -265,13 +374,34 @@ def _wait(task: Any, plan: LockPlan, name: str, holder: Holder, timeout: float) 
 
 
 def _exhausted(task: Any, plan: LockPlan, name: str, holder: Holder, after: str) -> NoReturn:
+    """Retry or wait ran out: the work does not run. A task that chose to retry or
+    wait chose not to lose it, so this is said at ERROR and counted as ``gave_up``."""
     metrics.count("exhausted", plan.lock_name)
-    if plan.settings.on_exhausted == "raise":
+    metrics.count("gave_up", plan.lock_name)
+    raising = plan.settings.on_exhausted == "raise"
+    logger.error(
+        "%s[%s] gave up on lock %s %s: %s; %s",
+        task.name,
+        task.request.id,
+        name,
+        after,
+        _who(holder, detail=True),
+        "failing with LockContended" if raising else "dropped (REVOKED), lock_on_exhausted='drop'",
+    )
+    if raising:
         _raise(plan, name, holder)
-    _drop(task, plan, name, holder, why=f"gave up {after}")
+    _drop(task, plan, name, holder, why=f"gave up {after}", logged=True)
 
 
-def _who(holder: Holder) -> str:
+def _who(holder: Holder, detail: bool = False) -> str:
+    """The holder for people; with ``detail``, where it runs and how long it keeps the key."""
     if holder.owner is None and holder.claimant is not None:
         return f"claimed by task {holder.claimant}"
-    return f"lock held by task {holder.task_id or holder.owner}"
+    who = f"lock held by task {holder.task_id or holder.owner}"
+    if detail and holder.owner:
+        where = holder.owner.split(OWNER_SEP)
+        if len(where) >= 4:
+            who += f" on {where[2]} pid {where[3]}"
+        if holder.remaining is not None:
+            who += f", {holder.remaining:.1f}s left on its lease"
+    return who

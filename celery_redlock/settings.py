@@ -270,9 +270,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "redlock_on_exhausted",
-        "drop",
+        "raise",
         _choice(EXHAUSTED),
-        "What retry and wait do when their attempts or time run out: drop or raise.",
+        "What retry and wait do when their attempts or time run out: raise (the task fails "
+        "with LockContended) or drop (REVOKED). Either way it is logged at ERROR.",
     ),
     Setting(
         "redlock_heartbeat_interval",
@@ -333,7 +334,16 @@ SETTINGS: tuple[Setting, ...] = (
         86400.0,
         check_non_negative,
         "Seconds a task id that finished successfully is remembered, so a later copy of it "
-        "(a redelivery, a re-sent task_id) does not run again. 0 turns receipts off.",
+        "(a redelivery, or a delivery while the first still ran) does not run again. "
+        "0 turns receipts off.",
+    ),
+    Setting(
+        "redlock_idempotent_ids",
+        False,
+        check_flag,
+        "Treat task ids as idempotency keys: any later message of an id that finished "
+        "successfully (a re-sent task_id, a re-applied frozen canvas) is ignored while its "
+        "receipt lasts. Off: only copies are, and a new publish runs, as in plain Celery.",
     ),
 )
 

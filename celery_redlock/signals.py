@@ -19,6 +19,11 @@ In the worker's main process, where the pool reports children that died:
   key does not wait for it. Its enqueue claim, if it still names that task,
   is withdrawn in the same breath.
 
+In the worker's main process, once the worker is ready:
+
+* ``worker_ready``: one INFO line naming the lock nodes; a single node (the
+  broker's Redis when ``redlock_nodes`` is not set) is said to be one.
+
 With ``redlock_metrics_port`` set, in the worker's main process:
 
 * ``worker_init`` (before the pool forks): start a
@@ -50,7 +55,9 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
-from . import conf, heartbeat, metrics
+from . import conf, metrics
+from ._format import nodes_text
+from .core import heartbeat
 from .enqueue import withdraw
 from .headers import CLAIM, header
 from .plan import plan_of
@@ -81,6 +88,9 @@ def install(app: Any) -> None:
     )
     celery_signals.worker_ready.connect(
         _announce_metrics, weak=False, dispatch_uid="celery_redlock:metrics-ready"
+    )
+    celery_signals.worker_ready.connect(
+        functools.partial(_announce_nodes, app), weak=False, dispatch_uid=uid + ":nodes"
     )
     celery_signals.worker_process_shutdown.connect(
         _process_shutdown, weak=False, dispatch_uid=uid + ":shutdown"
@@ -136,6 +146,32 @@ def _announce_metrics(**_: Any) -> None:
             exporter.host,
             exporter.port,
         )
+
+
+def _announce_nodes(app: Any, sender: Any = None, **_: Any) -> None:
+    """``worker_ready`` (main process, once per worker): the nodes the locks live on.
+
+    One line per node set the app's LockedTasks use (usually one). A single
+    node says that it is one: without ``redlock_nodes`` the locks live on the
+    broker's Redis alone, convenient but only as safe as that one server.
+    """
+    if not hasattr(sender, "app") or sender.app is not app:
+        return
+    try:
+        seen: dict[tuple[str, ...], tuple[int, bool]] = {}
+        for task in list(app.tasks.values()):
+            plan = plan_of(task)
+            if plan is None:
+                continue
+            redlock = plan.redlock
+            names = tuple(node.name for node in redlock.nodes)
+            from_broker = seen.get(names, (0, False))[1] or conf.nodes_from_broker(app, task)
+            seen[names] = (redlock.quorum, from_broker)
+    except Exception as exc:  # noqa: BLE001 - a receiver must not raise
+        logger.warning("celery_redlock: cannot resolve the lock nodes: %s", exc)
+        return
+    for names, (quorum, from_broker) in seen.items():
+        logger.info("%s", nodes_text(names, quorum, from_broker))
 
 
 def _stop_metrics(**_: Any) -> None:

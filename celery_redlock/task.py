@@ -44,8 +44,9 @@ How it works, per execution, on the worker:
    worker process dies, the parent process releases it at once (see
    :mod:`celery_redlock.signals`); if the whole machine dies, the TTL does.
 
-Calling the task function directly (``settle(1, 5)``) is a plain function call:
-no lock is taken, and ``fencing_token`` keeps its default. ``.apply()`` and
+Calling the task directly (``settle(1, 5)``) is Celery's own direct call (the
+request, with its ``args``, and ``current_task`` are the task's) and no lock is
+taken: ``fencing_token`` keeps its default. ``.apply()`` and
 ``task_always_eager`` run through the lock; see :mod:`celery_redlock.policies`
 for how the policies behave there.
 """
@@ -59,10 +60,10 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Retry
 
-from . import enqueue, heartbeat, metrics, policies, signals, tracing
+from . import enqueue, metrics, policies, signals, tracing
+from .core import Lease, heartbeat
 from .exceptions import LockLost
 from .plan import LockPlan, build_plan, plan_of, set_plan
-from .redlock import Lease
 
 __all__ = ["LockPlan", "LockedTask", "current_lease"]
 
@@ -140,23 +141,40 @@ class LockedTask(Task):
     lock_throttle_trailing: bool | None = None
     #: Setting ``redlock_receipt_ttl`` (0 turns receipts off).
     lock_receipt_ttl: float | None = None
+    #: Setting ``redlock_idempotent_ids``: a finished task id never runs again.
+    lock_idempotent_ids: bool | None = None
 
     _lock_plan: LockPlan | None = None
+    #: Why the task failed to bind, if it did: publishing it raises this again.
+    _lock_bind_error: Exception | None = None
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Resolve and check the lock options; misconfiguration fails here, not at run time."""
+        """Resolve and check the lock options; misconfiguration fails here, not at run time.
+
+        An application that catches the error and goes on still cannot publish
+        the task: ``delay()``, ``apply_async()`` and ``apply()`` raise it again,
+        instead of sending a message for a task no worker can run as configured.
+        """
         super().on_bound(app)
         if cls.run is Task.run:  # the abstract base itself, or a subclass without a body
             return
-        set_plan(cls, build_plan(cls, app))
+        try:
+            plan = build_plan(cls, app)
+        except Exception as exc:
+            cls._lock_bind_error = exc
+            raise
+        cls._lock_bind_error = None
+        set_plan(cls, plan)
         _warn_if_cooperative_pool(cls.name or cls.__name__)
         signals.install(app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plan = plan_of(self)
         request = self.request
-        if plan is None or request.called_directly:
+        if request.called_directly:  # a plain call: Celery's own, no lock
+            return super().__call__(*args, **kwargs)
+        plan = plan_of(self)
+        if plan is None:
             return self.run(*args, **kwargs)
         name = plan.keys.build(args, kwargs)
         clock = plan.redlock.clock
@@ -189,6 +207,7 @@ class LockedTask(Task):
     ) -> Any:
         """Publish, claiming the key first with ``lock_enqueue``, ``lock_debounce`` or
         ``lock_throttle`` (see :mod:`.enqueue`)."""
+        self._refuse_if_unbound()
         plan = plan_of(self)
         if plan is None or not plan.claims or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
@@ -198,10 +217,17 @@ class LockedTask(Task):
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
         """Run eagerly; with ``lock_enqueue`` the claim is held around the call."""
+        self._refuse_if_unbound()
         plan = plan_of(self)
         if plan is None or plan.settings.enqueue is None:
             return super().apply(args, kwargs, task_id=task_id, **options)
         return enqueue.run_eagerly(self, plan, args, kwargs, task_id, options, super().apply)
+
+    def _refuse_if_unbound(self) -> None:
+        """Raise the error this task failed to bind with, if it did."""
+        error = self._lock_bind_error
+        if error is not None:
+            raise error
 
     def _lock_lost(self, lease: Lease) -> None:
         """The heartbeat's ``on_lost``: count it and send the ``lock_lost`` signal."""

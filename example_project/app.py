@@ -17,7 +17,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     beat_max_loop_interval=0.5,  # beat wakes often enough for a 1 s entry
     beat_schedule={
-        # Every second; two beats run, each slot is sent once.
+        # Every second; two beats run, each slot is sent by one of them.
         "tick": {"task": "example_project.tasks.tick", "schedule": 1.0},
         # Every second, but each run takes 2.5 s: the execution lock drops the slots
         # that arrive while the previous run is still going.

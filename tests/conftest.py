@@ -21,7 +21,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 from kombu.asynchronous import set_event_loop
 
-from celery_redlock import heartbeat, testing
+from celery_redlock import testing
 
 if celery.VERSION < (5, 7):
     # Celery 5.5's Redis result backend: an AsyncResult collected by the garbage
@@ -56,15 +56,6 @@ def celery_worker(
             worker.hub.timer.call_repeatedly(0.1, lambda: None)
         yield worker
     set_event_loop(None)
-
-
-@pytest.fixture
-def default_heartbeat():
-    """The process's heartbeat, emptied and stopped after the test."""
-    yield heartbeat.default
-    for lease in heartbeat.held():
-        heartbeat.drop(lease)
-    heartbeat.stop(timeout=5)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -49,7 +49,7 @@ NODE_TIMEOUT = 0.3
 FRESH_PROCESS = """
 import json, sys, time
 from celery_redlock.exceptions import QuorumUnavailable
-from celery_redlock.redlock import Lease, Redlock
+from celery_redlock import Lease, Redlock
 
 urls, timeout, prefix, n = json.loads(sys.argv[1])
 rl = Redlock(urls, node_timeout=timeout, key_prefix=prefix)

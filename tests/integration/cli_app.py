@@ -24,7 +24,9 @@ PLAIN = "cli.plain"
 def make_app(nodes: Sequence[str], main: str = "cli_app", **settings: Any) -> Celery:
     """An app whose lock nodes are ``nodes``, with ``settings`` added to ``app.conf``."""
     app = Celery(main, broker="memory://", set_as_current=False)
-    app.conf.update(redlock_nodes=list(nodes), **settings)
+    if nodes:  # none: the broker is the one lock node
+        app.conf.redlock_nodes = list(nodes)
+    app.conf.update(**settings)
 
     # shared=False: a shared task would be registered on every app made later.
     @app.task(

@@ -67,6 +67,26 @@ def test_nodes_all_up(app, redis_nodes3):
     assert "noeviction" in result.output
     assert "UNSAFE" not in result.output
     assert "Quorum: reachable (3 of 3 nodes answered, 2 needed)" in result.output
+    assert "ONE node" not in result.output
+
+
+def test_nodes_says_that_the_brokers_redis_is_one_node(redis_node_factory):
+    node = redis_node_factory(1)[0]
+    app = cli_app.make_app([])
+    app.conf.broker_url = node.url
+    result = invoke(app, "nodes")
+    assert result.exit_code == 0, result.output
+    assert (
+        f"lock node: {node.url} (the broker's Redis, as redlock_nodes is not set): ONE node"
+        in result.output
+    )
+
+
+def test_help_is_plain_text():
+    """Click shows docstrings as they are: no reStructuredText markup in them."""
+    for command in ["--help"] + [f"{name} --help" for name in redlock.commands]:
+        output = CliRunner().invoke(redlock, command.split()).output
+        assert "`" not in output and ":class:" not in output, (command, output)
 
 
 def test_nodes_majority_down_exits_2_and_names_them(app, redis_nodes3):

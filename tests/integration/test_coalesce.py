@@ -14,7 +14,7 @@ import time
 import pytest
 from celery.exceptions import TaskRevokedError
 
-from celery_redlock import superseded_by
+from celery_redlock import result_of, superseded_by
 from tests.support import harness, lockapp
 from tests.support.harness import Topology, WorkerHandle, assert_no_overlap, wait_for
 
@@ -99,6 +99,22 @@ def test_debounce_runs_once_after_the_burst_with_the_last_arguments(coalesce_wor
     with pytest.raises(TaskRevokedError, match="superseded by task"):
         replaced.get(timeout=5)
     assert superseded_by(replaced).id == last_id
+
+
+def test_result_of_a_debounced_call_is_the_run_that_replaced_it(coalesce_worker, run):
+    task = coalesce_worker.task("debounced")
+    calls = [task.apply_async((run, run), {"note": note}) for note in range(3)]
+    last = calls[-1]
+    value = last.get(timeout=20)
+    assert value["token"] > 0
+    for call in calls[:-1]:
+        with pytest.raises(TaskRevokedError, match="superseded by task"):
+            call.get(timeout=5)
+        followed = result_of(call)
+        assert followed.id == last.id
+        assert followed.get(timeout=5) == value
+    assert result_of(last) is last  # not superseded: itself
+    assert [r["note"] for r in coalesce_worker.records(run)] == [2]
 
 
 def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):

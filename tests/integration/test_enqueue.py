@@ -13,8 +13,8 @@ import multiprocessing
 import time
 
 import pytest
-from celery import group, states
-from celery.exceptions import TaskRevokedError
+from celery import chord, group, states
+from celery.exceptions import ChordError, TaskRevokedError
 from kombu.exceptions import SerializerNotInstalled
 
 from celery_redlock import AlreadyEnqueued, plan_of, superseded_by
@@ -339,14 +339,84 @@ def test_a_redelivered_copy_neither_runs_nor_rewrites_the_state(redelivering_wor
     assert result.state == states.SUCCESS and result.get(timeout=1) == value
 
 
-def test_a_resent_id_that_already_succeeded_does_not_run(claims_worker, run):
+def test_a_resent_id_that_already_succeeded_runs_again(claims_worker, run):
+    """A new publish of a finished id is Celery's way to run it again: its receipt is
+    read by copies only."""
     task = claims_worker.task("slow")
     first = task.apply_async((run, run), {"duration": 0.1})
     value = first.get(timeout=20)
-    again = task.apply_async((run, run), {"duration": 0.1}, task_id=first.id)
-    time.sleep(1.5)
+    task.apply_async((run, run), {"duration": 0.1}, task_id=first.id)
+    runs = wait_for(lambda: claims_worker.records(run)[1:] and claims_worker.records(run), 20)
+    assert [r["id"] for r in runs] == [first.id, first.id]
+    assert runs[0]["token"] == value["token"] < runs[1]["token"]
+
+
+def test_with_idempotent_ids_a_resent_id_that_succeeded_does_not_run(claims_worker, run, hold):
+    task = claims_worker.task("slow_idempotent")
+    first = task.apply_async((run, run), {"duration": 0.1})
+    value = first.get(timeout=20)
+    task.apply_async((run, run), {"duration": 0.1}, task_id=first.id, queue=hold)
+    assert queued(claims_worker.app, hold) == 1
+    consume(claims_worker, hold)
+    wait_for(lambda: queued(claims_worker.app, hold) == 0, 20, "the re-send to be taken")
+    time.sleep(1.5)  # it would have run by now
+    stop_consuming(claims_worker, hold)
     assert [r["id"] for r in claims_worker.records(run)] == [first.id]
-    assert again.state == states.SUCCESS and again.get(timeout=1) == value
+    assert first.state == states.SUCCESS and first.get(timeout=1) == value
+
+
+def take_back_unacked(app, queue: str) -> None:
+    """Take the one message of ``queue`` without acknowledging it and close the channel:
+    the broker puts it back flagged as redelivered (RabbitMQ's requeue; kombu's Redis
+    transport restores its unacked messages when the channel closes)."""
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        message = channel.basic_get(queue, no_ack=False)
+        assert message is not None, f"no message in {queue}"
+        channel.close()
+
+
+def test_a_redelivered_copy_of_a_finished_id_does_not_run(claims_worker, run, hold):
+    task = claims_worker.task("slow")
+    first = task.apply_async((run, run), {"duration": 0.1})
+    value = first.get(timeout=20)
+    task.apply_async((run, run), {"duration": 0.1}, task_id=first.id, queue=hold)
+    take_back_unacked(claims_worker.app, hold)
+    wait_for(lambda: queued(claims_worker.app, hold) == 1, 20, "the message to be put back")
+    consume(claims_worker, hold)
+    wait_for(lambda: queued(claims_worker.app, hold) == 0, 20, "the copy to be taken")
+    time.sleep(1.5)  # it would have run by now
+    stop_consuming(claims_worker, hold)
+    assert [r["id"] for r in claims_worker.records(run)] == [first.id]
+    assert first.state == states.SUCCESS and first.get(timeout=1) == value
+
+
+def test_a_frozen_chord_applied_twice_runs_its_body_twice(claims_worker, run):
+    """Celery re-runs the same task ids: neither the header nor the body is a copy."""
+    slow, collect = claims_worker.task("slow"), claims_worker.task("collect")
+    header = [slow.s(f"{run}-{i}", run, 0.05) for i in range(2)]
+    sig = chord(header, collect.s(run))
+    sig.freeze()
+    sig.apply_async().get(timeout=30)
+    wait_for(lambda: len(claims_worker.records(run, "collect")) == 1, 20, "the first body")
+    sig.apply_async()
+    wait_for(lambda: len(claims_worker.records(run, "collect")) == 2, 30, "the second body")
+    bodies = claims_worker.records(run, "collect")
+    assert bodies[0]["id"] == bodies[1]["id"]
+    assert bodies[1]["token"] > bodies[0]["token"]
+    assert len(claims_worker.records(run)) == 4  # each header task ran twice
+
+
+def test_a_flat_chord_with_a_dropped_part_fails(claims_worker, run):
+    """A dropped call that is itself a part of a chord's header is counted by the chord,
+    which fails at once instead of waiting for its timeout."""
+    slow, collect = claims_worker.task("slow"), claims_worker.task("collect")
+    result = chord([slow.s(run, run, 2.0) for _ in range(2)], collect.s(run)).apply_async()
+    with pytest.raises((ChordError, TaskRevokedError), match="duplicate"):
+        result.get(timeout=30)
+    wait_for(lambda: claims_worker.records(run), 20, "the part that ran to end")
+    assert len(claims_worker.records(run, "start")) == 1
+    assert claims_worker.records(run, "collect") == []
 
 
 # -- eager mode ------------------------------------------------------------------------

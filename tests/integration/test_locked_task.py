@@ -7,13 +7,15 @@ duplicates answered. Timing figures are printed (run with ``-s`` to see them).
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 
 import pytest
-from celery import Celery, states
+from celery import Celery, current_task, states
 from celery.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TaskRevokedError
 
-from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease, plan_of
+from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease, metrics, plan_of
 from celery_redlock.redlock import make_owner
 from tests.support.harness import (
     Topology,
@@ -158,6 +160,55 @@ def test_wait_runs_every_duplicate_in_turn_on_the_same_delivery(
     assert_tokens_increase(ran)
     # waited in place: no re-publish, no retry
     assert all(r["attempt"] == 0 and r["retries"] == 0 for r in ran)
+
+
+class _Lines(logging.Handler):
+    """The records of one logger, as text (the in-process worker logs in this process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def test_retry_that_runs_out_fails_loudly(worker: WorkerHandle, run: str):
+    """Retries spent behind a holder: FAILURE with LockContended by default (REVOKED with
+    lock_on_exhausted="drop"), either way an ERROR naming the task, the key and the holder,
+    and the gave_up count."""
+    task = worker.task("retry_brief")
+    plan = plan_of(task)
+    name = plan.keys.build((run, run), {})
+    lease = plan.redlock.try_acquire(name, ttl=60, owner=make_owner("the-holder", 0))
+    assert isinstance(lease, Lease)
+    lines = _Lines()
+    logging.getLogger("celery_redlock.policies").addHandler(lines)
+    before = metrics.snapshot().get("gave_up", {}).get("crl-give-up", 0)
+    try:
+        failed = task.apply_async((run, run))
+        with pytest.raises(Exception) as info:  # noqa: PT011 - the type is checked below
+            failed.get(timeout=30)
+        assert "LockContended" in repr(info.value) and "the-holder" in str(info.value)
+        assert failed.state == states.FAILURE
+        dropped = worker.task("retry_brief_drop").apply_async((run, run))
+        with pytest.raises(TaskRevokedError, match="gave up after 2 retries"):
+            dropped.get(timeout=30)
+    finally:
+        logging.getLogger("celery_redlock.policies").removeHandler(lines)
+        plan.redlock.release(lease)
+    assert worker.records(run) == []
+    if worker.process is not None:  # prefork: the worker's log file
+        with open(worker.process.logfile) as f:
+            log = [line for line in f if "gave up on lock" in line]
+    else:  # threads: this process, where the count is kept too
+        log = [line for line in lines.lines if "gave up on lock" in line]
+        assert metrics.snapshot()["gave_up"]["crl-give-up"] == before + 2
+    for result, outcome in ((failed, "failing with LockContended"), (dropped, "dropped")):
+        mine = [line for line in log if f"[{result.id}]" in line]
+        assert len(mine) == 1, log
+        assert "ERROR" in mine[0] and f"gave up on lock {name} after 2 retries" in mine[0]
+        assert "lock held by task the-holder on " in mine[0] and outcome in mine[0]
 
 
 def test_different_lock_on_values_run_in_parallel(worker: WorkerHandle, run: str):
@@ -362,6 +413,46 @@ def test_token_is_on_a_quorum_before_the_body_or_at_the_first_read(
             assert after == everywhere
 
 
+def test_eager_apply_with_a_reused_id_computes_its_result(eager_app: Celery):
+    """An eager call is never a copy: a receipt of its id does not stop it."""
+    ran = []
+
+    @eager_app.task(base=LockedTask, bind=True, shared=False, lock_on=("key",))
+    def add(self, key, x, y, fencing_token=None):
+        ran.append(fencing_token)
+        return x + y
+
+    task_id = uuid.uuid4().hex
+    first = add.apply(("a", 1, 1), task_id=task_id)
+    second = add.apply(("a", 2, 3), task_id=task_id)
+    assert first.get() == 2 and second.get() == 5
+    assert second.state == states.SUCCESS
+    assert len(ran) == 2 and ran[0] < ran[1]
+
+
+def test_a_direct_call_is_celerys_own(eager_app: Celery):
+    """``who(7)``: the task's request carries the call's arguments and the task is the
+    current task, as in plain Celery; no lock is taken."""
+    seen = []
+
+    @eager_app.task(base=LockedTask, bind=True, shared=False, lock_on=("x",))
+    def who(self, x, fencing_token=None):
+        seen.append(
+            (
+                self.request.args,
+                current_task._get_current_object() is self,
+                self.request.called_directly,
+                getattr(self.request, "redlock", None),
+                fencing_token,
+            )
+        )
+        return x
+
+    assert who(7) == 7
+    assert seen == [((7,), True, True, None, None)]
+    assert current_task._get_current_object() is None  # popped again
+
+
 def test_eager_drop(eager_app: Celery):
     ran = []
 
@@ -427,6 +518,33 @@ def test_bad_setting_fails_on_first_access_of_the_task(topology: Topology):
 
     with pytest.raises(ConfigurationError, match="bogus"):
         work.name  # noqa: B018 - evaluates the lazy task, which binds it
+
+
+def test_a_task_that_failed_to_bind_refuses_to_publish(topology: Topology):
+    """An app that catches the bind error and goes on: the task raises it again on every
+    delay(), apply_async() and apply(), and publishes nothing."""
+    app = Celery("caught", broker="memory://", set_as_current=False)
+    app.conf.redlock_nodes = topology.quorum.urls
+    ran = []
+
+    @app.task(base=LockedTask, shared=False, lock_on_duplicat="retry")
+    def work(key):
+        ran.append(key)
+
+    with pytest.raises(ImproperlyConfigured, match="lock_on_duplicate") as bound:
+        app.finalize()  # the application catches this at start-up, and goes on
+    published = []
+    app.amqp.send_task_message = lambda *a, **kw: published.append(a)  # any publish lands here
+    for call in (
+        lambda: work.delay("k"),
+        lambda: work.apply_async(("k",)),
+        lambda: work.apply(("k",)),
+        lambda: app.tasks[work.name].delay("k"),
+    ):
+        with pytest.raises(ImproperlyConfigured, match="lock_on_duplicate") as info:
+            call()
+        assert info.value is bound.value
+    assert published == [] and ran == []
 
 
 def test_token_parameter_without_default_is_a_configuration_error(topology: Topology):

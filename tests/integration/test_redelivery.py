@@ -4,6 +4,7 @@ The eager tests stage the first delivery by hand; the last one has real
 brokers (Redis and RabbitMQ) redeliver the message of a worker killed mid-task.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -13,9 +14,13 @@ import uuid
 import kombu
 import pytest
 from celery import Celery, states
-from celery.exceptions import Ignore, TaskRevokedError
+from celery import signals as celery_signals
+from celery.contrib.testing.worker import start_worker
+from celery.exceptions import TaskRevokedError
+from kombu.asynchronous import set_event_loop
 
-from celery_redlock import LockedTask, heartbeat, plan_of
+from celery_redlock import LockContended, LockedTask, plan_of
+from celery_redlock.core import heartbeat
 from celery_redlock.redlock import make_owner
 from tests.support import harness, lockapp
 
@@ -68,15 +73,16 @@ def test_a_redelivery_runs_once_the_first_delivery_died(app):
     assert TTL * 0.5 < waited < TTL * 1.5 + 0.5, waited
 
 
-def test_a_redelivery_is_ignored_while_the_first_delivery_runs(app):
+def test_an_eager_call_is_never_a_copy(app):
+    """Its id held and renewed elsewhere, an eager call waits out 1.5 TTL like a copy
+    would, then gives up as ``lock_on_exhausted`` says (``raise`` by default): an
+    error, never ignored with a result it did not compute."""
     redlock, lease = first_delivery(app, "task-2", renewed=True)
     try:
         started = time.monotonic()
         result = app.tasks["redelivery.work"].apply(("x",), task_id="task-2")
         waited = time.monotonic() - started
-        # Ignored: nothing stored for the id, whose first delivery still runs.
-        assert result.state == states.IGNORED and isinstance(result.result, Ignore)
-        assert "copy of the running task" in str(result.result)
+        assert result.state == states.FAILURE and isinstance(result.result, LockContended)
         assert app.ran == []
         assert waited >= TTL * 1.5 - 0.1, waited
         assert not lease.lost
@@ -95,6 +101,111 @@ def test_a_duplicate_with_another_task_id_is_dropped_at_once(app):
     finally:
         heartbeat.drop(lease)
         redlock.release(lease)
+
+
+# -- an in-process solo worker: deliveries that find their own task id -------------
+
+
+@contextlib.contextmanager
+def solo_worker(lock_nodes, broker, **conf):
+    """A Celery app with one task, ``copies.work`` (lock_on k), and a solo worker
+    running it in a thread of this process; yields the app (``app.ran``: ids run)."""
+    app = Celery("copies", broker=broker.url, backend=broker.url[:-1] + "1", set_as_current=False)
+    app.conf.update(
+        redlock_nodes=lock_nodes.urls,
+        redlock_ttl=2.0,
+        redlock_node_timeout=0.2,
+        redlock_retry_backoff=0.2,
+        redlock_retry_backoff_max=1.0,
+        broker_connection_retry_on_startup=True,
+        **conf,
+    )
+    ran = []
+
+    @app.task(base=LockedTask, bind=True, lock_on=("k",), name="copies.work", shared=False)
+    def work(self, k):
+        ran.append((self.request.id, time.time()))
+        return self.request.redlock.fencing_token
+
+    app.ran = ran
+    set_event_loop(None)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING"):
+            yield app
+    finally:
+        set_event_loop(None)
+        app.close()
+
+
+def lock_key(app, *args):
+    plan = plan_of(app.tasks["copies.work"])
+    return plan.redlock.keys(plan.keys.build(args, {}))[0]
+
+
+@pytest.mark.timeout(90)
+def test_a_leftover_of_its_own_id_then_another_holder_does_not_lose_the_task(
+    redis_nodes5, redis_node_factory
+):
+    """The reproduction of a task never run: 5 lock nodes, 2 of them down; the task's own
+    owner value left on node 0 (an attempt whose acquire landed after its release round),
+    lapsing in 1.5 s; when it lapses, another task takes the key on nodes 0-2 for 5 s.
+    The delivery watches its own id's leftover, sees another holder, and, with ``retry``,
+    runs once that holder is gone. (The other task holds node 1 from the start, so the
+    delivery cannot take the key in the instant between the lapse and the take-over.)"""
+    redis_nodes5.kill(3)
+    redis_nodes5.kill(4)
+    broker = redis_node_factory(1)[0]
+    with solo_worker(redis_nodes5, broker, redlock_on_duplicate="retry") as app:
+        tid = uuid.uuid4().hex
+        key = lock_key(app, "x")
+        other = make_owner("another-task", 0)
+        clients = [redis_nodes5[i].client() for i in range(3)]
+        clients[0].set(key, f"{tid}|0|somehost|4242|0123456789abcdef", px=1500)
+        clients[1].set(key, other, px=6500)
+        result = app.tasks["copies.work"].apply_async(("x",), task_id=tid)
+        harness.wait_for(lambda: clients[0].get(key) is None, 10, "the leftover to lapse")
+        for client in (clients[0], clients[2]):
+            client.set(key, other, px=5000)
+        taken_over = time.time()
+        token = result.get(timeout=60)
+        assert result.state == states.SUCCESS and isinstance(token, int)
+        time.sleep(1.0)  # nothing more runs
+        assert [i for i, _ in app.ran] == [tid]
+        assert app.ran[0][1] >= taken_over + 4.5  # after the other holder's 5 s
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_delivery_of_a_running_task_id_is_ignored(redis_nodes3, redis_node_factory):
+    """A second delivery of an id whose first delivery holds the key and renews it is
+    a copy: after watching it for 1.5 TTL it is acked, stores nothing, runs nothing."""
+    broker = redis_node_factory(1)[0]
+    with solo_worker(redis_nodes3, broker) as app:
+        task = app.tasks["copies.work"]
+        plan = plan_of(task)
+        tid = uuid.uuid4().hex
+        ends = []
+
+        def ended(sender=None, task_id=None, state=None, **_):
+            ends.append((task_id, state, time.monotonic()))
+
+        celery_signals.task_postrun.connect(ended, sender=task, weak=False)
+        lease = plan.redlock.acquire(plan.keys.build(("x",), {}), ttl=2.0, owner=make_owner(tid, 0))
+        heartbeat.hold(lease, 2.0 / 3)
+        try:
+            started = time.monotonic()
+            result = task.apply_async(("x",), task_id=tid)
+            harness.wait_for(lambda: ends, 20, "the copy to end")
+            [(ended_id, state, at)] = ends
+            assert ended_id == tid and state == states.IGNORED
+            assert at - started >= 2.0 * 1.5 - 0.1
+            assert app.ran == [] and result.state == states.PENDING  # nothing stored
+            assert not lease.lost
+        finally:
+            celery_signals.task_postrun.disconnect(ended, sender=task)
+            heartbeat.drop(lease)
+            plan.redlock.release(lease)
 
 
 # -- a real broker redelivers the message of a worker that died --------------------

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from celery_redlock import _scripts
 from celery_redlock._nodes import run_script
+from celery_redlock.core import scripts
 from celery_redlock.redlock import Redlock, make_owner
 
 __all__ = [
@@ -50,7 +50,7 @@ def assert_strictly_increasing(tokens: Sequence[int]) -> None:
 
 # KEYS[1] lock key, KEYS[2] counter key; ARGV[1] owner, ARGV[2] ttl ms.
 # Returns {1, increment} when granted, {0} when another owner holds the key.
-ONE_PHASE_ACQUIRE = _scripts.Script(
+ONE_PHASE_ACQUIRE = scripts.Script(
     "one_phase_acquire",
     """
 local holder = redis.call('GET', KEYS[1])
@@ -73,7 +73,7 @@ def one_phase_grant(rl: Redlock, name: str, ttl: float = 10.0) -> int | None:
         ONE_PHASE_ACQUIRE, rl.nodes, (key, counter), (owner, int(ttl * 1000)), rl.node_timeout
     )
     grants = [int(r[1]) for r in replies if isinstance(r, list) and int(r[0]) == 1]
-    run_script(_scripts.RELEASE, rl.nodes, (key,), (owner,), rl.node_timeout)
+    run_script(scripts.RELEASE, rl.nodes, (key,), (owner,), rl.node_timeout)
     return max(grants) if len(grants) >= rl.quorum else None
 
 
@@ -81,15 +81,15 @@ def one_phase_grant(rl: Redlock, name: str, ttl: float = 10.0) -> int | None:
 
 
 # The real acquire script, but a node without a fence value starts from 1, not the clock.
-NO_FLOOR_ACQUIRE = _scripts.Script(
+NO_FLOOR_ACQUIRE = scripts.Script(
     "acquire_no_floor",
-    _scripts.ACQUIRE.text.replace(
+    scripts.ACQUIRE.text.replace(
         "fence = redis.call('TIME')[1] .. '000000'\n"
         "    if greater(ARGV[4], fence) then fence = ARGV[4] end",
         "fence = '1'",
     ),
 )
-assert NO_FLOOR_ACQUIRE.text != _scripts.ACQUIRE.text
+assert NO_FLOOR_ACQUIRE.text != scripts.ACQUIRE.text
 
 
 @contextmanager
@@ -98,5 +98,5 @@ def no_time_floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     clock: only the values moved on in phase 1 and written back in phase 2 can make
     tokens grow. The real script is back when the block (or the test) ends."""
     with monkeypatch.context() as patch:
-        patch.setattr(_scripts, "ACQUIRE", NO_FLOOR_ACQUIRE)
+        patch.setattr(scripts, "ACQUIRE", NO_FLOOR_ACQUIRE)
         yield

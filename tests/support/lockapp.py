@@ -168,8 +168,12 @@ def make_app(
 
 
 def app_conf(nodes: Sequence[str], prefix: str, **conf: Any) -> dict[str, Any]:
-    """The settings of a test app: :data:`BASE_CONF`, the quorum nodes and the key prefix."""
-    return dict(BASE_CONF, redlock_nodes=list(nodes), redlock_key_prefix=prefix, **conf)
+    """The settings of a test app: :data:`BASE_CONF`, the quorum nodes and the key prefix.
+
+    No nodes: no ``redlock_nodes``, so the broker is the one lock node.
+    """
+    where = {"redlock_nodes": list(nodes)} if nodes else {}
+    return dict(BASE_CONF, **where, redlock_key_prefix=prefix, **conf)
 
 
 def add_tasks(app: Celery, recorder: str) -> Celery:
@@ -378,6 +382,37 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     )
     def once_outage(self, key, run, duration=0.1, note=None, fencing_token=None):
         return body(self, key, run, duration, fencing_token, note=note)
+
+    # -- giving up (test_locked_task.py): both share one key, two quick retries --
+
+    @task(
+        name="lockapp.retry_brief",
+        lock_name="crl-give-up",
+        lock_on_duplicate="retry",
+        lock_retry_max_attempts=2,
+    )
+    def retry_brief(self, key, run, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(
+        name="lockapp.retry_brief_drop",
+        lock_name="crl-give-up",
+        lock_on_duplicate="retry",
+        lock_retry_max_attempts=2,
+        lock_on_exhausted="drop",
+    )
+    def retry_brief_drop(self, key, run, duration=0.05, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.slow_idempotent", lock_idempotent_ids=True)
+    def slow_idempotent(self, key, run, duration=1.0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    @task(name="lockapp.collect", lock_on=("run",))
+    def collect(self, results, run, fencing_token=None):
+        """A chord body: records the header's results."""
+        rec.push(run, phase="collect", id=self.request.id, results=results, token=fencing_token)
+        return sorted(r["token"] for r in results)
 
     # -- debounce and throttle (test_coalesce.py) --
 

@@ -1,0 +1,67 @@
+"""The lock core: a Redlock on N Redis nodes, with fencing tokens, permits,
+claims and a heartbeat. It imports neither celery nor kombu: it is usable as
+a plain lock library (``from celery_redlock.core import Redlock``).
+
+One module per primitive (see :mod:`.redlock` for the map); :class:`Redlock`
+is the facade over them.
+"""
+
+from __future__ import annotations
+
+from .exceptions import (
+    AlreadyEnqueued,
+    ConfigurationError,
+    LockContended,
+    LockError,
+    LockKeyError,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    RedlockError,
+)
+from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
+from .lease import Lease
+from .quorum import DRIFT_FLOOR
+from .records import (
+    OWNER_SEP,
+    STARTED_MARK,
+    Claim,
+    Finished,
+    Holder,
+    Schedule,
+    TooEarly,
+    full_jitter,
+    make_owner,
+)
+from .redlock import Redlock
+
+__all__ = [
+    "DRIFT_FLOOR",
+    "OWNER_SEP",
+    "STARTED_MARK",
+    "AlreadyEnqueued",
+    "Claim",
+    "ClaimView",
+    "ConfigurationError",
+    "Deletion",
+    "Finished",
+    "Holder",
+    "Lease",
+    "LockContended",
+    "LockError",
+    "LockKeyError",
+    "LockLost",
+    "LockNotAcquired",
+    "NodeInfo",
+    "NodeView",
+    "QuorumUnavailable",
+    "RedlockError",
+    "Redlock",
+    "ScanResult",
+    "Schedule",
+    "TooEarly",
+    "full_jitter",
+    "make_owner",
+    "mask_url",
+    "node_name",
+]

@@ -1,0 +1,306 @@
+"""Inspection: read-only views of the nodes for the tools (cli, beat), and the
+operator's force release. Nothing here takes a lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from .._nodes import Node, NodeSpec, mask_url
+from . import scripts
+from .keyspace import KeySpace
+from .quorum import Quorum
+from .records import Holder, agree
+from .values import error_text, readable, text
+
+__all__ = [
+    "ClaimView",
+    "Deletion",
+    "Inspection",
+    "NodeInfo",
+    "NodeView",
+    "ScanResult",
+    "mask_url",
+    "node_name",
+]
+
+
+class NodeView(NamedTuple):
+    """One node's copy of one key, or why the node did not answer."""
+
+    #: The node, as named in messages (URL with the password masked).
+    node: str
+    #: The key's value (the owner value of a lock, a claim's value), or None.
+    holder: str | None = None
+    #: PTTL of the key in milliseconds: -2 no key, -1 no TTL.
+    pttl_ms: int = -2
+    #: The fence value, when a fence key was read.
+    fence: str | None = None
+    #: The node's error, or None when it answered.
+    error: str | None = None
+
+
+class ScanResult(NamedTuple):
+    """What :meth:`Redlock.scan` found."""
+
+    #: The names after ``{prefix}:{kind}:``, sorted, at most ``limit``.
+    names: list[str]
+    #: Node name -> error, for the nodes that failed during the scan.
+    errors: dict[str, str]
+    #: True when a node had more keys than ``limit``.
+    truncated: bool
+
+
+class ClaimView(NamedTuple):
+    """A claim as the nodes hold it (:meth:`Redlock.read_claim`)."""
+
+    #: The value a quorum of the nodes holds, or None.
+    value: str | None
+    #: The values that may hold a quorum, counting the nodes that did not answer.
+    candidates: frozenset[str]
+
+
+class Deletion(NamedTuple):
+    """One node's answer to :meth:`Redlock.force_release`."""
+
+    node: str
+    #: True if the node had the key and deleted it.
+    deleted: bool
+    error: str | None
+
+
+class NodeInfo(NamedTuple):
+    """How one node is (:meth:`Redlock.node_info`); "-" or None where unknown."""
+
+    node: str
+    #: Why the node could not be asked (PING or INFO failed), or None.
+    error: str | None = None
+    #: Seconds the second PING took.
+    latency: float = 0.0
+    #: ``redis_version`` (``valkey X`` on Valkey).
+    version: str = "-"
+    #: ``master`` or ``slave``.
+    role: str = "-"
+    maxmemory_policy: str = "-"
+    maxmemory: int = 0
+    #: Whether AOF is on (None if INFO does not say).
+    aof: bool | None = None
+    #: ``appendfsync`` when AOF is on and CONFIG GET is allowed.
+    appendfsync: str | None = None
+    #: The server's ``run_id``: two nodes with one run_id are one server.
+    run_id: str | None = None
+    #: ``connected_slaves``: the replicas attached to a master (None if INFO does not say).
+    replicas: int | None = None
+
+
+def node_name(spec: NodeSpec) -> str:
+    """How a node is named in messages: its URL with any password masked, or a client's address.
+
+    Raises:
+        ConfigurationError: ``spec`` is neither a string nor a ``redis.Redis`` client.
+    """
+    return mask_url(spec) if isinstance(spec, str) else Node(spec, 1.0).name
+
+
+class Inspection:
+    """The views of a client (see the :class:`Redlock` methods of the same names)."""
+
+    __slots__ = ("quorum", "keyspace")
+
+    def __init__(self, quorum: Quorum, keyspace: KeySpace):
+        self.quorum = quorum
+        self.keyspace = keyspace
+
+    def holder(self, name: str) -> Holder:
+        """The owner a quorum of nodes agrees on, and its remaining TTL.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        q = self.quorum
+        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), ())
+        q.check(replies)
+        return agree(
+            [(text(r[0]), int(r[1])) for r in replies if isinstance(r, list) and r[0]], q.needed
+        )
+
+    def inspect(self, name: str) -> list[dict[str, Any]]:
+        """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
+        q = self.quorum
+        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), ())
+        out: list[dict[str, Any]] = []
+        for node, r in zip(q.nodes, replies):
+            if isinstance(r, Exception):
+                out.append({"node": node.name, "error": str(r)})
+            else:
+                out.append(
+                    {
+                        "node": node.name,
+                        "holder": text(r[0]),
+                        "pttl_ms": int(r[1]),
+                        "fence": text(r[2]),
+                    }
+                )
+        return out
+
+    def inspect_key(
+        self, key: str, fence_key: str | None = None, *, skip: dict[str, str] | None = None
+    ) -> list[NodeView]:
+        """Each node's copy of the Redis key ``key`` (and of ``fence_key``), in one round.
+
+        Takes the full key, as :meth:`keys` or :meth:`scan` give it, so it reads
+        claims and keys written by other clients too. ``skip``: node name ->
+        error text: these nodes are not asked and their views carry that error
+        (a listing pays for a hung node once). One :class:`NodeView` per node,
+        in the order of :attr:`nodes`.
+        """
+        q = self.quorum
+        skip = skip or {}
+        live = [node for node in q.nodes if node.name not in skip]
+        replies = q.run(scripts.INSPECT, (key, fence_key or key), (), live)
+        answers = dict(zip((node.name for node in live), replies))
+        views = []
+        for node in q.nodes:
+            if node.name in skip:
+                views.append(NodeView(node.name, error=skip[node.name]))
+                continue
+            reply = answers[node.name]
+            if isinstance(reply, Exception):
+                views.append(NodeView(node.name, error=error_text(reply)))
+            else:
+                holder, pttl_ms, fence = reply
+                fence = readable(fence) if fence_key else None
+                views.append(NodeView(node.name, readable(holder), int(pttl_ms), fence))
+        return views
+
+    def agreed(self, views: Iterable[NodeView]) -> Holder:
+        """The holder that a quorum of all the nodes shows in ``views``, if any.
+
+        The one quorum rule of every read: a value counts when at least
+        :attr:`quorum` nodes of all those configured hold it, never a majority
+        of those that answered. ``remaining`` is the smallest TTL among them.
+        """
+        return agree([(v.holder, v.pttl_ms) for v in views if v.holder], self.quorum.needed)
+
+    def scan(
+        self, kind: str = "lock", pattern: str = "*", *, limit: int = 100, count: int = 1000
+    ) -> ScanResult:
+        """The names of the ``{prefix}:{kind}:`` keys on the nodes, found with SCAN, never KEYS.
+
+        ``kind`` is the key family (``lock``, ``fence``, ``beat``, ``claim``...),
+        ``pattern`` a Redis glob matched against the part after
+        ``{prefix}:{kind}:``; at most ``limit`` keys per node and names;
+        ``count`` is the COUNT hint of each SCAN call. Returns the names
+        (sorted, each found on at least one node), the nodes that failed, and
+        whether ``limit`` cut it short.
+        """
+        q = self.quorum
+        base = f"{self.keyspace.key_prefix}:{kind}:"
+        match = "".join("\\" + c if c in "\\*?[]" else c for c in base) + pattern
+        errors: dict[str, str] = {}
+        truncated = False
+        found: set[bytes] = set()
+        for node in q.nodes:
+            seen: set[bytes] = set()  # SCAN may return a key twice
+            cursor: Any = b"0"
+            while True:
+                reply = q.gather(("SCAN", cursor, "MATCH", match, "COUNT", count), [node])[0]
+                if isinstance(reply, Exception):
+                    errors[node.name] = error_text(reply)
+                    break
+                cursor, keys = reply
+                seen.update(keys)
+                if int(cursor) == 0:
+                    break
+                if len(seen) >= limit:
+                    truncated = True
+                    break
+            found |= seen
+        names = [readable(key)[len(base) :] for key in sorted(found)[:limit]]
+        return ScanResult(names, errors, truncated or len(found) > limit)
+
+    def read_claim(self, key: str) -> ClaimView:
+        """Read the claim ``{prefix}:{key}`` (see :meth:`claim`) on every node, in one round.
+
+        Returns the value a quorum of the nodes holds (or None), and the values
+        that may hold a quorum once the nodes that did not answer are counted.
+        """
+        q = self.quorum
+        replies = q.gather(("GET", self.keyspace.full(key)))
+        silent = sum(1 for r in replies if isinstance(r, Exception))
+        votes = Counter(
+            r.decode() if isinstance(r, bytes) else r
+            for r in replies
+            if isinstance(r, (bytes, str))
+        )
+        for value, count in votes.items():
+            if count >= q.needed:
+                return ClaimView(value, frozenset((value,)))
+        maybe = frozenset(value for value, count in votes.items() if count + silent >= q.needed)
+        return ClaimView(None, maybe)
+
+    def force_release(self, name: str) -> list[Deletion]:
+        """Delete the lock key of ``name`` on every node, whatever its holder.
+
+        For an operator clearing a stuck lock: a holder still running finds
+        its key gone at its next renewal. The fence key is kept, so the next
+        token is still larger than the stuck holder's.
+        """
+        q = self.quorum
+        key, _ = self.keyspace.keys(name)
+        replies = q.gather(("DEL", key))
+        return [
+            Deletion(node.name, False, error_text(r))
+            if isinstance(r, Exception)
+            else Deletion(node.name, r == 1, None)
+            for node, r in zip(q.nodes, replies)
+        ]
+
+    def node_info(self) -> list[NodeInfo]:
+        """Ask each node in turn how it is: PING latency, INFO fields, fsync policy.
+
+        One node at a time, so a latency is that node's alone; the second PING
+        is timed (the first pays for connecting). ``appendfsync`` comes from
+        ``CONFIG GET``, which managed Redis may rename or deny (then None).
+        """
+        return [self._node_info(node) for node in self.quorum.nodes]
+
+    def _node_info(self, node: Node) -> NodeInfo:
+        ask = self.quorum.gather
+        latency = 0.0
+        for _ in range(2):  # time the second: the first pays for connecting
+            started = time.perf_counter()
+            pong = ask(("PING",), [node])[0]
+            latency = time.perf_counter() - started
+            if isinstance(pong, Exception):
+                return NodeInfo(node.name, error_text(pong), latency)
+        info = ask(("INFO",), [node])[0]
+        if isinstance(info, Exception):
+            return NodeInfo(node.name, f"INFO failed: {error_text(info)}", latency)
+        lines = (line.partition(":") for line in readable(info).splitlines())
+        fields = {k: v.strip() for k, sep, v in lines if sep and not k.startswith("#")}
+        version = fields.get("redis_version", "?")
+        if "valkey_version" in fields:
+            version = f"valkey {fields['valkey_version']}"
+        aof = fields.get("aof_enabled") == "1" if "aof_enabled" in fields else None
+        fsync = None
+        if aof:
+            reply = ask(("CONFIG", "GET", "appendfsync"), [node])[0]
+            if isinstance(reply, list) and len(reply) == 2:
+                fsync = readable(reply[1])
+        return NodeInfo(
+            node.name,
+            None,
+            latency,
+            version,
+            fields.get("role", "?"),
+            fields.get("maxmemory_policy", "?"),
+            int(fields.get("maxmemory", "0") or 0),
+            aof,
+            fsync,
+            fields.get("run_id"),
+            int(replicas) if (replicas := fields.get("connected_slaves", "")).isdigit() else None,
+        )

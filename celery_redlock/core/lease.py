@@ -1,0 +1,447 @@
+"""The lease on one name: acquire, extend, release.
+
+Acquire
+=======
+
+One Lua call per node, sent to all nodes at once: if the key holds my owner
+value its TTL is refreshed (so a re-sent acquire is harmless); if it holds
+another, the node reports the holder and its PTTL; otherwise it sets the key
+with the TTL. The lease is granted when a quorum granted it **and** validity
+is left (:meth:`Quorum.expires`). Otherwise the key is released on every node,
+including the ones that did not answer, because their reply may only have
+been lost. The fencing token comes back in the same round (:mod:`.fencing`).
+
+The same round can look at the caller's id (the gates of ``scripts.shared``):
+a receipt that it already finished, the name's claim, a throttle period.
+
+Extend *sets* the TTL (never adds), for every lease of the client in one call
+per node; release deletes the key only where it still holds my owner value.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Callable, Protocol
+
+from redis.exceptions import RedisError
+
+from . import scripts
+from .exceptions import LockLost, QuorumUnavailable
+from .fencing import Fencing, candidate
+from .keyspace import KeySpace
+from .quorum import Quorum
+from .records import OWNER_SEP, Claim, Finished, Holder, TooEarly, agree, claimant_of, full_jitter
+from .values import ms, text
+
+__all__ = ["Client", "Lease", "Leases", "gate_flags", "in_the_way", "stopped_early"]
+
+logger = logging.getLogger("celery_redlock.redlock")
+
+
+class Client(Protocol):
+    """What a lease asks of the client that granted it (a :class:`Redlock`)."""
+
+    clock: Callable[[], float]
+
+    def extend_many(self, leases: Sequence[Lease], ttl: float | None = None) -> list[bool]: ...
+
+
+class Lease:
+    """A granted lock.
+
+    Attributes:
+        name: the lock name.
+        key: the Redis key of the lock.
+        owner: the owner value written on the nodes.
+        ttl: the TTL the nodes were given, in seconds.
+        permit: the index of the permit held, 0 to K-1 (0 for a plain lock).
+        also: the leases of the names taken together with this one (``also=``),
+            released with it.
+        fencing_token: strictly larger than every earlier grant's (None when
+            fencing is off). On a lazy lease (``try_acquire(..., fence=False)``)
+            whose nodes disagreed, the first read writes the token back (one
+            round trip) and raises :class:`LockLost` if that no longer lands
+            on a quorum.
+    """
+
+    __slots__ = (
+        "name",
+        "key",
+        "fence_key",
+        "owner",
+        "ttl",
+        "_token",
+        "_pending",
+        "_fence_lock",
+        "_expires",
+        "_lost",
+        "_redlock",
+        "_fencing",
+        "permit",
+        "also",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        redlock: Client,
+        name: str,
+        key: str,
+        fence_key: str,
+        owner: str,
+        ttl: float,
+        fencing_token: int | None,
+        expires: float,
+        pending: tuple[tuple[int, ...], int] | None = None,
+        fencing: Fencing | None = None,
+    ):
+        self._redlock = redlock
+        self._fencing = fencing  # writes a lazy lease's token back
+        self.name = name
+        self.key = key
+        self.fence_key = fence_key
+        self.owner = owner
+        self.ttl = ttl
+        self._token = fencing_token
+        # Lazy lease: (granting node indexes, phase-1 candidate token) until the
+        # first read of fencing_token writes the token back.
+        self._pending = pending
+        self._fence_lock = threading.Lock() if pending else None
+        self._expires = expires
+        # Set once, by the heartbeat thread or a release; a plain flag is enough.
+        self._lost = False
+        #: The permit index held (0 for a plain lock; see :meth:`Redlock.permit_keys`).
+        self.permit = 0
+        #: The leases of the other names held together with this one (``also=``).
+        self.also: tuple[Lease, ...] = ()
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token; on a lazy lease the first read writes it back (may raise LockLost)."""
+        token = self._token
+        if token is not None or self._pending is None:
+            return token
+        assert self._fence_lock is not None
+        with self._fence_lock:  # concurrent first reads write it once
+            if self._token is None:
+                self._token = self._write_lazy()
+                self._pending = None
+            return self._token
+
+    def _write_lazy(self) -> int:
+        """Phase 2 of a lazy lease, on the first read of its token (see :mod:`.fencing`)."""
+        assert self._pending is not None and self._fencing is not None
+        granted, token = self._pending
+        written = None
+        if not self.lost:
+            written = self._fencing.write_back(
+                granted, token, self.key, self.fence_key, self.owner, self._expires
+            )
+        # A heartbeat may have marked it lost meanwhile, or shortened it: check again.
+        if written is None or self.lost:
+            self.mark_lost()
+            raise LockLost(
+                f"lock {self.name!r} is no longer held: its fencing token could not be written",
+                self.name,
+            )
+        return written
+
+    @property
+    def redlock(self) -> Client:
+        """The client that granted the lease."""
+        return self._redlock
+
+    @property
+    def task_id(self) -> str | None:
+        """The id in the owner value (see :func:`make_owner`), if any."""
+        return Holder(self.owner, None).task_id
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0 or less once it has lapsed)."""
+        return self._expires - self._redlock.clock()
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal failed to reach a quorum or the validity ran out."""
+        return self._lost or self.remaining() <= 0
+
+    def mark_lost(self) -> None:
+        self._lost = True
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless the lease is still held."""
+        if self.lost:
+            raise LockLost(f"lock {self.name!r} is no longer held", self.name)
+
+    def _renewed(self, expires: float) -> None:
+        # Set, not max: a renewal to a shorter TTL shortens the keys on the
+        # nodes, so the validity the client trusts must shrink with them.
+        self._expires = expires
+
+    def __repr__(self) -> str:
+        return (
+            f"<Lease {self.name!r} token={'unread' if self._pending else self._token} "
+            f"remaining={self.remaining():.3f}s{' LOST' if self.lost else ''}>"
+        )
+
+
+def gate_flags(receipts: bool, claim: str | None, own_claim: bool) -> str:
+    """The acquire's gate flags for a receipt and a claim (see ``scripts.shared.GATES``)."""
+    flags = ("r" if receipts else "") + {None: "", "check": "c", "take": "cw"}[claim]
+    return flags + "s" if claim and own_claim else flags
+
+
+def in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
+    """What stopped an acquire: the holder a node reported (with the claimant it saw
+    beside it), the holder of another name held together (``also=``), or the claim
+    naming another id."""
+    held = [r for r in replies if isinstance(r, list) and r[0] == 0]
+    full = [r for r in replies if isinstance(r, list) and r[0] == 5]
+    if held or (task_id is None and not full):
+        holder = agree([(text(r[1]), int(r[2])) for r in held])
+        claimants = [claimant_of(r[3]) for r in held if len(r) > 3 and r[3]]
+        if claimants:
+            holder = holder._replace(claimant=Counter(claimants).most_common(1)[0][0])
+        return holder
+    if full:  # my name had a permit, another name held together had none
+        return agree([(text(r[2]), int(r[3])) for r in full])
+    claimed = agree(
+        [(claimant_of(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 3]
+    )
+    return Claim(claimed.owner, claimed.remaining)
+
+
+def stopped_early(
+    replies: Sequence[Any], task_id: str | None, needed: int
+) -> Finished | TooEarly | None:
+    """A receipt (one node is proof: it is only written after the fact), or a grant less
+    than a throttle period ago on a quorum: the attempt is over, nothing is held."""
+    if task_id is not None and any(isinstance(r, list) and r[0] == 2 for r in replies):
+        return Finished(task_id)
+    early = [int(r[1]) for r in replies if isinstance(r, list) and r[0] == 4]
+    if len(early) >= needed:
+        return TooEarly(max(early) / 1000.0)
+    return None
+
+
+class Leases:
+    """The lease's operations on a plain lock (one key per name)."""
+
+    __slots__ = ("redlock", "quorum", "keyspace", "fencing")
+
+    def __init__(self, redlock: Client, quorum: Quorum, keyspace: KeySpace, fencing: Fencing):
+        self.redlock = redlock  # what a Lease names as its client
+        self.quorum = quorum
+        self.keyspace = keyspace
+        self.fencing = fencing
+
+    def try_acquire(
+        self,
+        name: str,
+        ttl: float,
+        owner: str,
+        fence: bool,
+        task_id: str | None,
+        receipts: bool,
+        claim: str | None,
+        own_claim: bool,
+        throttle: float | None,
+        slot: str | None,
+    ) -> Lease | Holder | Claim | Finished | TooEarly:
+        """One attempt on a plain lock (see :meth:`Redlock.try_acquire`)."""
+        q, space = self.quorum, self.keyspace
+        key, fence_key = space.keys(name)
+        keys: tuple[str, ...] = (key, fence_key)
+        args: tuple[Any, ...] = (owner, ms(ttl), self.fencing.arg, time.time_ns() // 1000)
+        if task_id is not None and (receipts or claim or throttle):
+            flags = gate_flags(receipts, claim, own_claim)
+            keys += (space.receipt_key(name, task_id), space.claim_key(name))
+            args += (task_id, flags)
+            if throttle:
+                keys += (space.coalesce_key(name, "throttle"),)
+                now_ms = time.time_ns() // 1_000_000
+                args = args[:-1] + (flags + "t", ms(throttle), now_ms, slot or "")
+        start = q.clock()
+        replies = q.run(scripts.ACQUIRE, keys, args)
+        stop = stopped_early(replies, task_id, q.needed)
+        if stop is not None:
+            self.release_everywhere(key, owner)
+            return stop
+        granted = [i for i, r in enumerate(replies) if isinstance(r, list) and r[0] == 1]
+        expires = q.expires(start, ttl)
+        if len(granted) >= q.needed and q.clock() < expires:
+            lease = self._lease(name, key, fence_key, owner, ttl, expires, fence, granted, replies)
+            if lease is not None:
+                return lease
+        self.release_everywhere(key, owner)
+        q.check(replies)
+        return in_the_way(replies, task_id)
+
+    def _lease(
+        self,
+        name: str,
+        key: str,
+        fence_key: str,
+        owner: str,
+        ttl: float,
+        expires: float,
+        fence: bool,
+        granted: list[int],
+        replies: list[Any],
+    ) -> Lease | None:
+        """The lease granted on a quorum, its token issued (or pending, lazy); None if
+        the token could not be written on a quorum within validity."""
+        if not self.fencing.fencing:
+            return Lease(self.redlock, name, key, fence_key, owner, ttl, None, expires)
+        token, agreed = candidate(granted, replies)
+        if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
+            return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+        if not fence:
+            pending = (tuple(granted), token)
+            return Lease(
+                self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, self.fencing
+            )
+        if self.fencing.write_back(granted, token, key, fence_key, owner, expires) is None:
+            return None
+        return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+
+    def retry(
+        self,
+        attempt: Callable[[], object],
+        blocking: bool,
+        timeout: float | None,
+        retry_delay: float,
+        retry_delay_max: float,
+    ) -> Lease | None:
+        """``attempt()`` until it returns a lease, with backoff while ``blocking``
+        (see :meth:`Redlock.acquire`)."""
+        q = self.quorum
+        start = q.clock()
+        tries = 0
+        while True:
+            try:
+                result = attempt()
+            except QuorumUnavailable:
+                if not blocking or (timeout is not None and q.clock() - start >= timeout):
+                    raise
+                result = None
+            if isinstance(result, Lease):
+                return result
+            if not blocking:
+                return None
+            delay = full_jitter(tries, retry_delay, retry_delay_max, q.rng)
+            if timeout is not None:
+                left = timeout - (q.clock() - start)
+                if left <= 0:
+                    return None
+                delay = min(delay, left)
+            q.sleep(delay)
+            tries += 1
+
+    def extend_many(self, leases: Sequence[Lease], ttl: float | None) -> list[bool]:
+        """Renew leases and the names held with them, in one call per node."""
+        if not any(lease.also for lease in leases):
+            return self._extend(leases, ttl)
+        flat = [one for lease in leases for one in (lease, *lease.also)]
+        done = dict(zip(map(id, flat), self._extend(flat, ttl)))
+        out = []
+        for lease in leases:
+            renewed = all(done[id(one)] for one in (lease, *lease.also))
+            if not renewed:
+                for one in (lease, *lease.also):
+                    one.mark_lost()
+            out.append(renewed)
+        return out
+
+    def _extend(self, leases: Sequence[Lease], ttl: float | None) -> list[bool]:
+        q = self.quorum
+        live = [lease for lease in leases if not lease.lost]
+        results = {id(lease): False for lease in leases}
+        if live:
+            keys = [lease.key for lease in live]
+            args: list[Any] = []
+            for lease in live:
+                args += (lease.owner, ms(ttl or lease.ttl))
+            start = q.clock()
+            replies = q.run(scripts.EXTEND, keys, args)
+            for j, lease in enumerate(live):
+                votes = sum(1 for r in replies if isinstance(r, list) and int(r[j]) == 1)
+                expires = q.expires(start, ttl or lease.ttl)
+                if votes >= q.needed and q.clock() < expires:
+                    lease._renewed(expires)
+                    results[id(lease)] = True
+        for lease in leases:
+            if not results[id(lease)]:
+                lease.mark_lost()
+        return [results[id(lease)] for lease in leases]
+
+    def release(
+        self, lease: Lease, *, receipt: float | None = None, withdraw_claim: bool = False
+    ) -> None:
+        """Delete the lock on every node where it still holds the lease's owner. Never raises.
+
+        In the same round, ``receipt`` (seconds) records that the lease's id
+        (:attr:`Lease.task_id`) finished, for :meth:`try_acquire` with
+        ``receipts=True``; ``withdraw_claim`` withdraws the name's claim if it
+        names that id.
+        """
+        lease.mark_lost()
+        if lease.also:  # the names held together with it: one call per node for all
+            for other in lease.also:
+                other.mark_lost()
+            self.release_prefix([other.key for other in lease.also], lease.owner)
+        task_id = lease.task_id
+        if task_id is None or (not receipt and not withdraw_claim):
+            self.release_everywhere(lease.key, lease.owner)
+            return
+        space = self.keyspace
+        self.release_everywhere(
+            lease.key,
+            lease.owner,
+            (space.receipt_key(lease.name, task_id), space.claim_key(lease.name)),
+            (str(ms(receipt)) if receipt else "", task_id if withdraw_claim else ""),
+        )
+
+    def release_owned_by(self, name: str, task_id: str, limit: int = 1) -> int:
+        """Free ``name`` if its holder is the task ``task_id``, whatever its random part.
+
+        For a parent process cleaning up after a child that died mid-task.
+        With ``limit`` K, each of the K permits of ``name`` that task holds,
+        whatever its index. Returns how many keys were deleted, summed over
+        the nodes. Never raises.
+        """
+        space = self.keyspace
+        keys = space.permit_keys(name, limit) if limit > 1 else [space.keys(name)[0]]
+        try:
+            replies = self.quorum.run(scripts.RELEASE_PREFIX, keys, (task_id + OWNER_SEP,))
+        except (RedisError, OSError):  # pragma: no cover - gather returns errors, never raises them
+            return 0
+        return sum(r for r in replies if isinstance(r, int))
+
+    def release_prefix(self, keys: Sequence[str], owner: str) -> None:
+        """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises."""
+        replies = self.quorum.run(scripts.RELEASE_PREFIX, keys, (owner,))
+        self._log_missed(keys[0], replies)
+
+    def release_everywhere(
+        self, key: str, owner: str, more_keys: tuple[str, ...] = (), more_args: tuple = ()
+    ) -> None:
+        """Delete ``key`` where it holds ``owner`` (with RELEASE's extras). Never raises."""
+        try:
+            replies = self.quorum.run(scripts.RELEASE, (key, *more_keys), (owner, *more_args))
+        except (RedisError, OSError) as exc:  # pragma: no cover - defensive: release never raises
+            logger.warning("release of %r failed: %s", key, exc)
+            return
+        self._log_missed(key, replies)
+
+    def _log_missed(self, key: str, replies: Sequence[Any]) -> None:
+        nodes = self.quorum.nodes
+        failed = [node.name for node, r in zip(nodes, replies) if isinstance(r, Exception)]
+        if failed:
+            logger.info(
+                "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
+            )

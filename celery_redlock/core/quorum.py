@@ -1,0 +1,126 @@
+"""The nodes and the majority rule: one scatter-gather round, quorum and validity.
+
+Quorum is ``N // 2 + 1`` **of all configured nodes**, never of the reachable
+ones, so two partitions can never both hold a majority. A lease is valid for
+``ttl - elapsed - (ttl * drift_factor + DRIFT_FLOOR)`` after the start of the
+round that granted it: the drift allowance covers clocks that advance at
+slightly different rates on the client and the nodes.
+
+Every operation of the core reaches the nodes through :meth:`Quorum.run` (a
+script) or :meth:`Quorum.gather` (a plain command): one round, sent to every
+node at once, with one reply (or the node's error) per node.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from .._nodes import Node, NodeSpec, gather, run_script
+from .exceptions import ConfigurationError, QuorumUnavailable
+from .scripts import Script
+
+__all__ = ["DRIFT_FLOOR", "Quorum"]
+
+#: Fixed part of the drift allowance, in seconds (redis.io distlock).
+DRIFT_FLOOR = 0.002
+
+
+class Quorum:
+    """N independent Redis masters, the quorum among them, and the client's clock.
+
+    Args:
+        specs: the nodes, as URLs or ``redis.Redis`` clients.
+        node_timeout: seconds each node gets to answer, per round.
+        drift_factor: clock drift allowed, as a fraction of the TTL.
+        min_replicas: replicas of each node that must confirm a write.
+        clock: monotonic clock, seconds.
+        sleep: sleep function.
+        rng: ``random()`` function for jitter.
+    """
+
+    __slots__ = (
+        "nodes",
+        "needed",
+        "node_timeout",
+        "drift_factor",
+        "min_replicas",
+        "clock",
+        "sleep",
+        "rng",
+    )
+
+    def __init__(
+        self,
+        specs: Sequence[NodeSpec],
+        node_timeout: float,
+        drift_factor: float,
+        min_replicas: int,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        rng: Callable[[], float],
+    ):
+        self.nodes = [Node(spec, node_timeout, min_replicas) for spec in specs]
+        seen: dict[tuple, Node] = {}
+        for node in self.nodes:
+            if node.identity in seen:
+                raise ConfigurationError(
+                    f"Redis node {node.name} is listed twice (same as {seen[node.identity].name}); "
+                    "Redlock nodes must be independent masters"
+                )
+            seen[node.identity] = node
+        if len(self.nodes) > 1 and len(self.nodes) % 2 == 0:
+            warnings.warn(
+                f"{len(self.nodes)} Redlock nodes tolerate no more failures than "
+                f"{len(self.nodes) - 1}; use an odd number",
+                RuntimeWarning,
+                stacklevel=3,  # the caller of Redlock(...)
+            )
+        self.needed = len(self.nodes) // 2 + 1
+        self.node_timeout = float(node_timeout)
+        self.drift_factor = float(drift_factor)
+        self.min_replicas = min_replicas
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng
+
+    def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        nodes: Sequence[Node] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Run ``script`` on every node (or on ``nodes``) at once: one reply or error per node."""
+        return run_script(
+            script, self.nodes if nodes is None else nodes, keys, args, timeout or self.node_timeout
+        )
+
+    def gather(self, command: tuple, nodes: Sequence[Node] | None = None) -> list[Any]:
+        """Send one command to every node (or to ``nodes``) at once: one reply or error per node."""
+        return gather(self.nodes if nodes is None else nodes, command, self.node_timeout)
+
+    def has_quorum(self, answered: int) -> bool:
+        """True when ``answered`` nodes (of all configured nodes) make a quorum."""
+        return answered >= self.needed
+
+    def errors(self, replies: Sequence[Any]) -> dict[str, BaseException]:
+        """Node name -> error, for the nodes whose reply is an error."""
+        return {node.name: r for node, r in zip(self.nodes, replies) if isinstance(r, Exception)}
+
+    def check(self, replies: Sequence[Any]) -> None:
+        """Raise :class:`QuorumUnavailable` unless a quorum of nodes answered.
+
+        Args:
+            replies: one reply per node, in the order of :attr:`nodes`; an
+                exception instance is a node that did not answer.
+        """
+        errors = self.errors(replies)
+        if not self.has_quorum(len(self.nodes) - len(errors)):
+            raise QuorumUnavailable(errors, self.needed, len(self.nodes))
+
+    def expires(self, start: float, ttl: float) -> float:
+        """When a lease granted by a round started at ``start`` stops being valid."""
+        return start + ttl - (ttl * self.drift_factor + DRIFT_FLOOR)

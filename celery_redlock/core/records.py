@@ -1,0 +1,151 @@
+"""What the operations return, and the owner value they write.
+
+The owner value is ``task_id|retries|host|pid|random``: ownership is the whole
+value, and the task id comes first so a parent process can free a dead
+child's lock by prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+from collections import Counter
+from typing import Any, Callable, NamedTuple
+
+from .values import text
+
+__all__ = [
+    "OWNER_SEP",
+    "STARTED_MARK",
+    "Claim",
+    "Finished",
+    "Holder",
+    "Schedule",
+    "TooEarly",
+    "agree",
+    "claimant_of",
+    "full_jitter",
+    "make_owner",
+]
+
+#: Owner value separator; the first field is the task id (or "-").
+OWNER_SEP = "|"
+#: A claim whose run started is marked ``~<id>`` for the rest of its TTL (see ``scripts``).
+STARTED_MARK = "~"
+
+_HOST = socket.gethostname()
+
+
+def make_owner(task_id: str | None = None, retries: int | None = None) -> str:
+    """An owner value: ``task_id|retries|host|pid|random``. Ownership is the whole value.
+
+    The task id comes first so a parent process can free a dead child's lock by
+    prefix; ``retries`` tells a redelivered message from a retry of the same task.
+    """
+    return OWNER_SEP.join(
+        (
+            task_id or "-",
+            "-" if retries is None else str(retries),
+            _HOST,
+            str(os.getpid()),
+            secrets.token_hex(8),
+        )
+    )
+
+
+def full_jitter(
+    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Exponential backoff with full jitter: uniform in ``[0, min(cap, base * 2**attempt)]``."""
+    return rng() * min(cap, base * (2 ** min(attempt, 62)))
+
+
+class Holder(NamedTuple):
+    """Who holds a name, as the nodes see it."""
+
+    #: The holder's owner value (``task_id|retries|host|pid|random``), or None if
+    #: no majority agrees.
+    owner: str | None
+    #: Seconds left on the holder's key (the smallest PTTL among the agreeing nodes).
+    remaining: float | None
+    #: The id the name's claim names, when the caller asked to see it (see :class:`Claim`).
+    claimant: str | None = None
+
+    @property
+    def task_id(self) -> str | None:
+        """The holder's task id, if it was taken by a task."""
+        if not self.owner:
+            return None
+        first = self.owner.split(OWNER_SEP, 1)[0]
+        return None if first == "-" else first
+
+    @property
+    def retries(self) -> int | None:
+        """How many times the holder's task had been retried when it took the lock."""
+        fields = (self.owner or "").split(OWNER_SEP)
+        return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+class Claim(NamedTuple):
+    """A name's claim: the id (a task id) meant to take the name next.
+
+    Returned by :meth:`Redlock.claim_next` and :meth:`Redlock.claimant`, and by
+    :meth:`Redlock.try_acquire` when the name is free but claimed by another id.
+    """
+
+    #: The id the claim names on a quorum, or None when no quorum agrees.
+    claimant: str | None
+    #: Seconds left on the claim (the smallest PTTL among the agreeing nodes).
+    remaining: float | None
+    #: On a take-over (``replace=True``): the id the claim named before, on a quorum.
+    previous: str | None = None
+    #: True when the claim already named the caller (its TTL was raised, not set anew).
+    renewed: bool = False
+
+
+class Schedule(NamedTuple):
+    """When a coalesced call runs (:meth:`Redlock.debounce`, :meth:`Redlock.throttle`)."""
+
+    #: ``"later"``: the call holds the claim and is due at ``due``; ``"now"``: it
+    #: runs at once, unclaimed; ``"dropped"``: it falls inside a period and is not kept.
+    kind: str
+    #: When the call is due, in seconds since the epoch (the caller's clock).
+    due: float
+    #: ``"later"``: the claimant it took over from, on a quorum. ``"dropped"``: the
+    #: id of the run that holds the period, if known.
+    other: str | None = None
+    #: A throttled call's slot (its due time in ms, as the nodes keep it):
+    #: :meth:`Redlock.try_acquire` takes it as ``slot``.
+    slot: str | None = None
+
+
+class TooEarly(NamedTuple):
+    """A throttled name was granted less than a period ago: try again in ``wait`` seconds."""
+
+    wait: float
+
+
+class Finished(NamedTuple):
+    """A receipt says this id already finished: returned by :meth:`Redlock.try_acquire`."""
+
+    id: str
+
+
+def agree(seen: list[tuple[str | None, int]], quorum: int = 1) -> Holder:
+    """The most common value among node answers (value, pttl_ms), if at least
+    ``quorum`` agree; ``remaining`` is the smallest TTL among them."""
+    if not seen:
+        return Holder(None, None)
+    owner, votes = Counter(owner for owner, _ in seen).most_common(1)[0]
+    if votes < quorum:
+        return Holder(None, None)
+    pttls = [pttl for o, pttl in seen if o == owner and pttl >= 0]
+    return Holder(owner, min(pttls) / 1000.0 if pttls else None)
+
+
+def claimant_of(value: Any) -> str | None:
+    """A claim value as an id: a started mark (``~id``) names the run that started."""
+    found = text(value)
+    return found[1:] if found and found.startswith(STARTED_MARK) else found

@@ -1,0 +1,38 @@
+"""The Lua scripts run on every node, grouped by primitive.
+
+* :mod:`.shared`: the :class:`Script` record and the helpers composed into the
+  scripts (token comparison and successor, owner check, fence seeding, the
+  gates an acquire checks for its caller's id);
+* :mod:`.lease`: acquire, fence, extend, release;
+* :mod:`.permits`: the acquire of one of K permits, with other names held together;
+* :mod:`.claims`: claims and the schedules of coalesced calls;
+* :mod:`.inspect`: the read-only views.
+
+Every script is idempotent when re-sent, so a reply lost to a timeout never
+turns into a wrong answer on the next call. Callers look a script up here at
+call time (``scripts.ACQUIRE``), so this module is the one place that names them.
+"""
+
+from __future__ import annotations
+
+from .claims import CLAIM, CLAIM_NEXT, DEBOUNCE, THROTTLE
+from .inspect import INSPECT, PEEK
+from .lease import ACQUIRE, EXTEND, FENCE, RELEASE, RELEASE_PREFIX
+from .permits import ACQUIRE_PERMIT
+from .shared import Script
+
+__all__ = [
+    "ACQUIRE",
+    "ACQUIRE_PERMIT",
+    "CLAIM",
+    "CLAIM_NEXT",
+    "DEBOUNCE",
+    "EXTEND",
+    "FENCE",
+    "INSPECT",
+    "PEEK",
+    "RELEASE",
+    "RELEASE_PREFIX",
+    "Script",
+    "THROTTLE",
+]

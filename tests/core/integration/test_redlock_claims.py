@@ -1,0 +1,279 @@
+"""Claims and receipts in the Redlock core, on real redis-server nodes.
+
+A claim names the id meant to take a name next; a receipt records that an id
+finished. Both ride in the acquire and release rounds (see ``celery_redlock.core.scripts``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_redlock.exceptions import QuorumUnavailable
+from celery_redlock.redlock import Claim, Finished, Holder, Lease, Redlock, TooEarly, make_owner
+
+pytestmark = pytest.mark.integration
+
+NAME = "report:{abc}"
+
+
+@pytest.fixture
+def rl(redis_nodes3):
+    client = Redlock(redis_nodes3.urls, key_prefix="crl-claims")
+    yield client
+    for node in redis_nodes3:
+        with node.client() as c:
+            for key in c.scan_iter("crl-claims:*"):
+                c.delete(key)
+
+
+def values(nodes, key):
+    out = []
+    for node in nodes:
+        with node.client() as c:
+            out.append(c.get(key))
+    return out
+
+
+def test_keys_share_the_lock_keys_hash_slot(rl):
+    lock, fence = rl.keys(NAME)
+    assert rl.claim_key(NAME) == "crl-claims:claim:report:{abc}"
+    assert rl.receipt_key(NAME, "t1") == "crl-claims:receipt:report:{abc}:t1"
+    assert lock.endswith("{abc}") and fence.endswith("{abc}")
+    assert rl.claim_key("plain") == "crl-claims:claim:{plain}"
+
+
+def test_claim_is_taken_kept_and_renewed(rl, redis_nodes3):
+    first = rl.claim_next(NAME, "t1", ttl=30)
+    assert first == Claim("t1", 30, None, False)
+    assert values(redis_nodes3, rl.claim_key(NAME)) == ["t1"] * 3
+
+    other = rl.claim_next(NAME, "t2", ttl=30)
+    assert other.claimant == "t1" and 25 < other.remaining <= 30
+
+    again = rl.claim_next(NAME, "t1", ttl=60)
+    assert again.claimant == "t1" and again.renewed
+    with redis_nodes3[0].client() as c:
+        assert c.pttl(rl.claim_key(NAME)) > 55_000  # raised to the longer TTL
+    rl.claim_next(NAME, "t1", ttl=5)
+    with redis_nodes3[0].client() as c:
+        assert c.pttl(rl.claim_key(NAME)) > 55_000  # never lowered
+    assert rl.claimant(NAME).claimant == "t1"
+
+
+def test_replace_takes_the_claim_over_and_names_the_previous(rl, redis_nodes3):
+    rl.claim_next(NAME, "t1", ttl=30)
+    taken = rl.claim_next(NAME, "t2", ttl=30, replace=True)
+    assert taken.claimant == "t2" and taken.previous == "t1"
+    assert values(redis_nodes3, rl.claim_key(NAME)) == ["t2"] * 3
+
+
+def test_withdraw_is_owner_checked(rl, redis_nodes3):
+    rl.claim_next(NAME, "t1", ttl=30)
+    assert rl.withdraw_claim(NAME, "t2") == 0
+    assert rl.claimant(NAME).claimant == "t1"
+    assert rl.withdraw_claim(NAME, "t1") == 3
+    assert rl.claimant(NAME) == Claim(None, None)
+
+
+def test_a_claim_short_of_a_quorum_is_withdrawn(rl, redis_nodes3):
+    # Two other claimants already hold one node each: t3 wins only one node.
+    with redis_nodes3[0].client() as c:
+        c.set(rl.claim_key(NAME), "t1", px=30_000)
+    with redis_nodes3[1].client() as c:
+        c.set(rl.claim_key(NAME), "t2", px=30_000)
+    split = rl.claim_next(NAME, "t3", ttl=30)
+    assert split == Claim(None, None)  # no quorum agrees: the caller tries again
+    assert values(redis_nodes3, rl.claim_key(NAME)) == ["t1", "t2", None]
+
+
+def test_concurrent_claims_elect_one_claimant(rl):
+    winners: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        for _ in range(50):
+            result = rl.claim_next(NAME, f"t{i}", ttl=30)
+            if result.claimant is not None:
+                winners.append(result.claimant)
+                return
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 8 and len(set(winners)) == 1
+
+
+def test_acquire_honours_the_claim(rl, redis_nodes3):
+    rl.claim_next(NAME, "t1", ttl=30)
+    other = rl.try_acquire(NAME, ttl=10, owner=make_owner("t2"), task_id="t2", claim="check")
+    assert isinstance(other, Claim) and other.claimant == "t1"
+    assert values(redis_nodes3, rl.keys(NAME)[0]) == [None] * 3  # nothing left held
+
+    # Without claim=, the claim is not looked at (a plain lock).
+    plain = rl.try_acquire(NAME, ttl=10, owner=make_owner("t2"))
+    assert isinstance(plain, Lease)
+    rl.release(plain)
+
+    kept = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="check")
+    assert isinstance(kept, Lease)
+    assert rl.claimant(NAME).claimant == "t1"  # "check" keeps it
+    rl.release(kept, withdraw_claim=True)
+    assert values(redis_nodes3, rl.claim_key(NAME)) == [None] * 3
+
+    rl.claim_next(NAME, "t1", ttl=30)
+    taken = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take")
+    assert isinstance(taken, Lease)
+    # "take" withdraws it, leaving the mark of a started run for the rest of its TTL
+    assert values(redis_nodes3, rl.claim_key(NAME)) == ["~t1"] * 3
+    assert rl.claimant(NAME) == Claim(None, None)
+    rl.release(taken)
+
+
+def test_a_replaced_message_knows_it_was_superseded(rl):
+    rl.claim_next(NAME, "t1", ttl=30)
+    rl.claim_next(NAME, "t2", ttl=30, replace=True)
+    lost = rl.try_acquire(
+        NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take", own_claim=True
+    )
+    assert isinstance(lost, Claim) and lost.claimant == "t2"
+    runs = rl.try_acquire(
+        NAME, ttl=10, owner=make_owner("t2"), task_id="t2", claim="take", own_claim=True
+    )
+    assert isinstance(runs, Lease)
+    rl.release(runs)
+    # After its successor started (the mark), it still learns who ran in its place...
+    late = rl.try_acquire(
+        NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take", own_claim=True
+    )
+    assert isinstance(late, Claim) and late.claimant == "t2"
+    # ...while a message that was never claimed sees no claim at all, and runs.
+    plain = rl.try_acquire(NAME, ttl=10, owner=make_owner("t3"), task_id="t3", claim="take")
+    assert isinstance(plain, Lease)
+    rl.release(plain)
+    # A new call claims over the mark.
+    assert rl.claim_next(NAME, "t4", ttl=30).claimant == "t4"
+    rl.withdraw_claim(NAME, "t4")
+    # A claimed message whose claim is gone altogether (lapsed) does not run either.
+    gone = rl.try_acquire(
+        NAME, ttl=10, owner=make_owner("t5"), task_id="t5", claim="take", own_claim=True
+    )
+    assert gone == Claim(None, None)
+
+
+def test_a_holder_carries_the_claimant_seen_beside_it(rl):
+    running = rl.try_acquire(NAME, ttl=10, owner=make_owner("t0"))
+    assert isinstance(running, Lease)
+    rl.claim_next(NAME, "t1", ttl=30)
+    blocked = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take")
+    assert isinstance(blocked, Holder)
+    assert blocked.task_id == "t0" and blocked.claimant == "t1"
+    assert rl.claimant(NAME).claimant == "t1"  # not granted: the claim stays
+    rl.release(running)
+
+
+def test_receipt_written_on_release_and_read_on_acquire(rl, redis_nodes3):
+    lease = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", receipts=True)
+    assert isinstance(lease, Lease) and lease.task_id == "t1"
+    rl.release(lease, receipt=60)
+    receipt = rl.receipt_key(NAME, "t1")
+    assert values(redis_nodes3, receipt) == ["1"] * 3
+    with redis_nodes3[0].client() as c:
+        assert 55_000 < c.pttl(receipt) <= 60_000
+
+    copy = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", receipts=True)
+    assert copy == Finished("t1")
+    assert values(redis_nodes3, rl.keys(NAME)[0]) == [None] * 3
+
+    fresh = rl.try_acquire(NAME, ttl=10, owner=make_owner("t2"), task_id="t2", receipts=True)
+    assert isinstance(fresh, Lease)
+    rl.release(fresh)
+
+
+def test_one_node_with_the_receipt_is_enough(rl, redis_nodes3):
+    with redis_nodes3[2].client() as c:
+        c.set(rl.receipt_key(NAME, "t1"), "1", px=60_000)
+    copy = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", receipts=True)
+    assert copy == Finished("t1")
+    assert values(redis_nodes3, rl.keys(NAME)[0]) == [None] * 3
+
+
+def test_claims_need_a_quorum(redis_node_factory):
+    nodes = redis_node_factory(3)
+    rl = Redlock(nodes.urls, key_prefix="crl-claims")
+    nodes.kill(0)
+    assert rl.claim_next(NAME, "t1", ttl=30).claimant == "t1"
+    nodes.kill(1)
+    with pytest.raises(QuorumUnavailable):
+        rl.claim_next(NAME, "t2", ttl=30)
+    with pytest.raises(QuorumUnavailable):
+        rl.claimant(NAME)
+    assert rl.withdraw_claim(NAME, "t1") == 1  # never raises
+
+
+# -- debounce and throttle schedules -------------------------------------------------
+
+
+def test_debounce_moves_the_due_time_but_not_past_the_cap(rl):
+    first = rl.debounce(NAME, "t1", delay=1.0, max_delay=1.5, ttl=30)
+    assert first.kind == "later" and first.other is None
+    time.sleep(0.3)
+    second = rl.debounce(NAME, "t2", delay=1.0, max_delay=1.5, ttl=30)
+    assert second.other == "t1"  # taken over
+    assert second.due > first.due
+    time.sleep(0.5)
+    third = rl.debounce(NAME, "t3", delay=1.0, max_delay=1.5, ttl=30)
+    assert third.due == pytest.approx(first.due - 1.0 + 1.5, abs=0.01)  # capped by the burst
+    assert rl.claimant(NAME).claimant == "t3"
+    rl.withdraw_claim(NAME, "t3")
+    fresh = rl.debounce(NAME, "t4", delay=1.0, max_delay=1.5, ttl=30)
+    assert fresh.other is None and fresh.due > third.due  # a new burst
+
+
+def test_throttle_runs_the_first_at_once_and_trails_the_rest(rl):
+    now = rl.throttle(NAME, "t1", period=1.0, trailing=True, ttl=30)
+    assert now.kind == "now" and rl.claimant(NAME).claimant is None
+    trail = rl.throttle(NAME, "t2", period=1.0, trailing=True, ttl=30)
+    assert trail.kind == "later" and trail.due == pytest.approx(now.due + 1.0, abs=0.01)
+    again = rl.throttle(NAME, "t3", period=1.0, trailing=True, ttl=30)
+    assert again.kind == "later" and again.other == "t2" and again.due == trail.due
+    dropped = rl.throttle(NAME, "t4", period=1.0, trailing=False, ttl=30)
+    assert dropped.kind == "dropped" and dropped.other == "t3"
+
+
+def test_a_throttled_start_waits_for_its_period(rl):
+    first = rl.try_acquire(NAME, ttl=5, owner=make_owner("t1"), task_id="t1", throttle=1.0)
+    assert isinstance(first, Lease)
+    rl.release(first)
+    early = rl.try_acquire(NAME, ttl=5, owner=make_owner("t2"), task_id="t2", throttle=1.0)
+    assert isinstance(early, TooEarly) and 0.8 < early.wait <= 1.0
+    time.sleep(early.wait)
+    later = rl.try_acquire(NAME, ttl=5, owner=make_owner("t2"), task_id="t2", throttle=1.0)
+    assert isinstance(later, Lease)
+    rl.release(later)
+
+
+def test_a_throttled_slot_taken_over_is_reported_at_the_start(rl):
+    rl.throttle(NAME, "t1", period=1.0, trailing=True, ttl=30)  # runs now
+    first = rl.throttle(NAME, "t2", period=1.0, trailing=True, ttl=30)
+    second = rl.throttle(NAME, "t3", period=1.0, trailing=True, ttl=30)
+    assert first.slot == second.slot and second.other == "t2"
+    time.sleep(first.due - time.time())
+    lost = rl.try_acquire(
+        NAME, ttl=5, owner=make_owner("t2"), task_id="t2", throttle=1.0, slot=first.slot
+    )
+    assert lost == Claim("t3", None)
+    won = rl.try_acquire(
+        NAME, ttl=5, owner=make_owner("t3"), task_id="t3", throttle=1.0, slot=second.slot
+    )
+    assert isinstance(won, Lease)
+    rl.release(won)
+    # A call made after the slot's time but before its run started plans the next slot,
+    # and leaves the due one to its run.
+    nxt = rl.throttle(NAME, "t4", period=1.0, trailing=True, ttl=30)
+    assert nxt.kind == "later" and nxt.slot != second.slot and nxt.other is None

@@ -1,0 +1,252 @@
+"""The dashboard's JSON API and its guards, over real redis-server nodes (no browser).
+
+The browser tests are in test_web_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockedTask, Redlock
+from celery_redlock.testing import RedisNodes
+from celery_redlock.web import make_app, server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+PREFIX = "crl-web"
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[RedisNodes]:
+    with RedisNodes(3) as started:
+        yield started
+
+
+@pytest.fixture
+def celery_app(nodes: RedisNodes) -> Celery:
+    app = Celery("web-api", set_as_current=False)
+    app.conf.update(redlock_nodes=nodes.urls, redlock_key_prefix=PREFIX)
+
+    @app.task(base=LockedTask, shared=False, name="web.settle", lock_on=("account",))
+    def settle(account: int) -> None:
+        pass
+
+    return app
+
+
+@pytest.fixture
+def redlock(nodes: RedisNodes) -> Iterator[Redlock]:
+    client = Redlock(nodes.urls, key_prefix=PREFIX)
+    yield client
+    for node in nodes:
+        with node.client() as c:
+            for key in c.scan_iter(f"{PREFIX}:*"):
+                c.delete(key)
+    client.close()
+
+
+class Served:
+    def __init__(self, app: Any):
+        self.app = app
+        self.httpd = server(app, "127.0.0.1", 0)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def call(self, path: str, body: Any = None, headers: dict | None = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, headers=headers or {})
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.app.close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    started: list[Served] = []
+
+    def start(app: Any) -> Served:
+        started.append(Served(app))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def test_the_state_shows_a_held_lock_a_claim_and_a_throttle(celery_app, redlock, serve):
+    lease = redlock.acquire("web.settle:{abc}", ttl=30)
+    assert lease is not None
+    redlock.claim_next("web.settle:{def}", "task-claimed", ttl=20)
+    redlock.throttle("web.settle:{ghi}", "task-throttled", period=10, trailing=True, ttl=20)
+    site = serve(make_app(celery_app))
+    status, state = site.call("/api/state")
+    assert status == 200, state
+    group = state["groups"][0]
+    assert group["error"] is None and group["answered"] == 3
+    assert [n["up"] for n in group["nodes"]] == [True] * 3
+    (lock,) = group["families"]["lock"]["rows"]
+    assert lock["tasks"] == ["web.settle"] and lock["digest"] == "abc"
+    assert lock["owner"] == lease.owner and lock["votes"] == 3 and 25 < lock["remaining"] <= 30
+    assert lock["fence"] == str(lease.fencing_token)
+    claims = {r["name"]: r for r in group["families"]["claim"]["rows"]}
+    assert claims["web.settle:{def}"]["claimant"] == "task-claimed"
+    assert claims["web.settle:{def}"]["state"] == "queued"
+    (throttle,) = group["families"]["throttle"]["rows"]
+    assert throttle["runs"] == "task-throttled" and throttle["votes"] == 3
+    # Filter by task: another task name shows nothing.
+    status, other = site.call("/api/state?task=no.such.task")
+    assert other["groups"][0]["families"]["lock"]["rows"] == []
+    redlock.release(lease)
+
+
+def test_a_read_only_dashboard_refuses_every_post(celery_app, redlock, serve):
+    lease = redlock.acquire("web.settle:{ro}", ttl=30)
+    site = serve(make_app(celery_app))
+    for path in ("/api/release", "/api/withdraw", "/api/anything"):
+        status, _ = site.call(path, {"name": "web.settle:{ro}", "owner": lease.owner})
+        assert status in (403, 404), path
+    status, body = site.call("/api/release", {"name": "web.settle:{ro}", "owner": lease.owner})
+    assert status == 403 and "read-only" in body["error"]
+    assert redlock.holder("web.settle:{ro}").owner == lease.owner  # never changed
+    assert site.call("/api/session")[1]["actions"] is False
+    redlock.release(lease)
+
+
+def test_actions_need_authentication():
+    with pytest.raises(Exception, match="authentication"):
+        make_app(Celery(set_as_current=False), actions=True)
+
+
+def test_an_action_needs_login_csrf_and_the_same_origin(celery_app, redlock, serve):
+    lease = redlock.acquire("web.settle:{act}", ttl=30)
+    site = serve(make_app(celery_app, actions=True, auth=TOKEN))
+    body = {"name": "web.settle:{act}", "owner": lease.owner, "permit": 0}
+    assert site.call("/api/state")[0] == 401
+    assert site.call("/api/release", body)[0] == 401  # not logged in
+    origin = {"Origin": site.base}
+    assert site.call("/api/login", {"token": "wrong-token!"}, origin)[0] == 401
+    request = urllib.request.Request(
+        site.base + "/api/login",
+        data=json.dumps({"token": TOKEN}).encode(),
+        headers={"Content-Type": "application/json", **origin},
+    )
+    with urllib.request.urlopen(request) as response:
+        csrf = json.loads(response.read())["csrf"]
+        cookie = response.headers["Set-Cookie"].split(";", 1)[0]
+    session = {"Cookie": cookie}
+    assert site.call("/api/state", headers=session)[0] == 200
+    assert site.call("/api/release", body, {**session, **origin})[0] == 403  # no CSRF token
+    forged = {**session, "X-CSRF-Token": csrf, "Origin": "http://evil.example"}
+    assert site.call("/api/release", body, forged)[0] == 403  # another origin
+    assert redlock.holder("web.settle:{act}").owner == lease.owner
+    wrong_owner = dict(body, owner=lease.owner + "x")
+    good = {**session, **origin, "X-CSRF-Token": csrf}
+    status, refused = site.call("/api/release", wrong_owner, good)
+    assert status == 409 and "no longer held" in refused["error"]
+    status, done = site.call("/api/release", body, good)
+    assert status == 200 and done["deleted"] == 3, done
+    assert redlock.holder("web.settle:{act}").owner is None
+    # A bearer token works for scripts, without a session.
+    redlock.claim_next("web.settle:{cl}", "queued-task", ttl=20)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    status, done = site.call(
+        "/api/withdraw", {"name": "web.settle:{cl}", "claimant": "queued-task"}, bearer
+    )
+    assert status == 200 and done["deleted"] == 3
+    assert redlock.claimant("web.settle:{cl}").claimant is None
+
+
+def test_a_holder_that_is_not_renewed_turns_suspect(celery_app, redlock, serve):
+    lease = redlock.acquire("web.settle:{stale}", ttl=5)  # nobody renews it
+    app = make_app(celery_app)
+    app.board.watch.grace = 0.5
+    site = serve(app)
+    seen = []
+    deadline = time.monotonic() + 4.5
+    while time.monotonic() < deadline:
+        (row,) = site.call("/api/state")[1]["groups"][0]["families"]["lock"]["rows"]
+        seen.append((row["remaining"], row["suspect"]))
+        if row["suspect"]:
+            break
+        time.sleep(0.2)
+    assert seen[-1][1], seen  # suspect while the key still exists
+    assert not seen[0][1]
+    assert seen[-1][0] < seen[0][0]
+    redlock.release(lease)
+
+
+def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, redlock, serve):
+    lease = redlock.acquire("web.settle:{down}", ttl=30)
+    site = serve(make_app(celery_app))
+    nodes[2].stop()
+    try:
+        status, state = site.call("/api/state")
+        group = state["groups"][0]
+        assert status == 200 and [n["up"] for n in group["nodes"]] == [True, True, False]
+        assert group["error"] is None and group["answered"] == 2
+        (row,) = group["families"]["lock"]["rows"]
+        assert row["owner"] == lease.owner and row["votes"] == 2
+        nodes[1].stop()
+        status, state = site.call("/api/state")
+        group = state["groups"][0]
+        assert status == 200 and "only 1 of 3 Redis nodes answered" in group["error"]
+    finally:
+        nodes[1].start()
+        nodes[2].start()
+    redlock.release(lease)
+
+
+def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, redlock, serve):
+    """The first read and each refresh stay fast; SCAN calls per refresh are bounded."""
+    families = 7  # lock, permit, claim, burst, throttle, rate, beat
+    for node in nodes:
+        with node.client() as c:
+            pipe = c.pipeline(transaction=False)
+            for i in range(10_000):
+                key = f"{PREFIX}:lock:web.settle:{{{i:032x}}}"
+                pipe.set(key, f"task-{i}|0|host|{i}|abcdef", px=120_000)
+            pipe.execute()
+    site = serve(make_app(celery_app))
+
+    def scans() -> int:
+        total = 0
+        for node in nodes:
+            with node.client() as c:
+                total += c.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+        return total
+
+    timings, cursor = [], None
+    for refresh in range(5):
+        before = scans()
+        query = "" if cursor is None else f"?cursor.0.lock={cursor}"
+        started = time.perf_counter()
+        status, state = site.call("/api/state" + query)
+        timings.append(time.perf_counter() - started)
+        assert status == 200
+        assert scans() - before <= families * len(nodes)
+        assert state["scan_calls"] <= families * len(nodes)
+        lock = state["groups"][0]["families"]["lock"]
+        assert lock["rows"] and lock["next"], lock["cursor"]
+        assert len(lock["rows"]) < 10_000 // 2
+        cursor = lock["next"] if refresh % 2 else cursor  # stay, then page on
+    print(f"\n/api/state over 10,000 held keys: {', '.join(f'{t:.3f}' for t in timings)} s")
+    assert max(timings) < 3.0, timings
