@@ -420,7 +420,9 @@ def test_fenced_updates_under_random_network_faults(
     print(f"updates accepted {len(accepted)}, turned away by the fence {len(turned_away)} "
           f"(lease lost: {sum(r['lost'] for r in turned_away)})")  # fmt: skip
 
-    # -- no lock phase longer than a few node timeouts --
+    # -- no lock phase longer than a few node timeouts, beyond the one documented wait:
+    # a delivery that finds a leftover key of its own id (a reply lost to a reset)
+    # watches it lapse, within one TTL, before it takes the key --
     phases = sorted(r["lock_phase"] for r in ends)
     print(f"lock phase: median {phases[len(phases) // 2]:.3f}s, max {phases[-1]:.3f}s")
     slowest = sorted(ends, key=lambda r: r["lock_phase"])[-3:]
@@ -431,7 +433,7 @@ def test_fenced_updates_under_random_network_faults(
             for r in slowest
         )
     )
-    assert phases[-1] < 10 * WORKER_NODE_TIMEOUT, phases[-5:]
+    assert phases[-1] < TTL + 5 * WORKER_NODE_TIMEOUT, phases[-5:]
 
     # -- no key left after a TTL, every key the run wrote expires --
     topo.assert_every_key_expires("lock", "permit", "claim")
