@@ -22,6 +22,7 @@ PACKAGE = ROOT / "celery_redlock"
 #: transitively (``exceptions`` and ``redlock`` keep the core's names at their old paths;
 #: ``testing`` serves the core's own tests).
 CELERY_FREE = (
+    "_connect",
     "_nodes",
     "exceptions",
     "metrics",

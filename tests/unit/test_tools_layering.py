@@ -27,13 +27,13 @@ def _dotted(path: Path) -> str:
 
 PATHS = {_dotted(p): p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "__init__.py"}
 MODULES = sorted(PATHS)
-CORE = {"redlock", "_nodes", "exceptions", "metrics"} | {
+CORE = {"redlock", "_connect", "_nodes", "exceptions", "metrics"} | {
     m for m in MODULES if m == "core" or m.startswith("core.")
 }
 #: The core's modules that only the core imports: everything but its package,
 #: its heartbeat and its exceptions.
 PUBLIC_CORE = {"core", "core.heartbeat", "core.exceptions"}
-INNER = {"_nodes"} | {m for m in MODULES if m.startswith("core.")} - PUBLIC_CORE
+INNER = {"_connect", "_nodes"} | {m for m in MODULES if m.startswith("core.")} - PUBLIC_CORE
 
 
 def imports(module: str) -> list[tuple[str, str]]:
