@@ -21,8 +21,12 @@ redis-py's ``send_packed_command`` / ``read_response``.
 
 A ``sentinel://`` node (grammar: :func:`sentinel_options`) is a client from
 redis-py's public ``redis.sentinel.Sentinel.master_for``: each new connection
-asks the sentinels where the master is, so after a failover the connection
-that fails is dropped and the next one reaches the new master.
+asks the sentinels (all at once) where the master is, so after a failover the
+connection that fails is dropped and the next one reaches the new master.
+
+New connections are opened in background threads, all at once, each within
+the round's timeout of its own (:class:`_Opening`); a node whose connects time
+out is skipped for a while, but for a probe (:meth:`Node.skips_connects`).
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
 scripts a lease or a claim rests on (:data:`CONFIRMED`) in the same round.
@@ -53,6 +57,7 @@ import inspect
 import os
 import re
 import select
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Union
@@ -64,6 +69,7 @@ from redis._parsers import BaseParser, Encoder
 from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 
+from ._connect import Sentinels, connector
 from .core.exceptions import ConfigurationError
 from .core.scripts import Script
 
@@ -81,6 +87,9 @@ _NO_CLIENT_SETINFO: dict[str, Any] = (
 
 _SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
+#: Seconds, at most, that a node whose connects time out is skipped before a probe.
+BREAKER_MAX = 1.0
+
 
 class Node:
     """One independent Redis master.
@@ -95,7 +104,10 @@ class Node:
             before it counts; 0 sends no ``WAIT``.
     """
 
-    __slots__ = ("name", "pool", "lean", "min_replicas", "_identity", "_idle", "_pid")
+    __slots__ = (
+        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_pid",
+        "_backoff", "_retry_at", "_probing",
+    )  # fmt: skip
 
     def __init__(self, spec: NodeSpec, timeout: float, min_replicas: int = 0):
         self.min_replicas = min_replicas
@@ -168,19 +180,54 @@ class Node:
         # loopback); list.pop and list.append are atomic, so threads may share it.
         self._idle: list[Any] = []
         self._pid = os.getpid()
+        self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
+        self._probing = False
 
-    def connection(self) -> tuple[Any, bool]:
-        """An idle connection of this process (and True), or a new one (and False).
-
-        A new one connects on its first send.
-        """
+    def idle_connection(self) -> Any:
+        """An idle connection of this process, or None."""
         if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
-            self._idle = []
-            self._pid = os.getpid()
+            self._forget_parent()
         try:
-            return self._idle.pop(), True
+            return self._idle.pop()
         except IndexError:
-            return self.new_connection(), False
+            return None
+
+    def _forget_parent(self) -> None:
+        self._idle = []
+        self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
+        self._pid = os.getpid()
+
+    # The circuit breaker: a node whose connects time out (a blackholed
+    # address, a half-dead host) is not sent new connects for a while that
+    # grows from one timeout to BREAKER_MAX, but for one probe in the
+    # background when the while is over; the probe's connection, if it
+    # connects, is kept for the next round, and any outcome but a timeout
+    # closes the breaker. Per node and per process.
+
+    def skips_connects(self, budget: float) -> RedisError | None:
+        """None if a new connection may be opened now; else the error that stands
+        for this node's reply (and the probe is started, when due)."""
+        if not self._backoff:
+            return None
+        now = time.monotonic()
+        if now >= self._retry_at and not self._probing:
+            self._probing = True
+            connector().submit(_open_connection, self, self.new_connection(), budget, None, -1)
+        return redis.exceptions.ConnectionError(
+            f"{self.name}: not connecting for now: its connects timed out "
+            f"(next try within {max(self._retry_at - now, 0.0):.2f}s)"
+        )
+
+    def connected(self, error: RedisError | None, budget: float, probe: bool = False) -> None:
+        """Record how a connect ended (called by the thread that made it)."""
+        if probe:
+            self._probing = False
+        if isinstance(error, redis.exceptions.TimeoutError):
+            if probe or not self._backoff:  # connects of one outage grow the while once
+                self._backoff = min(max(2 * self._backoff, budget), BREAKER_MAX)
+                self._retry_at = time.monotonic() + self._backoff
+        else:
+            self._backoff = 0.0
 
     def new_connection(self) -> Any:
         return self.pool.connection_class(**self.pool.connection_kwargs)
@@ -339,11 +386,10 @@ def _sentinel_master(url: str, fail_fast: dict[str, Any]) -> redis.Redis:
 
     The master is looked up when a connection is opened, so after a failover
     the next new connection reaches the new master. The sentinels are asked
-    with the node's fail-fast timeouts: one in turn, each within the node
-    timeout (redis-py moves the one that answered to the front).
+    with the node's fail-fast timeouts, all at once (:class:`~celery_redlock._connect.Sentinels`).
     """
     options = sentinel_options(url)
-    sentinel = redis.sentinel.Sentinel(
+    sentinel = Sentinels(
         options["sentinels"],
         min_other_sentinels=options["min_other_sentinels"],
         sentinel_kwargs={**fail_fast, **options["sentinel"]},
@@ -392,6 +438,16 @@ def gather(
     is left of the one deadline. A hung node therefore costs at most ``timeout``
     in all, and meanwhile the replies of the others wait in socket buffers.
 
+    A node with no idle connection gets a new one, opened (connect and
+    handshake) in the background with a budget of ``timeout`` of its own
+    (:class:`_Opening`): the round does not wait for it before sending to
+    the other nodes, and a connect that finishes within the round has its
+    command sent and its reply collected in the same round. A connection that
+    connects after the round ended goes to the node's idle connections for the
+    next round. A node whose connects time out is skipped for a while (its
+    circuit breaker, :meth:`Node.skips_connects`): its reply is an error at
+    once.
+
     Args:
         nodes: where to send it.
         args: the command, the same for every node (packed once).
@@ -411,30 +467,42 @@ def gather(
     wire = _pack(args) if then is None else _pack(args) + _pack(then)
     count = 1 if then is None else 2
     packed = None  # redis-py's packing, for the other nodes: their encoding may differ
-    calls = []
-    for i, node in enumerate(nodes):
-        conn, reused = node.connection()
-        if not node.lean and packed is None:
-            packed = conn.pack_commands([args] if then is None else [args, then])
-        calls.append(_Call(i, node, conn, reused, wire if node.lean else packed, count))
-    # Connected nodes first: a new connection may wait on a handshake (AUTH,
-    # SELECT) with a hung node, and meanwhile the others are already working.
-    calls.sort(key=lambda call: not call.reused)
+    opening: _Opening | None = None  # the round's new connections, if it needs any
     lean: list[_Call] = []
     other: list[_Call] = []
-    for call in calls:
-        error = _start(call, deadline)
-        if error is not None:
-            replies[call.i] = error
+    for i, node in enumerate(nodes):
+        conn = node.idle_connection()
+        if conn is None:
+            if opening is None:
+                opening = _Opening(args, then, wire, count, timeout)
+            opening.open(i, node, replies)
+            continue
+        if not node.lean and packed is None:
+            packed = conn.pack_commands([args] if then is None else [args, then])
+        call = _Call(i, node, conn, True, wire if node.lean else packed, count)
+        error = _start(call)
+        if error is None:
+            (lean if node.lean else other).append(call)
+        elif error is _RECONNECT:
+            if opening is None:
+                opening = _Opening(args, then, wire, count, timeout)
+            opening.open(i, node, replies)
         else:
-            (lean if call.node.lean else other).append(call)
-    if lean:
-        _collect(lean, deadline, replies)
+            replies[i] = error
+    if lean or opening is not None:
+        _collect(lean, other, opening, deadline, replies, args, then, wire, count, timeout)
     for call in other:
         reply = _read(call, deadline)
         if call.reused and _closed_by_server(reply):
+            # A node redis-py talks to: its new connection is opened here, within the round.
             call.renew()
-            reply = _start(call, deadline) or _read(call, deadline)
+            try:
+                _connect_within(call.conn, max(deadline - time.monotonic(), _LAST_LOOK))
+            except (RedisError, OSError) as exc:
+                call.node.discard(call.conn)
+                replies[call.i] = _as_redis_error(exc)
+                continue
+            reply = _start(call) or _read(call, deadline)
         replies[call.i] = reply
     return replies
 
@@ -451,39 +519,52 @@ class _Call:
         self.count = count  # replies expected: 2 when a command is pipelined after the first
 
     def renew(self) -> None:
-        """Go on with a new connection (the server closed the reused one)."""
+        """Go on with a new connection, not yet connected (the server closed the reused one)."""
         self.conn, self.reused, self.buf = self.node.new_connection(), False, b""
 
 
-def _start(call: _Call, deadline: float) -> RedisError | None:
-    """Send the call's command, connecting first if its connection is new.
+#: How a round ends a connect it waited for in vain (for the circuit breaker).
+_OVERDUE = redis.exceptions.TimeoutError("connect overdue")
 
-    Returns None, or the error that stands for the reply. A reused connection
-    that fails is replaced once: the server may have closed it meanwhile, and
-    every command we send is idempotent.
+#: What :func:`_start` returns when a reused connection failed: open a new one.
+_RECONNECT: Any = redis.exceptions.ConnectionError("reconnect")
+
+
+def _start(call: _Call) -> Any:
+    """Send the call's command on its connected connection.
+
+    Returns None, the error that stands for the reply, or ``_RECONNECT``: a
+    reused connection that fails is replaced once (the server may have closed
+    it meanwhile, and every command we send is idempotent).
     """
-    node, conn = call.node, call.conn
     try:
-        if not call.reused:
-            _connect_within(conn, deadline)
-            if node.lean:  # from now on only poll says when it is ready
-                conn._sock.setblocking(False)
-        if node.lean:
+        if call.node.lean:
             call.out = call.command
             _write(call)
         else:
-            conn.send_packed_command(call.command, check_health=False)
+            call.conn.send_packed_command(call.command, check_health=False)
     except (RedisError, OSError) as exc:
-        node.discard(conn)
-        if call.reused:
-            call.renew()
-            return _start(call, deadline)
-        return _as_redis_error(exc)
+        call.node.discard(call.conn)
+        return _RECONNECT if call.reused else _as_redis_error(exc)
     return None
 
 
-def _collect(calls: list[_Call], deadline: float, replies: list[Any]) -> None:
-    """Finish the lean calls: one poll over all their sockets, until the deadline."""
+def _collect(
+    calls: list[_Call],
+    other: list[_Call],
+    opening: _Opening | None,
+    deadline: float,
+    replies: list[Any],
+    args: Sequence[Any],
+    then: Sequence[Any] | None,
+    wire: bytes,
+    count: int,
+    timeout: float,
+) -> None:
+    """Finish the lean calls and the round's new connections: one poll over the
+    lean sockets and the wake-up pipe of the connections being opened, until
+    the deadline. A new connection that connects in time has its command sent:
+    a lean one is then watched here, another one joins ``other``."""
     poller = select.poll()
     waiting: dict[int, _Call] = {}
 
@@ -494,26 +575,47 @@ def _collect(calls: list[_Call], deadline: float, replies: list[Any]) -> None:
 
     for call in calls:
         watch(call)
-    while waiting:
-        left = deadline - time.monotonic()
-        # A reply already buffered is read even past the deadline.
-        events = poller.poll(max(left, _LAST_LOOK) * 1000)
-        for fd, _ in events:
-            call = waiting.pop(fd)
-            reply = _step(call)
-            if reply is _PENDING:
-                watch(call)
-                continue
-            poller.unregister(fd)
-            if call.reused and _closed_by_server(reply):
-                call.renew()
-                reply = _start(call, deadline)
-                if reply is None:
+    wake = -1
+    if opening is not None:
+        wake = opening.wake
+        poller.register(wake, select.POLLIN)
+    try:
+        while waiting or (opening is not None and opening.pending):
+            left = deadline - time.monotonic()
+            # A reply already buffered is read even past the deadline.
+            events = poller.poll(max(left, _LAST_LOOK) * 1000)
+            for fd, _ in events:
+                if fd == wake and opening is not None:  # connections opened meanwhile
+                    for i, node, conn in opening.take(replies):
+                        command = opening.command_for(node, conn)
+                        call = _Call(i, node, conn, False, command, opening.count)
+                        error = _start(call)
+                        if error is not None:
+                            replies[i] = error
+                        elif node.lean:
+                            watch(call)
+                        else:
+                            other.append(call)
+                    continue
+                call = waiting.pop(fd)
+                reply = _step(call)
+                if reply is _PENDING:
                     watch(call)
                     continue
-            replies[call.i] = reply
-        if left <= 0 or not events:
-            break
+                poller.unregister(fd)
+                if call.reused and _closed_by_server(reply):
+                    if opening is None:
+                        opening = _Opening(args, then, wire, count, timeout)
+                        wake = opening.wake
+                        poller.register(wake, select.POLLIN)
+                    opening.open(call.i, call.node, replies)
+                    continue
+                replies[call.i] = reply
+            if left <= 0 or not events:
+                break
+    finally:
+        if opening is not None:
+            opening.close(replies)
     for call in waiting.values():
         call.node.discard(call.conn)
         where = "writing to" if call.out else "reading from"
@@ -615,13 +717,123 @@ def _takes_timeout(cls: Any) -> bool:
     return known
 
 
-def _connect_within(conn: Any, deadline: float) -> None:
-    """Connect, handshake included, within what is left of the round's deadline."""
-    left = max(deadline - time.monotonic(), _LAST_LOOK)
+class _Opening:
+    """The new connections of one round, each opened (connect and handshake) in
+    a background thread of :func:`connector`, all at once, each within the
+    round's timeout of its own.
+
+    A thread that connects in time hands its connection over to the round and
+    wakes it through a pipe that the round polls with its sockets; one that
+    connects after the round ended puts its connection among the node's idle
+    ones. Only rounds that open connections pay for this.
+    """
+
+    __slots__ = (
+        "args", "then", "wire", "count", "timeout", "packed",
+        "lock", "live", "done", "pending", "wake", "_write_end",
+    )  # fmt: skip
+
+    def __init__(self, args: Sequence[Any], then: Any, wire: bytes, count: int, timeout: float):
+        self.args, self.then, self.wire, self.count, self.timeout = args, then, wire, count, timeout
+        self.packed: Any = None
+        self.lock = threading.Lock()
+        self.live = True
+        self.done: list[tuple[int, Node, Any, RedisError | None]] = []
+        self.pending: dict[int, Node] = {}
+        self.wake, self._write_end = os.pipe()
+        os.set_blocking(self.wake, False)
+
+    def open(self, i: int, node: Node, replies: list[Any]) -> None:
+        """Start opening a connection to ``node`` (item ``i`` of the round), or
+        set its reply to an error at once if its circuit breaker skips it."""
+        skipped = node.skips_connects(self.timeout)
+        if skipped is not None:
+            replies[i] = skipped
+            return
+        self.pending[i] = node
+        connector().submit(_open_connection, node, node.new_connection(), self.timeout, self, i)
+
+    def finished(self, i: int, conn: Any, error: RedisError | None) -> bool:
+        """From a connecting thread: hand the outcome over; False if the round has ended."""
+        with self.lock:
+            if not self.live:
+                return False
+            self.done.append((i, self.pending[i], conn, error))
+            os.write(self._write_end, b".")
+            return True
+
+    def take(self, replies: list[Any]) -> list[tuple[int, Node, Any]]:
+        """The connections opened since the last call; the failed ones get their error as reply."""
+        with self.lock:
+            done, self.done = self.done, []
+            try:
+                os.read(self.wake, 4096)
+            except BlockingIOError:
+                pass
+        ready = []
+        for i, node, conn, error in done:
+            del self.pending[i]
+            if error is None:
+                ready.append((i, node, conn))
+            else:
+                replies[i] = error
+        return ready
+
+    def command_for(self, node: Node, conn: Any) -> Any:
+        if node.lean:
+            return self.wire
+        if self.packed is None:
+            args, then = self.args, self.then
+            self.packed = conn.pack_commands([args] if then is None else [args, then])
+        return self.packed
+
+    def close(self, replies: list[Any]) -> None:
+        """End the round: what is still connecting goes on in the background,
+        its connection then kept; its reply is a timeout."""
+        with self.lock:
+            self.live = False
+            done, self.done = self.done, []
+        os.close(self.wake)
+        os.close(self._write_end)
+        for i, node, conn, error in done:  # connected in the last instant: kept for the next round
+            del self.pending[i]
+            if error is None:
+                node.put_back(conn)
+                error = redis.exceptions.TimeoutError(f"Connected to {node.name} too late")
+            replies[i] = error
+        for i, node in self.pending.items():
+            node.connected(_OVERDUE, self.timeout)  # the next round need not wait for it again
+            replies[i] = redis.exceptions.TimeoutError(
+                f"Timeout connecting to {node.name} within {self.timeout:g}s"
+            )
+
+
+def _open_connection(
+    node: Node, conn: Any, budget: float, opening: _Opening | None, i: int
+) -> None:
+    """Connect ``conn`` (in a thread of :func:`connector`) and hand it to the
+    round, or to the node's idle connections if the round has ended (or if
+    this is the circuit breaker's probe, ``opening`` None)."""
+    error: RedisError | None = None
+    try:
+        _connect_within(conn, budget)
+        if node.lean:  # from now on only poll says when it is ready
+            conn._sock.setblocking(False)
+    except Exception as exc:  # whatever it is, the round must hear back
+        node.discard(conn)
+        error = _as_redis_error(exc)
+    node.connected(error, budget, probe=opening is None)
+    if opening is None or not opening.finished(i, conn, error):
+        if error is None:
+            node.put_back(conn)
+
+
+def _connect_within(conn: Any, budget: float) -> None:
+    """Connect, handshake included, within ``budget`` seconds (or the node's shorter timeouts)."""
     for attr in ("socket_connect_timeout", "socket_timeout"):
         configured = getattr(conn, attr, None)
-        if configured is None or configured > left:
-            setattr(conn, attr, left)
+        if configured is None or configured > budget:
+            setattr(conn, attr, budget)
     conn.connect()
 
 

@@ -57,12 +57,8 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from celery.beat import PersistentScheduler, SchedulingError
@@ -72,6 +68,7 @@ from . import metrics, settings
 from .conf import redlock_for, resolve, resolve_beat
 from .core import OWNER_SEP, Redlock
 from .exceptions import ConfigurationError, QuorumUnavailable
+from .slot_claims import HeldSlot, SlotSkipped, claim_slot, claimant_text, stop_deferred
 from .slots import Slot, claim_key, compute_slot, schedule_now
 
 __all__ = [
@@ -90,72 +87,6 @@ celery_logger = logging.getLogger("celery.beat")
 
 #: Message header carrying the slot (``self.request.redlock_beat_slot`` in the task).
 HEADER = "redlock_beat_slot"
-
-
-class SlotSkipped:
-    """What ``apply_async`` returns when this beat did not send the slot.
-
-    Falsy, with ``id`` None, so callers that test or log the result go on working.
-
-    Attributes:
-        entry: the entry name.
-        slot: the slot label.
-        reason: ``taken`` (another beat sent it), ``outage`` (no quorum: held
-            back and retried while due) or ``split`` (no beat won it: retried).
-        holder: the claim value of the beat that sent it, when known.
-    """
-
-    __slots__ = ("entry", "slot", "reason", "holder")
-    id = None
-
-    def __init__(self, entry: str, slot: str, reason: str, holder: str | None = None):
-        self.entry = entry
-        self.slot = slot
-        self.reason = reason
-        self.holder = holder
-
-    def __bool__(self) -> bool:
-        return False
-
-    @property
-    def holder_task_id(self) -> str | None:
-        """The id of the message the winning beat sent, when known."""
-        return self.holder.split(OWNER_SEP, 1)[0] if self.holder else None
-
-    def __repr__(self) -> str:
-        return f"<SlotSkipped {self.entry!r} slot={self.slot} {self.reason} holder={self.holder}>"
-
-
-class _Held:
-    """A slot held back (no quorum, or no winner), retried while it is due."""
-
-    __slots__ = (
-        "entry",
-        "slot",
-        "key",
-        "task_id",
-        "value",
-        "reason",
-        "attempts",
-        "logged",
-        "next_try",
-    )
-
-    def __init__(self, entry: Any, slot: Slot, key: str, task_id: str, value: str, reason: str):
-        self.entry = entry
-        self.reason = reason
-        self.slot = slot
-        self.key = key
-        self.task_id = task_id
-        self.value = value
-        self.attempts = 1
-        self.logged = self.next_try = time.monotonic()
-
-    def plan_retry(self, interval: float, floor: float) -> None:
-        """Next attempt in ``interval`` seconds, or sooner so that a short slot gets retries."""
-        now = schedule_now(self.entry.schedule)
-        left = self.slot.ends(floor) - now
-        self.next_try = time.monotonic() + min(interval, max(0.05, left / 2))
 
 
 #: Scheduler counter -> metrics event.
@@ -201,7 +132,7 @@ class RedlockSchedulerMixin:
         self.redlock_outages = 0
         self.redlock_missed = 0
         self._redlock: Redlock | None = None
-        self._redlock_held: dict[str, _Held] = {}
+        self._redlock_held: dict[str, HeldSlot] = {}
         self._redlock_host = socket.gethostname()
         if not kwargs.get("lazy", False):
             # Fail at beat start, before any schedule file is opened.
@@ -282,7 +213,7 @@ class RedlockSchedulerMixin:
             The ``AsyncResult`` when this beat sent the slot, else a falsy
             :class:`SlotSkipped`.
         """
-        with _stop_deferred():
+        with stop_deferred():
             return self._redlock_apply_async(entry, producer, advance)
 
     def _redlock_apply_async(self, entry: Any, producer: Any, advance: bool) -> Any:
@@ -316,7 +247,7 @@ class RedlockSchedulerMixin:
                 slot.label,
                 entry.name,
             )
-            self._redlock_hold(_Held(outgoing, slot, key, task_id, value, "split"))
+            self._redlock_hold(HeldSlot(outgoing, slot, key, task_id, value, "split"))
             return SlotSkipped(entry.name, slot.label, "split")
         self._redlock_count("skipped", entry.name)
         logger.info(
@@ -324,45 +255,15 @@ class RedlockSchedulerMixin:
             slot.label,
             entry.name,
             entry.task,
-            _who(holder),
+            claimant_text(holder),
         )
         return SlotSkipped(entry.name, slot.label, "taken", holder)
 
     def _redlock_claim(self, key: str, value: str, slot: Slot) -> tuple[bool, str | None]:
-        """Claim ``key``: (True, value) if ours, (False, holder) if not, (False, None) if undecided.
-
-        A refused claim is withdrawn (``Redlock.claim`` does that), then the
-        nodes are read: a value on a quorum is the winner. Another value on
-        fewer nodes is either a winner whose quorum includes nodes this beat
-        cannot reach, or a racing beat's claim that is about to be withdrawn;
-        after that beat's round must have ended, a second read (without
-        claiming, so as not to split the nodes again) tells which. With no
-        other value about, the beats split the nodes and all withdrew: retry
-        after a random pause.
-        """
-        redlock = self.redlock
+        """Claim ``key``: (True, value) if ours, (False, holder) if not, (False, None) if
+        undecided (see :func:`~celery_redlock.slot_claims.claim_slot`)."""
         ttl = slot.ttl(self.redlock_min_ttl)
-        for attempt in range(self.redlock_claim_attempts):
-            if attempt:
-                redlock.sleep(redlock.rng() * 2 * redlock.node_timeout)
-            if redlock.claim(key, value, ttl=ttl):
-                return True, value
-            holder, candidates = redlock.read_claim(key)
-            maybe = set(candidates) - {value}
-            if holder is None and maybe:
-                # One claim round (plus its withdrawal) lasts at most two node timeouts.
-                redlock.sleep((2 + redlock.rng()) * redlock.node_timeout)
-                holder, again = redlock.read_claim(key)
-                stayed = maybe & again
-                if holder is None and stayed:
-                    holder = sorted(stayed)[0]
-            if holder == value:
-                # Our claim landed on a quorum though its replies were lost, and
-                # the withdrawal did not reach those nodes: the slot is ours.
-                return True, value
-            if holder is not None:
-                return False, holder
-        return False, None
+        return claim_slot(self.redlock, key, value, ttl, self.redlock_claim_attempts)
 
     def _redlock_publish(self, entry: Any, slot: Slot, task_id: str, producer: Any) -> Any:
         """Publish ``entry`` through the base class, with our task id and the slot header."""
@@ -403,10 +304,10 @@ class RedlockSchedulerMixin:
             entry.name,
             exc,
         )
-        self._redlock_hold(_Held(entry, slot, key, task_id, value, "outage"))
+        self._redlock_hold(HeldSlot(entry, slot, key, task_id, value, "outage"))
         return SlotSkipped(entry.name, slot.label, "outage")
 
-    def _redlock_hold(self, held: _Held) -> None:
+    def _redlock_hold(self, held: HeldSlot) -> None:
         held.plan_retry(self.redlock_retry_interval, self.redlock_min_ttl)
         self._redlock_held[held.entry.name] = held
 
@@ -415,7 +316,7 @@ class RedlockSchedulerMixin:
         setattr(self, f"redlock_{counter}", getattr(self, f"redlock_{counter}") + 1)
         metrics.count(_METRIC[counter], entry_name)
 
-    def _redlock_give_up(self, held: _Held, why: str) -> None:
+    def _redlock_give_up(self, held: HeldSlot, why: str) -> None:
         self._redlock_count("missed", held.entry.name)
         cause = "no Redlock quorum" if held.reason == "outage" else "no beat won it on a quorum"
         logger.error(
@@ -432,7 +333,7 @@ class RedlockSchedulerMixin:
     def tick(self, *args: Any, **kwargs: Any) -> Any:
         """Retry held-back slots, run the scheduler's tick, wake up for the next retry."""
         if self._redlock_held:
-            with _stop_deferred():
+            with stop_deferred():
                 self._redlock_retry_held()
         delay = super().tick(*args, **kwargs)  # type: ignore[misc]
         if self._redlock_held:
@@ -478,7 +379,7 @@ class RedlockSchedulerMixin:
                     "beat: slot %s of entry %r was sent by %s meanwhile",
                     held.slot.label,
                     name,
-                    _who(holder),
+                    claimant_text(holder),
                 )
                 continue
             logger.info(
@@ -491,38 +392,6 @@ class RedlockSchedulerMixin:
                 self._redlock_publish(held.entry, held.slot, held.task_id, self.producer)  # type: ignore[attr-defined]
             except Exception as exc:  # as Scheduler.apply_entry: log, never stop beat
                 logger.error("beat: Message Error: %s", exc, exc_info=True)
-
-
-#: How ``celery beat`` is told to stop: its handler raises SystemExit at once.
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-@contextmanager
-def _stop_deferred() -> Iterator[None]:
-    """Hold a stop signal back from a slot's claim to its publish.
-
-    ``celery beat`` stops by raising SystemExit from its signal handler
-    wherever the main thread is: between a claim and its publish, that would
-    leave the slot claimed and never sent (a restart losing a run). Blocked,
-    the signal stays pending and is handled the moment the publish is done.
-    """
-    if not hasattr(signal, "pthread_sigmask") or (
-        threading.current_thread() is not threading.main_thread()
-    ):
-        yield  # signals reach only the main thread (and no mask on Windows)
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _who(value: str) -> str:
-    """A claim value ``task_id|host|pid`` for people: ``host pid N (task id)``."""
-    task_id, _, rest = value.partition(OWNER_SEP)
-    host, _, pid = rest.partition(OWNER_SEP)
-    return f"{host} pid {pid} (task {task_id})" if pid else value
 
 
 def _with_options(entry: Any, options: dict) -> Any:

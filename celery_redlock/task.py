@@ -179,6 +179,9 @@ class LockedTask(Task):
             return super().__call__(*args, **kwargs)
         plan = plan_of(self)
         if plan is None:
+            # A message of a task that failed to bind (another producer sent it):
+            # fail with the bind error rather than run it without its lock.
+            self._refuse_if_unbound()
             return self.run(*args, **kwargs)
         name = plan.keys.build(args, kwargs)
         clock = plan.redlock.clock

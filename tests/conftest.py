@@ -22,7 +22,6 @@ from celery.result import AsyncResult
 from kombu.asynchronous import set_event_loop
 
 from celery_redlock import testing
-from celery_redlock.core import heartbeat
 
 if celery.VERSION < (5, 7):
     # Celery 5.5's Redis result backend: an AsyncResult collected by the garbage
@@ -30,6 +29,9 @@ if celery.VERSION < (5, 7):
     # on the same connection from __del__ and hangs the test process. The
     # tests drop thousands of results; 5.7's consumer is re-entrant.
     AsyncResult.__del__ = lambda self: None  # type: ignore[method-assign]
+
+# Celery's own integration suite with the plugin: a tool of its own (tox -e celery-suite).
+collect_ignore = ["celery_suite"]
 
 
 @pytest.fixture
@@ -57,15 +59,6 @@ def celery_worker(
             worker.hub.timer.call_repeatedly(0.1, lambda: None)
         yield worker
     set_event_loop(None)
-
-
-@pytest.fixture
-def default_heartbeat():
-    """The process's heartbeat, emptied and stopped after the test."""
-    yield heartbeat.default
-    for lease in heartbeat.held():
-        heartbeat.drop(lease)
-    heartbeat.stop(timeout=5)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -144,3 +144,11 @@ class AlreadyEnqueued(LockError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.name, self.task_id, self.remaining))
+
+
+# Tracebacks and Celery's result backend name an exception by its module
+# (``exc_module``): keep the documented path, so results stored by one version
+# read back in another.
+for _name in __all__:
+    globals()[_name].__module__ = "celery_redlock.exceptions"
+del _name

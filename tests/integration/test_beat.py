@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 import pytest
 
 from celery_redlock.testing import RedisNodes
-from tests.support import BEAT_HEADERS
+from tests.support.celery_headers import BEAT_HEADERS
 
 pytestmark = pytest.mark.integration
 

@@ -545,6 +545,16 @@ def test_a_task_that_failed_to_bind_refuses_to_publish(topology: Topology):
             call()
         assert info.value is bound.value
     assert published == [] and ran == []
+    # A message another producer sent anyway fails on the worker with the same
+    # error instead of running without its lock.
+    request = {"id": "sent-elsewhere", "args": ("k",), "kwargs": {}, "called_directly": False}
+    work.push_request(**request)
+    try:
+        with pytest.raises(ImproperlyConfigured, match="lock_on_duplicate"):
+            app.tasks[work.name]("k")
+    finally:
+        work.pop_request()
+    assert ran == []
 
 
 def test_token_parameter_without_default_is_a_configuration_error(topology: Topology):

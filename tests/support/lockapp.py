@@ -50,6 +50,42 @@ return 1
 """
 
 
+#: A fenced read-modify-write: every access presents the token and the resource
+#: keeps the largest it saw, so a holder whose lease lapsed is turned away at its
+#: next access once a later holder touched the resource.
+#: KEYS[1] value (an integer), KEYS[2] fence; ARGV[1] token. Returns the value, or
+#: false if the token is older than the fence.
+FENCED_READ = """
+local f = redis.call('GET', KEYS[2])
+if f and (#f > #ARGV[1] or (#f == #ARGV[1] and f > ARGV[1])) then return false end
+redis.call('SET', KEYS[2], ARGV[1])
+return tonumber(redis.call('GET', KEYS[1]) or '0')
+"""
+
+#: KEYS as FENCED_READ; ARGV[1] token, ARGV[2] the new value: written only if no
+#: later token touched the resource since. Returns 1 if written, 0 if rejected.
+FENCED_UPDATE = """
+local f = redis.call('GET', KEYS[2])
+if f and (#f > #ARGV[1] or (#f == #ARGV[1] and f > ARGV[1])) then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def fenced_increment(client: redis.Redis, resource: str, token: int, pause: float) -> int | None:
+    """Read the counter, wait ``pause`` seconds, write it plus one, both fenced
+    by ``token``. Returns the value read, or None if either access was rejected."""
+    keys = (f"{resource}:value", f"{resource}:fence")
+    value = client.eval(FENCED_READ, 2, *keys, str(token))
+    if value is None:
+        return None
+    time.sleep(pause)
+    if not client.eval(FENCED_UPDATE, 2, *keys, str(token), str(int(value) + 1)):
+        return None
+    return int(value)
+
+
 def fenced_write(client: redis.Redis, resource: str, token: int, value: str) -> bool:
     """Write ``value`` to the fenced resource if ``token`` beats the stored one."""
     return bool(
@@ -239,6 +275,48 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
             accepted=accepted,
         )
         return {"accepted": accepted, "lost": lost}
+
+    def increment(task: Any, key: str, run: str, resource: str, pause: float, token: Any) -> dict:
+        """The fenced read-modify-write of the network-fault run; a rejected
+        access retries (a new token next time), so each task adds one, once."""
+        request = task.request
+        start = time.time()
+        lock_phase = start - _PRERUN.pop(request.id, start)
+        read = fenced_increment(rec.client, resource, token, pause)
+        rec.push(
+            run,
+            phase="end",
+            id=request.id,
+            task=task.name,
+            key=key,
+            pid=os.getpid(),
+            token=token,
+            read=read,
+            accepted=read is not None,
+            lost=request.redlock.lost,
+            retries=request.retries,
+            start=start,
+            end=time.time(),
+            lock_phase=lock_phase,
+        )
+        if read is None:
+            raise task.retry(countdown=0.05)
+        return {"read": read, "token": token}
+
+    @task(
+        name="lockapp.fenced_rmw",
+        lock_name="crl-rmw",
+        max_retries=20,
+        lock_on_duplicate="retry",
+        lock_retry_backoff=0.02,
+        lock_retry_backoff_max=0.2,
+    )
+    def fenced_rmw(self, key, run, resource, pause=0.02, fencing_token=None):
+        return increment(self, key, run, resource, pause, fencing_token)
+
+    @task(name="lockapp.fenced_rmw_drop", lock_name="crl-rmw", max_retries=20)
+    def fenced_rmw_drop(self, key, run, resource, pause=0.02, fencing_token=None):
+        return increment(self, key, run, resource, pause, fencing_token)
 
     @task(name="lockapp.outage_probe")
     def outage_probe(self, key, run, duration=0.05, fencing_token=None):
@@ -468,6 +546,19 @@ def app_from_env(env: Any = os.environ, main: str = "lockapp") -> Celery:
         main=main,
         **json.loads(env.get("CRL_CONF") or "{}"),
     )
+
+
+#: task id -> time.time() at task_prerun, which Celery sends just before the
+#: task is called (and the lock taken): the length of a task's lock phase.
+_PRERUN: dict[str, float] = {}
+
+
+def _note_prerun(task_id: str | None = None, **_: Any) -> None:
+    if task_id:
+        _PRERUN[task_id] = time.time()
+
+
+celery_signals.task_prerun.connect(_note_prerun, weak=False)
 
 
 def _write_ready_file(**_: Any) -> None:

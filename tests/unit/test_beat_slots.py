@@ -25,7 +25,7 @@ from celery_redlock import metrics, slots
 from celery_redlock.beat import HEADER, RedlockScheduler, RedlockSchedulerMixin, SlotSkipped
 from celery_redlock.exceptions import ConfigurationError
 from celery_redlock.slots import Slot, claim_key, compute_slot
-from tests.support import BEAT_HEADERS
+from tests.support.celery_headers import BEAT_HEADERS
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")

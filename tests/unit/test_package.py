@@ -19,8 +19,20 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "celery_redlock"
 
 #: Modules outside the core package that must import neither celery nor kombu, even
-#: transitively (``exceptions`` and ``redlock`` keep the core's names at their old paths).
-CELERY_FREE = ("_nodes", "exceptions", "metrics", "redlock", "settings", "tracing")
+#: transitively (``exceptions`` and ``redlock`` keep the core's names at their old paths;
+#: ``testing`` serves the core's own tests).
+CELERY_FREE = (
+    "_connect",
+    "_nodes",
+    "exceptions",
+    "metrics",
+    "redlock",
+    "settings",
+    "testing",
+    "testing.nodes",
+    "testing.plugin",
+    "tracing",
+)
 #: What the core package may import besides itself, until these move into it.
 CORE_MAY_IMPORT = {"_nodes", "settings"}
 
@@ -157,6 +169,8 @@ def test_the_import_walk_sees_relative_and_function_imports():
     assert "core.scripts" in graph["core.lease"] and "settings" in graph["core.values"]
     assert "_nodes" in graph["core.quorum"] and "core.scripts.shared" in graph["core.scripts.lease"]
     assert "conf" in graph["keys"]
+    assert "cli.status" in graph["cli"] and "cli.base" in graph["cli.status"]
+    assert "slot_claims" in graph["beat"] and "testing.nodes" in graph["testing.plugin"]
 
 
 def test_no_import_cycle_among_the_package_modules():
@@ -207,6 +221,26 @@ def test_the_core_loads_where_celery_cannot(module):
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("celery", "kombu"))
         assert not loaded, loaded
         """
+    )
+
+
+CORE_TESTS = sorted((ROOT / "tests" / "core").rglob("*.py"))
+
+
+def test_the_core_tests_load_where_celery_cannot():
+    """The core's tests (``tests/core``), their conftest and the support modules they
+    use import in a fresh interpreter that refuses celery and kombu."""
+    assert len(CORE_TESTS) >= 10 and any(p.name == "conftest.py" for p in CORE_TESTS)
+    run_without_celery(
+        """
+        import importlib.util, sys
+        for index, path in enumerate(sys.argv[1:]):
+            spec = importlib.util.spec_from_file_location(f"core_test_{index}", path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("celery", "kombu"))
+        assert not loaded, loaded
+        """,
+        *map(str, CORE_TESTS),
     )
 
 

@@ -10,6 +10,7 @@ import atexit
 import os
 
 import celery_redlock.testing as testing
+import celery_redlock.testing.nodes as testing_nodes
 
 
 def children():
@@ -31,8 +32,8 @@ def test_nothing_of_the_plugin_is_felt(pytestconfig):
     assert loaded in (None, testing)
     assert [name for name in vars(testing) if name.startswith("pytest_")] == []
     assert not pytestconfig.pluginmanager.has_plugin("celery-redlock-nodes")
-    assert testing._armed is False  # no atexit, no at-fork handler registered
-    assert not testing._live
+    assert testing_nodes._armed is False  # no atexit, no at-fork handler registered
+    assert not testing_nodes._live
     assert children() == []  # no server started
     print(f"PLUGIN={loaded is not None} ATEXIT={atexit._ncallbacks()} ")
 """

@@ -1,7 +1,7 @@
 """The lean wire path of :func:`celery_redlock._nodes.gather`: RESP encoder, RESP2
 parser, and rounds against a scripted in-process peer (a peer that closes
 mid-reply, garbage). The rounds on real redis-server nodes are in
-``tests/integration/test_nodes_wire_live.py``."""
+``tests/core/integration/test_nodes_wire_live.py``."""
 
 from __future__ import annotations
 

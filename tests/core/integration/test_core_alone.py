@@ -14,7 +14,7 @@ from tests.support.refuse import REFUSE_CELERY
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = REFUSE_CELERY + textwrap.dedent(
     """

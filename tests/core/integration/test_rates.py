@@ -12,8 +12,14 @@ import time
 
 import pytest
 
-from celery_redlock import QuorumUnavailable, Redlock
-from celery_redlock.core import RateKey, parse_rate, peek_rate, reserve_rates
+from celery_redlock.core import (
+    QuorumUnavailable,
+    RateKey,
+    Redlock,
+    parse_rate,
+    peek_rate,
+    reserve_rates,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

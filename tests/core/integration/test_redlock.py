@@ -1,6 +1,6 @@
 """The Redlock core on real redis-server nodes (3 and 5), all healthy.
 
-Node failures (kill, SIGSTOP, restart) are in tests/faults/test_redlock_faults.py.
+Node failures (kill, SIGSTOP, restart) are in tests/core/faults/test_redlock_faults.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Safety: at most K holders at once, each permit granted on a quorum of one
 index; tokens distinct and growing in grant order across the permits; a dead
 holder's permit freed by task id whatever its index. Real workers are in
-tests/integration/test_locked_task_permits.py.
+tests/integration/test_permits_live.py.
 """
 
 from __future__ import annotations

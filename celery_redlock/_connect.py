@@ -1,0 +1,120 @@
+"""The threads of a process that open connections in the background.
+
+:func:`~celery_redlock._nodes.gather` opens a round's new connections all at
+once, each in a thread of :func:`connector` with a timeout of its own, and a
+``sentinel://`` node asks its sentinels all at once (:class:`Sentinels`): a
+hung node or sentinel then costs its own timeout, never the others' time.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.sentinel
+
+__all__ = ["Connector", "Sentinels", "connector"]
+
+
+class Connector:
+    """The threads of this process that open connections in the background.
+
+    No thread per round: a thread waits for the next connect, and ends after
+    :data:`_THREAD_IDLE` seconds without one; there are as many as connects
+    were in flight at once (a hung node holds one for its connect timeout).
+    Created at first use; a forked child starts with none (:func:`connector`).
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            spawn = not self._idle
+            if not spawn:
+                self._idle -= 1
+        self._jobs.put((fn, args))
+        if spawn:
+            threading.Thread(target=self._work, name="redlock-connect", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                fn, args = self._jobs.get(timeout=_THREAD_IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle:
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                fn(*args)
+            except Exception:  # pragma: no cover - the jobs catch their own errors
+                pass
+            with self._lock:
+                self._idle += 1
+
+
+#: Seconds a connecting thread waits for work before it ends.
+_THREAD_IDLE = 30.0
+
+_CONNECTOR: Connector | None = None
+_CONNECTOR_LOCK = threading.Lock()
+
+
+def connector() -> Connector:
+    """This process's :class:`Connector`, created at first use."""
+    global _CONNECTOR
+    if _CONNECTOR is None:
+        with _CONNECTOR_LOCK:
+            if _CONNECTOR is None:
+                _CONNECTOR = Connector()
+    return _CONNECTOR
+
+
+def _forget_connector() -> None:
+    # The parent's threads did not come along through fork: start afresh.
+    global _CONNECTOR, _CONNECTOR_LOCK
+    _CONNECTOR, _CONNECTOR_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_connector)
+
+
+class Sentinels(redis.sentinel.Sentinel):
+    """redis-py's ``Sentinel``, but every sentinel is asked at once (in threads of
+    :func:`connector`), and the first valid answer wins: a hung sentinel costs
+    nothing while another answers. redis-py asks one after another, each within
+    its timeout, so a hung first sentinel delays every new connection."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        sentinels = list(self.sentinels)
+        if len(sentinels) < 2:
+            return super().discover_master(service_name)
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        for sentinel in sentinels:
+            connector().submit(_ask_sentinel, sentinel, answers)
+        errors = []
+        for _ in sentinels:  # each ask ends within its sentinel's own timeouts
+            sentinel, masters, error = answers.get()
+            if error is not None:
+                errors.append(f"{sentinel} - {error!r}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                return state["ip"], state["port"]
+        detail = f" : {', '.join(errors)}" if errors else ""
+        raise redis.sentinel.MasterNotFoundError(f"No master found for {service_name!r}{detail}")
+
+
+def _ask_sentinel(sentinel: redis.Redis, answers: queue.SimpleQueue) -> None:
+    try:
+        answers.put((sentinel, sentinel.sentinel_masters(), None))
+    except Exception as exc:  # whatever it is, the lookup must hear back
+        answers.put((sentinel, None, exc))

