@@ -55,8 +55,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, overload
 
-from .. import settings
 from .._nodes import Node, NodeSpec
+from . import settings
 from .claims import Claims
 from .exceptions import ConfigurationError, LockContended, LockNotAcquired
 from .fencing import Fencing

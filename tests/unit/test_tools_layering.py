@@ -27,7 +27,7 @@ def _dotted(path: Path) -> str:
 
 PATHS = {_dotted(p): p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "__init__.py"}
 MODULES = sorted(PATHS)
-CORE = {"redlock", "_connect", "_nodes", "exceptions", "metrics"} | {
+CORE = {"redlock", "_connect", "_nodes", "exceptions", "metrics", "settings"} | {
     m for m in MODULES if m == "core" or m.startswith("core.")
 }
 #: The core's modules that only the core imports: everything but its package,
