@@ -55,7 +55,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, overload
 
-from .._nodes import Node, NodeSpec
 from . import settings
 from .claims import Claims
 from .exceptions import ConfigurationError, LockContended, LockNotAcquired
@@ -63,6 +62,7 @@ from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
 from .lease import Lease, Leases
+from .nodes import Node, NodeSpec
 from .permits import Permits
 from .quorum import Quorum
 from .records import Claim, Finished, Holder, TooEarly, make_owner
