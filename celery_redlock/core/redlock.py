@@ -29,12 +29,18 @@ The parts
 its own:
 
 * :mod:`.quorum`: the nodes, one scatter-gather round, quorum and validity;
+  under it the nodes themselves: :mod:`.nodes` (a node, its idle connections
+  and circuit breaker), :mod:`.urls` (``redis://`` ... ``sentinel://``),
+  :mod:`.rounds` (one round, scripts with ``WAIT``), :mod:`.opening` and
+  :mod:`.connect` (new connections and sentinels asked in the background),
+  :mod:`.wire` (RESP on the sockets: redis-py's private names, only there);
 * :mod:`.lease`: acquire, extend and release of a name's lock key;
 * :mod:`.fencing`: the fencing tokens and their write-back (phase 2);
 * :mod:`.permits`: K holders of a name, and several names taken together;
 * :mod:`.claims`: claims on a name's next holder, debounce and throttle;
 * :mod:`.inspect`: read-only views for the tools, and the force release;
-* :mod:`.scripts`: the Lua, grouped the same way, its helpers written once.
+* :mod:`.scripts`: the Lua, grouped the same way, its helpers written once;
+* :mod:`.settings`: every setting and option, declared once.
 
 Each operation is one round trip (one script call per node, sent to every
 node at once), plus the fence write-back when the nodes disagree, and the
