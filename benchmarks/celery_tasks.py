@@ -83,7 +83,7 @@ sys.path.insert(0, HERE)
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
-from celery_redlock._nodes import _pack, _parse, _Partial  # noqa: E402  (the floor's wire)
+from celery_redlock.core.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 from celery_redlock.core import scripts  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -177,7 +177,7 @@ class _FloorNodes:
             sock.setblocking(False)
 
     def round(self, *args: bytes) -> None:
-        command = _pack(args)
+        command = pack(args)
         poller = select.poll()
         waiting = {}
         for fd, sock in self.socks.items():
@@ -188,8 +188,8 @@ class _FloorNodes:
             for fd, _ in poller.poll(5000):
                 buf = waiting[fd] + self.socks[fd].recv(65536)
                 try:
-                    reply = _parse(buf, 0)[0]
-                except _Partial:
+                    reply = parse(buf, 0)[0]
+                except Partial:
                     waiting[fd] = buf
                     continue
                 if isinstance(reply, Exception):

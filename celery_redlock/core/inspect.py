@@ -9,11 +9,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .._nodes import Node, NodeSpec, mask_url
 from . import scripts
 from .keyspace import KeySpace
+from .nodes import Node, NodeSpec
 from .quorum import Quorum
 from .records import Holder, agree
+from .urls import mask_url
 from .values import error_text, readable, text
 
 __all__ = [

@@ -74,8 +74,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from .. import settings
-from . import scripts
+from . import scripts, settings
 from .fencing import candidate
 from .lease import Lease, Leases, gate_flags, in_the_way, stopped_early
 from .records import Claim, Finished, Holder, TooEarly

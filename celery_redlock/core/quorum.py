@@ -17,8 +17,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from .._nodes import Node, NodeSpec, gather, run_script
 from .exceptions import ConfigurationError, QuorumUnavailable
+from .nodes import Node, NodeSpec
+from .rounds import gather, run_script
 from .scripts import Script
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]

@@ -77,12 +77,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable, NamedTuple
 
-from .._nodes import NotReplicated
-from ..settings import Window, check_rate, parse_rate
 from . import scripts
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .quorum import Quorum
+from .rounds import NotReplicated
+from .settings import Window, check_rate, parse_rate
 
 __all__ = [
     "RateKey",

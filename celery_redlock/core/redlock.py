@@ -29,13 +29,19 @@ The parts
 its own:
 
 * :mod:`.quorum`: the nodes, one scatter-gather round, quorum and validity;
+  under it the nodes themselves: :mod:`.nodes` (a node, its idle connections
+  and circuit breaker), :mod:`.urls` (``redis://`` ... ``sentinel://``),
+  :mod:`.rounds` (one round, scripts with ``WAIT``), :mod:`.opening` and
+  :mod:`.connect` (new connections and sentinels asked in the background),
+  :mod:`.wire` (RESP on the sockets: redis-py's private names, only there);
 * :mod:`.lease`: acquire, extend and release of a name's lock key;
 * :mod:`.fencing`: the fencing tokens and their write-back (phase 2);
 * :mod:`.permits`: K holders of a name, and several names taken together;
 * :mod:`.claims`: claims on a name's next holder, debounce and throttle;
 * :mod:`.inspect`: read-only views for the tools, and the force release;
 * :mod:`.rates`: rate reservations, at most N starts per window (GCRA on the quorum);
-* :mod:`.scripts`: the Lua, grouped the same way, its helpers written once.
+* :mod:`.scripts`: the Lua, grouped the same way, its helpers written once;
+* :mod:`.settings`: every setting and option, declared once.
 
 Each operation is one round trip (one script call per node, sent to every
 node at once), plus the fence write-back when the nodes disagree, and the
@@ -57,14 +63,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, overload
 
-from .. import settings
-from .._nodes import Node, NodeSpec
+from . import settings
 from .claims import Claims
 from .exceptions import ConfigurationError, LockContended, LockNotAcquired
 from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
 from .lease import Lease, Leases
+from .nodes import Node, NodeSpec
 from .permits import Permits
 from .quorum import Quorum
 from .rates import Rates

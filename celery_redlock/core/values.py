@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import settings
+from . import settings
 from .exceptions import ConfigurationError
 
 __all__ = ["checked", "error_text", "ms", "positive", "readable", "text"]

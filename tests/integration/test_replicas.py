@@ -112,10 +112,10 @@ def test_without_min_replicas_a_silent_replica_changes_nothing(pair):
 
 
 def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, monkeypatch):
-    from celery_redlock import _nodes
+    from celery_redlock.core import rounds
 
     sent = []
-    real = _nodes.gather
+    real = rounds.gather
 
     def spy(nodes, args, timeout, then=None):
         sent.append((args[0], then and then[0]))
@@ -133,7 +133,7 @@ def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, m
         rl.withdraw_claim("job", "task-1")
 
     cycle()  # the scripts are loaded: every round below is one EVALSHA
-    monkeypatch.setattr(_nodes, "gather", spy)
+    monkeypatch.setattr(rounds, "gather", spy)
     cycle()
     assert [then for _, then in sent] == ["WAIT", "WAIT", None, None, "WAIT", None]
     sent.clear()

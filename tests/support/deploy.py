@@ -32,6 +32,23 @@ def link_up(replica: RedisNode) -> bool:
         return False
 
 
+def confirms_writes(primary: RedisNode, replicas: int = 1) -> bool:
+    """Whether ``replicas`` replicas of ``primary`` confirm a write now, as
+    ``min_replicas`` asks (a short-lived probe key, then ``WAIT``).
+
+    A replica whose link is up may not be fed the stream yet: after a full
+    sync, redis-server 7 sends it the writes only once it has acknowledged
+    the sync, which it may do up to a second later. Until then every ``WAIT``
+    on the primary times out.
+    """
+    try:
+        with primary.client() as client:
+            client.set("deploy:probe", 1, px=1000)
+            return client.execute_command("WAIT", replicas, 100) >= replicas
+    except redis.RedisError:
+        return False
+
+
 def primary_with_replicas(n: int = 1, extra_args: Sequence[str] = ()) -> list[RedisNode]:
     """A primary and ``n`` replicas, replication up. The caller closes them."""
     primary = RedisNode(extra_args)

@@ -7,15 +7,15 @@ import ssl
 import pytest
 from celery import Celery
 
-from celery_redlock import _nodes
 from celery_redlock.conf import ImproperlyConfigured, nodes_from_app
+from celery_redlock.core import rounds, urls
 from celery_redlock.exceptions import ConfigurationError
 from celery_redlock.redlock import Redlock
 from celery_redlock.settings import by_name
 
 
 def test_the_sentinel_grammar():
-    got = _nodes.sentinel_options(
+    got = urls.sentinel_options(
         "sentinel://user:p%40ss@h1:26380,h2,[::1]:26381/my%20master/3"
         "?sentinel_password=sp&ssl_ca_certs=/ca.pem&min_other_sentinels=1"
     )
@@ -33,10 +33,10 @@ def test_the_sentinel_grammar():
 
 
 def test_the_sentinel_grammar_defaults_and_db_option():
-    got = _nodes.sentinel_options("sentinel://h1/mymaster?db=2")
+    got = urls.sentinel_options("sentinel://h1/mymaster?db=2")
     assert got["sentinels"] == [("h1", 26379)] and got["master"] == {"db": 2}
     assert got["sentinel"] == {} and got["min_other_sentinels"] == 0
-    off = _nodes.sentinel_options("sentinel://h1/m?ssl=false&ssl_ca_certs=/x")
+    off = urls.sentinel_options("sentinel://h1/m?ssl=false&ssl_ca_certs=/x")
     assert off["master"] == {} and off["sentinel"] == {}
 
 
@@ -69,7 +69,7 @@ def test_a_sentinel_node_connects_nowhere_until_used_and_masks_passwords():
 def test_a_dead_sentinel_set_fails_fast_naming_the_node(free_port):
     url = f"sentinel://127.0.0.1:{free_port}/m"
     rl = Redlock([url], node_timeout=0.05)
-    replies = _nodes.gather(rl.nodes, ("PING",), 0.05)
+    replies = rounds.gather(rl.nodes, ("PING",), 0.05)
     assert isinstance(replies[0], Exception)
 
 
@@ -100,7 +100,7 @@ def test_a_celery_sentinel_broker_is_the_default_node():
     )
     app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/ca.pem"}
     (url,) = nodes_from_app(app)
-    got = _nodes.sentinel_options(url)
+    got = urls.sentinel_options(url)
     assert got["master"]["ssl"] and got["master"]["ssl_cert_reqs"] == "required"
     assert got["sentinel"]["ssl_ca_certs"] == "/ca.pem" and got["sentinel"]["password"] == "sp"
 

@@ -19,11 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "celery_redlock"
 
 #: Modules outside the core package that must import neither celery nor kombu, even
-#: transitively (``exceptions`` and ``redlock`` keep the core's names at their old paths;
-#: ``testing`` serves the core's own tests).
+#: transitively (``exceptions``, ``redlock`` and ``settings`` keep the core's names at their
+#: old paths; ``testing`` serves the core's own tests).
 CELERY_FREE = (
-    "_connect",
-    "_nodes",
     "exceptions",
     "metrics",
     "redlock",
@@ -33,8 +31,6 @@ CELERY_FREE = (
     "testing.plugin",
     "tracing",
 )
-#: What the core package may import besides itself, until these move into it.
-CORE_MAY_IMPORT = {"_nodes", "settings"}
 
 
 def run_without_celery(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -166,8 +162,9 @@ def test_the_import_walk_sees_relative_and_function_imports():
     graph = _package_graph()
     assert "plan" in graph["task"] and "signals" in graph["task"]
     assert "core.heartbeat" in graph["task"] and "core" in graph["task"]
-    assert "core.scripts" in graph["core.lease"] and "settings" in graph["core.values"]
-    assert "_nodes" in graph["core.quorum"] and "core.scripts.shared" in graph["core.scripts.lease"]
+    assert "core.scripts" in graph["core.lease"] and "core.settings" in graph["core.values"]
+    assert "core.rounds" in graph["core.quorum"] and "core.wire" in graph["core.rounds"]
+    assert "core.scripts.shared" in graph["core.scripts.lease"]
     assert "conf" in graph["keys"]
     assert "cli.status" in graph["cli"] and "cli.base" in graph["cli.status"]
     assert "slot_claims" in graph["beat"] and "testing.nodes" in graph["testing.plugin"]
@@ -199,7 +196,7 @@ def test_the_core_imports_only_the_core():
     graph = _package_graph()
     assert "core.lease" in CORE and "core.scripts.shared" in CORE
     for module in CORE:
-        outside = graph[module] - set(CORE) - CORE_MAY_IMPORT
+        outside = graph[module] - set(CORE)
         assert not outside, f"core module {module} imports {sorted(outside)}"
         third_party = {dep.split(".")[0] for dep in _imports(module, _modules()[module])} & {
             "celery",
@@ -258,10 +255,10 @@ def test_the_celery_layer_needs_celery():
 
 
 def test_redis_internals_live_in_one_module():
-    """redis-py's private names (``redis._parsers``, ``conn._sock``...) only in ``_nodes``."""
+    """redis-py's private names (``redis._parsers``, ``conn._sock``...) only in ``core.wire``."""
     private = ("_parsers", "_sock", "_host_error", "_buffer", "_reader")
     for name, path in _modules().items():
-        if name == "_nodes":
+        if name == "core.wire":
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -1,11 +1,11 @@
 """The tools reach the lock core through its public API only.
 
-No module outside the core imports ``_nodes`` or the core's inner modules (it
-imports :mod:`celery_redlock.core` itself, or its ``heartbeat`` and
-``exceptions``), and no module imports a leading-underscore name from another
-module. The tools' subpackages keep their own layers: the dashboard
-(``web``) shares the tools' reading and formatting modules with the CLI but
-none of the CLI's commands, and ``testing`` needs nothing of the package.
+No module outside the core imports the core's inner modules (it imports
+:mod:`celery_redlock.core` itself, or its ``heartbeat`` and ``exceptions``),
+and no module imports a leading-underscore name from another module. The
+tools' subpackages keep their own layers: the dashboard (``web``) shares the
+tools' reading and formatting modules with the CLI but none of the CLI's
+commands, and ``testing`` needs nothing of the package.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ def _dotted(path: Path) -> str:
 
 PATHS = {_dotted(p): p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "__init__.py"}
 MODULES = sorted(PATHS)
-CORE = {"redlock", "_connect", "_nodes", "exceptions", "metrics"} | {
+CORE = {"redlock", "exceptions", "metrics", "settings"} | {
     m for m in MODULES if m == "core" or m.startswith("core.")
 }
 #: The core's modules that only the core imports: everything but its package,
 #: its heartbeat and its exceptions.
 PUBLIC_CORE = {"core", "core.heartbeat", "core.exceptions"}
-INNER = {"_connect", "_nodes"} | {m for m in MODULES if m.startswith("core.")} - PUBLIC_CORE
+INNER = {m for m in MODULES if m.startswith("core.")} - PUBLIC_CORE
 
 
 def imports(module: str) -> list[tuple[str, str]]:
@@ -74,6 +74,7 @@ def test_the_walk_resolves_relative_imports_in_subpackages():
     assert ("", "signals") in imports("task")
     assert {"cli.status", "cli.web"} <= modules_imported("cli")
     assert "core.lease" in INNER and "core.scripts" in INNER and "cli.base" in MODULES
+    assert "core.wire" in INNER and "core.connect" in INNER
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m not in CORE])

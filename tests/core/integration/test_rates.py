@@ -191,7 +191,7 @@ def test_peek_shows_the_schedule(redis_nodes3):
 def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
     """Uncontended, a reservation is one script call per node, sent at once: what a rated
     start adds to its run lock is one lock round."""
-    from celery_redlock import _nodes
+    from celery_redlock.core import rounds as _nodes
 
     rl = Redlock(redis_nodes3.urls)
     rl.rate("rounds", "100/s")  # the script is loaded: each round below is one EVALSHA

@@ -1,4 +1,4 @@
-"""How :func:`celery_redlock._nodes.gather` opens new connections: all at once, in
+"""How :func:`celery_redlock.core.rounds.gather` opens new connections: all at once, in
 the background, each within its own timeout; a node whose connects time out is
 skipped for a while (its circuit breaker); a connection that connected is kept.
 
@@ -19,8 +19,9 @@ import warnings
 import pytest
 import redis
 
-from celery_redlock import _connect
-from celery_redlock._nodes import BREAKER_MAX, Node, gather
+from celery_redlock.core import connect
+from celery_redlock.core.nodes import BREAKER_MAX, Node
+from celery_redlock.core.rounds import gather
 from tests.core.unit.test_nodes_wire import REPLY
 from tests.support import netproxy
 
@@ -161,12 +162,12 @@ def test_no_thread_per_round(peers):
 def test_a_forked_child_opens_its_own_connections(peers):
     nodes = [Node(url, 1.0) for url in peers(3, netproxy.BLACKHOLE_CONNECT, hung=(0,))]
     timed(nodes)
-    assert nodes[0]._backoff and _connect._CONNECTOR is not None
+    assert nodes[0]._backoff and connect._CONNECTOR is not None
     with warnings.catch_warnings():  # Python 3.12+ frowns on fork with threads running
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: no connector thread, no idle connection, no breaker of the parent's
-        ok = _connect._CONNECTOR is None
+        ok = connect._CONNECTOR is None
         replies = gather(nodes, ("ANY",), 1.0)
         ok = ok and replies[1:] == [PONG, PONG] and isinstance(replies[0], redis.TimeoutError)
         os._exit(0 if ok else 1)

@@ -1,4 +1,4 @@
-"""The lean wire path of :func:`celery_redlock._nodes.gather`: RESP encoder, RESP2
+"""The lean wire path of :func:`celery_redlock.core.rounds.gather`: RESP encoder, RESP2
 parser, and rounds against a scripted in-process peer (a peer that closes
 mid-reply, garbage). The rounds on real redis-server nodes are in
 ``tests/core/integration/test_nodes_wire_live.py``."""
@@ -20,7 +20,9 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from celery_redlock._nodes import Node, _pack, _parse, _Partial, gather
+from celery_redlock.core.nodes import Node
+from celery_redlock.core.rounds import gather
+from celery_redlock.core.wire import Partial, pack, parse
 
 # -- encoder -------------------------------------------------------------------------------
 
@@ -34,17 +36,17 @@ from celery_redlock._nodes import Node, _pack, _parse, _Partial, gather
     ],
 )
 def test_pack_matches_redis_py(args):
-    assert _pack(args) == b"".join(redis.Connection().pack_command(*args))
+    assert pack(args) == b"".join(redis.Connection().pack_command(*args))
 
 
 def test_pack_encodes_str_as_utf8_and_int_as_decimal():
-    assert _pack(("GET", "é", 42)) == b"*3\r\n$3\r\nGET\r\n$2\r\n\xc3\xa9\r\n$2\r\n42\r\n"
+    assert pack(("GET", "é", 42)) == b"*3\r\n$3\r\nGET\r\n$2\r\n\xc3\xa9\r\n$2\r\n42\r\n"
 
 
 @pytest.mark.parametrize("bad", [True, None, object()])
 def test_pack_refuses_what_redis_py_refuses(bad):
     with pytest.raises(DataError):
-        _pack(("SET", "k", bad))
+        pack(("SET", "k", bad))
 
 
 # -- parser --------------------------------------------------------------------------------
@@ -93,42 +95,42 @@ def same(a, b) -> bool:
 
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_parse_returns_what_redis_py_returns(payload):
-    reply, end = _parse(payload, 0)
+    reply, end = parse(payload, 0)
     assert end == len(payload)
     assert same(reply, redis_py_reads(payload))
 
 
 def test_parse_values():
     nested = b"*3\r\n:1\r\n$-1\r\n*2\r\n$1\r\nx\r\n*1\r\n:2\r\n"
-    assert _parse(nested, 0)[0] == [1, None, [b"x", [2]]]
-    assert _parse(b"+OK\r\n", 0)[0] == b"OK"
-    assert _parse(b"*-1\r\n", 0)[0] is None
+    assert parse(nested, 0)[0] == [1, None, [b"x", [2]]]
+    assert parse(b"+OK\r\n", 0)[0] == b"OK"
+    assert parse(b"*-1\r\n", 0)[0] is None
 
 
 def test_parse_errors_are_values_of_redis_py_classes():
-    noscript = _parse(b"-NOSCRIPT No matching script.\r\n", 0)[0]
+    noscript = parse(b"-NOSCRIPT No matching script.\r\n", 0)[0]
     assert type(noscript) is NoScriptError
     assert str(noscript) == "No matching script."
-    generic = _parse(b"-ERR unknown command 'NOPE'\r\n", 0)[0]
+    generic = parse(b"-ERR unknown command 'NOPE'\r\n", 0)[0]
     assert type(generic) is ResponseError
     assert str(generic) == "unknown command 'NOPE'"  # redis-py drops the ERR code
 
 
 def test_parse_raises_an_error_redis_py_counts_as_a_connection_failure():
     with pytest.raises(BusyLoadingError):
-        _parse(b"-LOADING Redis is loading the dataset in memory\r\n", 0)
+        parse(b"-LOADING Redis is loading the dataset in memory\r\n", 0)
 
 
 def test_parse_refuses_an_unknown_type():
     with pytest.raises(InvalidResponse):
-        _parse(b"!3\r\nabc\r\n", 0)
+        parse(b"!3\r\nabc\r\n", 0)
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_parse_of_every_prefix_asks_for_more(payload):
     for cut in range(len(payload)):
-        with pytest.raises(_Partial):
-            _parse(payload[:cut], 0)
+        with pytest.raises(Partial):
+            parse(payload[:cut], 0)
 
 
 # -- which nodes take the lean path ------------------------------------------------------------

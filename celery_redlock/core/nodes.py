@@ -1,0 +1,179 @@
+"""One Redis node of a quorum: its client, its idle connections, its circuit breaker.
+
+A node is built from a URL (:mod:`~celery_redlock.core.urls`, failing fast)
+or given as a ``redis.Redis`` (used as it is). Its connections are opened by
+the rounds (:mod:`~celery_redlock.core.opening`) and kept here between them;
+the bytes are exchanged by :mod:`~celery_redlock.core.wire`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Any, Union
+
+import redis
+import redis.sentinel
+from redis.exceptions import RedisError
+
+from .exceptions import ConfigurationError
+from .urls import address, client_for, describe, mask_url
+
+__all__ = ["BREAKER_MAX", "Node", "NodeSpec"]
+
+NodeSpec = Union[str, "redis.Redis"]
+
+#: Seconds, at most, that a node whose connects time out is skipped before a probe.
+BREAKER_MAX = 1.0
+
+
+class Node:
+    """One independent Redis master.
+
+    Args:
+        spec: a URL (``redis://``, ``rediss://``, ``unix://``, ``sentinel://``:
+            see :func:`~celery_redlock.core.urls.sentinel_options`) or a
+            ``redis.Redis``. A client is used as given: its own timeouts and
+            retries apply.
+        timeout: socket and connect timeout in seconds for a node built from a URL.
+        min_replicas: how many of the node's replicas must confirm a grant, a
+            renewal or a fence write (``WAIT``, pipelined in the same round)
+            before it counts; 0 sends no ``WAIT``.
+    """
+
+    __slots__ = (
+        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_pid",
+        "_backoff", "_retry_at", "_probing",
+    )  # fmt: skip
+
+    def __init__(self, spec: NodeSpec, timeout: float, min_replicas: int = 0):
+        self.min_replicas = min_replicas
+        if isinstance(spec, str):
+            client = client_for(spec, timeout)
+            self.name = mask_url(spec)
+        elif isinstance(spec, redis.Redis):
+            client = spec
+            self.name = describe(client)
+        else:
+            raise ConfigurationError(
+                f"a Redis node must be a URL or a redis.Redis client, not {type(spec).__name__}"
+            )
+        self.pool = client.connection_pool
+        kw = self.pool.connection_kwargs
+        #: Whether a round talks to this node's sockets itself
+        #: (:mod:`~celery_redlock.core.wire`): only for plain sockets whose
+        #: replies redis-py would hand over undecoded (a URL's query string may
+        #: still ask for RESP3 or decoding), and only where ``select.poll``
+        #: exists (not on Windows).
+        self.lean = (
+            isinstance(spec, str)
+            and self.pool.connection_class in (redis.Connection, redis.UnixDomainSocketConnection)
+            and str(kw.get("protocol", 2)) == "2"
+            and not kw.get("decode_responses")
+            and kw.get("encoding", "utf-8") == "utf-8"
+            and hasattr(select, "poll")
+        )
+        # redis-py's defaults (localhost:6379) filled in, so "redis://h" and
+        # "redis://h:6379/0" are seen as the same server.
+        self._identity: tuple[Any, ...]
+        if kw.get("path"):
+            self._identity = (kw["path"], None, kw.get("db", 0))
+        else:
+            host, port = kw.get("host") or "localhost", int(kw.get("port") or 6379)
+            self._identity = (host, port, kw.get("db", 0))
+        if isinstance(spec, redis.Redis) and "server" in kw:  # fakeredis: one server per node
+            self._identity = ("fake", id(kw["server"]), kw.get("db", 0))
+        if isinstance(self.pool, redis.sentinel.SentinelConnectionPool):
+            sentinels = self.pool.sentinel_manager.sentinels
+            self._identity = (
+                "sentinel",
+                frozenset(address(s.connection_pool.connection_kwargs) for s in sentinels),
+                self.pool.service_name,
+                kw.get("db", 0),
+            )
+        # Idle connections of this process. A plain list, not the pool's
+        # checkout (its lock and bookkeeping cost more than the round trip on
+        # loopback); list.pop and list.append are atomic, so threads may share it.
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+        self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
+        self._probing = False
+
+    def idle_connection(self) -> Any:
+        """An idle connection of this process, or None."""
+        if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
+            self._forget_parent()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return None
+
+    def _forget_parent(self) -> None:
+        self._idle = []
+        self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
+        self._pid = os.getpid()
+
+    # The circuit breaker: a node whose connects time out (a blackholed
+    # address, a half-dead host) is not sent new connects for a while that
+    # grows from one timeout to BREAKER_MAX, but for one probe in the
+    # background when the while is over; the probe's connection, if it
+    # connects, is kept for the next round, and any outcome but a timeout
+    # closes the breaker. Per node and per process.
+
+    def skips_connects(self) -> RedisError | None:
+        """None if a new connection may be opened now; else the error that
+        stands for this node's reply."""
+        if not self._backoff:
+            return None
+        return redis.exceptions.ConnectionError(
+            f"{self.name}: not connecting for now: its connects timed out "
+            f"(next try within {max(self._retry_at - time.monotonic(), 0.0):.2f}s)"
+        )
+
+    def probe_due(self) -> bool:
+        """True, once, when a skipped node's while is over: the caller then
+        opens one connection in the background, the probe, and reports how it
+        ended to :meth:`connected` with ``probe=True``."""
+        if self._probing or time.monotonic() < self._retry_at:
+            return False
+        self._probing = True
+        return True
+
+    def connected(self, error: RedisError | None, budget: float, probe: bool = False) -> None:
+        """Record how a connect ended (called by the thread that made it)."""
+        if probe:
+            self._probing = False
+        if isinstance(error, redis.exceptions.TimeoutError):
+            if probe or not self._backoff:  # connects of one outage grow the while once
+                self._backoff = min(max(2 * self._backoff, budget), BREAKER_MAX)
+                self._retry_at = time.monotonic() + self._backoff
+        else:
+            self._backoff = 0.0
+
+    def new_connection(self) -> Any:
+        return self.pool.connection_class(**self.pool.connection_kwargs)
+
+    def put_back(self, conn: Any) -> None:
+        self._idle.append(conn)
+
+    def discard(self, conn: Any) -> None:
+        """Close a connection that may hold an unread or half-read reply: it is never reused."""
+        try:
+            conn.disconnect()
+        except (RedisError, OSError):
+            pass
+
+    def close(self) -> None:
+        """Close this process's idle connections."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            self.discard(conn)
+
+    @property
+    def identity(self) -> tuple:
+        """What makes two nodes the same Redis database (for duplicate detection)."""
+        return self._identity
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name}>"

@@ -1,0 +1,153 @@
+"""A round's new connections: opened in the background, all at once.
+
+:func:`~celery_redlock.core.rounds.gather` does not wait for a node's new
+connection before it sends to the others: each one is opened (connect and
+handshake) in a thread of :func:`~celery_redlock.core.connect.connector`,
+within the round's timeout of its own, and handed over to the round through a
+pipe that the round polls with its sockets (:class:`Opening`). A connection
+that connects after its round ended is kept for the next one. A node whose
+connects time out is skipped for a while but for one background probe
+(:meth:`Node.skips_connects <celery_redlock.core.nodes.Node.skips_connects>`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+
+from .connect import connector
+from .nodes import Node
+from .wire import as_redis_error, set_nonblocking
+
+__all__ = ["Opening", "connect_within", "open_connection"]
+
+#: How a round ends a connect it waited for in vain (for the circuit breaker).
+_OVERDUE = redis.exceptions.TimeoutError("connect overdue")
+
+
+class Opening:
+    """The new connections of one round, each opened (connect and handshake) in
+    a background thread of :func:`connector`, all at once, each within the
+    round's timeout of its own.
+
+    A thread that connects in time hands its connection over to the round and
+    wakes it through a pipe that the round polls with its sockets; one that
+    connects after the round ended puts its connection among the node's idle
+    ones. Only rounds that open connections pay for this.
+    """
+
+    __slots__ = (
+        "args", "then", "wire", "count", "timeout", "packed",
+        "lock", "live", "done", "pending", "wake", "_write_end",
+    )  # fmt: skip
+
+    def __init__(self, args: Sequence[Any], then: Any, wire: bytes, count: int, timeout: float):
+        self.args, self.then, self.wire, self.count, self.timeout = args, then, wire, count, timeout
+        self.packed: Any = None
+        self.lock = threading.Lock()
+        self.live = True
+        self.done: list[tuple[int, Node, Any, RedisError | None]] = []
+        self.pending: dict[int, Node] = {}
+        self.wake, self._write_end = os.pipe()
+        os.set_blocking(self.wake, False)
+
+    def open(self, i: int, node: Node, replies: list[Any]) -> None:
+        """Start opening a connection to ``node`` (item ``i`` of the round), or
+        set its reply to an error at once if its circuit breaker skips it."""
+        skipped = node.skips_connects()
+        if skipped is not None:
+            if node.probe_due():
+                connector().submit(
+                    open_connection, node, node.new_connection(), self.timeout, None, -1
+                )
+            replies[i] = skipped
+            return
+        self.pending[i] = node
+        connector().submit(open_connection, node, node.new_connection(), self.timeout, self, i)
+
+    def finished(self, i: int, conn: Any, error: RedisError | None) -> bool:
+        """From a connecting thread: hand the outcome over; False if the round has ended."""
+        with self.lock:
+            if not self.live:
+                return False
+            self.done.append((i, self.pending[i], conn, error))
+            os.write(self._write_end, b".")
+            return True
+
+    def take(self, replies: list[Any]) -> list[tuple[int, Node, Any]]:
+        """The connections opened since the last call; the failed ones get their error as reply."""
+        with self.lock:
+            done, self.done = self.done, []
+            try:
+                os.read(self.wake, 4096)
+            except BlockingIOError:
+                pass
+        ready = []
+        for i, node, conn, error in done:
+            del self.pending[i]
+            if error is None:
+                ready.append((i, node, conn))
+            else:
+                replies[i] = error
+        return ready
+
+    def command_for(self, node: Node, conn: Any) -> Any:
+        if node.lean:
+            return self.wire
+        if self.packed is None:
+            args, then = self.args, self.then
+            self.packed = conn.pack_commands([args] if then is None else [args, then])
+        return self.packed
+
+    def close(self, replies: list[Any]) -> None:
+        """End the round: what is still connecting goes on in the background,
+        its connection then kept; its reply is a timeout."""
+        with self.lock:
+            self.live = False
+            done, self.done = self.done, []
+        os.close(self.wake)
+        os.close(self._write_end)
+        for i, node, conn, error in done:  # connected in the last instant: kept for the next round
+            del self.pending[i]
+            if error is None:
+                node.put_back(conn)
+                error = redis.exceptions.TimeoutError(f"Connected to {node.name} too late")
+            replies[i] = error
+        for i, node in self.pending.items():
+            node.connected(_OVERDUE, self.timeout)  # the next round need not wait for it again
+            replies[i] = redis.exceptions.TimeoutError(
+                f"Timeout connecting to {node.name} within {self.timeout:g}s"
+            )
+
+
+def open_connection(node: Node, conn: Any, budget: float, opening: Opening | None, i: int) -> None:
+    """Connect ``conn`` (in a thread of
+    :func:`~celery_redlock.core.connect.connector`) and hand it to the round,
+    or to the node's idle connections if the round has ended (or if this is
+    the circuit breaker's probe, ``opening`` None)."""
+    error: RedisError | None = None
+    try:
+        connect_within(conn, budget)
+        if node.lean:
+            set_nonblocking(conn)
+    except Exception as exc:  # whatever it is, the round must hear back
+        node.discard(conn)
+        error = as_redis_error(exc)
+    node.connected(error, budget, probe=opening is None)
+    if opening is None or not opening.finished(i, conn, error):
+        if error is None:
+            node.put_back(conn)
+
+
+def connect_within(conn: Any, budget: float) -> None:
+    """Connect, handshake included, within ``budget`` seconds (or the node's shorter timeouts)."""
+    for attr in ("socket_connect_timeout", "socket_timeout"):
+        configured = getattr(conn, attr, None)
+        if configured is None or configured > budget:
+            setattr(conn, attr, budget)
+    conn.connect()
