@@ -82,7 +82,7 @@ from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .quorum import Quorum
 from .rounds import NotReplicated
-from .settings import Window, check_rate, parse_rate
+from .windows import Window, check_rate, parse_rate
 
 __all__ = [
     "RateKey",

@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable
 from typing import Any, Callable, NamedTuple
 
+from .windows import check_rate
+
 __all__ = [
     "BEAT_SETTINGS",
     "EXHAUSTED",
@@ -118,107 +120,6 @@ def check_key_prefix(value: Any) -> str:
     if not isinstance(value, str) or not value or "{" in value or "}" in value:
         raise ValueError("must be a non-empty string without braces")
     return value
-
-
-# -- rates (redlock_rate): parsed here, booked by celery_redlock.core.rates ------
-
-
-class Window(NamedTuple):
-    """At most ``starts`` starts in any window of ``period`` seconds."""
-
-    starts: int
-    period: float
-
-    @property
-    def interval(self) -> float:
-        """Seconds between two starts at the steady rate (GCRA's T)."""
-        return self.period / self.starts
-
-    @property
-    def field(self) -> str:
-        """The hash field of this window's TAT: ``count/period_ms``."""
-        return f"{self.starts}/{_ms(self.period)}"
-
-    def __str__(self) -> str:
-        return f"{self.starts}/{_seconds_text(self.period)}"
-
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_RATE_TEXT = re.compile(r"^\s*(\d+)\s*(?:/\s*(\d+(?:\.\d+)?)?\s*([smhd]))?\s*$")
-_SHAPE = (
-    "must be a rate ('10/s', '100/m', '1000/h', '20/10s', a whole number per second, "
-    "or a (count, seconds) pair), several of them, or a callable returning one"
-)
-
-
-def _one(value: Any) -> Window:
-    if isinstance(value, str):
-        match = _RATE_TEXT.match(value)
-        if not match:
-            raise ValueError(_SHAPE)
-        count, amount, unit = match.groups()
-        period = float(amount or 1) * _UNITS[unit or "s"]
-        return _window(int(count), period)
-    if _number(value):
-        if value != int(value):
-            raise ValueError(_SHAPE)
-        return _window(int(value), 1.0)
-    if _is_pair(value):
-        count, seconds = value
-        if count != int(count):
-            raise ValueError(_SHAPE)
-        return _window(int(count), float(seconds))
-    raise ValueError(_SHAPE)
-
-
-def _window(count: int, period: float) -> Window:
-    if count < 1 or not 0 < period < math.inf or _ms(period / count) < 1:
-        raise ValueError(_SHAPE + " (at least 1 start, at most 1 per ms)")
-    return Window(count, period)
-
-
-def _is_pair(value: Any) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_number, value))
-
-
-def parse_rate(value: Any) -> tuple[Window, ...]:
-    """A rate as its windows, sorted by period (one order for every caller).
-
-    Accepts Celery's rate syntax (``"10/s"``, ``"100/m"``, ``"1000/h"``; a
-    whole number, or its text, is per second), ``"20/10s"`` for other periods,
-    a ``(count, seconds)`` pair, or a list or tuple of those (every window
-    holds). A pair of two numbers is always one ``(count, seconds)`` window.
-
-    Raises:
-        ValueError: the value is none of those.
-    """
-    if isinstance(value, (tuple, list)) and not _is_pair(value):
-        if not value:
-            raise ValueError(_SHAPE)
-        windows = {_one(item) for item in value}
-    else:
-        windows = {_one(value)}
-    return tuple(sorted(windows, key=lambda w: (w.period, w.starts)))
-
-
-def check_rate(value: Any) -> Any:
-    """The ``redlock_rate`` check: None, a callable (resolved per call), or windows."""
-    if value is None or callable(value):
-        return value
-    return parse_rate(value)
-
-
-def _ms(seconds: float) -> int:
-    return int(round(seconds * 1000))
-
-
-def _seconds_text(seconds: float) -> str:
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
-        if seconds == size:
-            return unit
-    if seconds == 1.0:
-        return "s"
-    return f"{seconds:g}s"
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:

@@ -1,14 +1,11 @@
 """Every setting and lock option, declared once: the declarations live in
 :mod:`celery_redlock.core.settings`, beside the core that takes its defaults
 from them; this is their documented import path.
-
-A package of its own, not a module, so that version control sees
-``settings.py`` moved into the core rather than rewritten.
 """
 
 from __future__ import annotations
 
-from ..core import settings as _declared
-from ..core.settings import *  # noqa: F403
+from .core import settings as _declared
+from .core.settings import *  # noqa: F403
 
 __all__ = _declared.__all__
