@@ -69,7 +69,7 @@ from .conf import redlock_for, resolve, resolve_beat
 from .core import OWNER_SEP, Redlock
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .slot_claims import HeldSlot, SlotSkipped, claim_slot, claimant_text, stop_deferred
-from .slots import Slot, claim_key, compute_slot, schedule_now
+from .slots import Slot, claim_key, compute_slot, grid_aligned, schedule_now
 
 __all__ = [
     "HEADER",
@@ -188,6 +188,14 @@ class RedlockSchedulerMixin:
         """
         return compute_slot(entry.schedule, entry.last_run_at)
 
+    def reserve(self, entry: Any) -> Any:
+        """Advance ``entry`` as the base class does; an interval entry stays on the
+        epoch grid its slots are cut from (see :func:`~celery_redlock.slots.grid_aligned`)."""
+        advanced = super().reserve(entry)  # type: ignore[misc]
+        if advanced.last_run_at is not None:
+            advanced.last_run_at = grid_aligned(advanced.schedule, advanced.last_run_at)
+        return advanced
+
     # -- publishing -----------------------------------------------------------
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
@@ -219,7 +227,7 @@ class RedlockSchedulerMixin:
     def _redlock_apply_async(self, entry: Any, producer: Any, advance: bool) -> Any:
         # Advance first, as the base class does, so an error cannot make the
         # entry due forever. The slot comes from the entry as it was.
-        outgoing = self.reserve(entry) if advance else entry  # type: ignore[attr-defined]
+        outgoing = self.reserve(entry) if advance else entry
         try:
             slot = self.redlock_slot(entry)
         except Exception as exc:

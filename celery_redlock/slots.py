@@ -52,14 +52,14 @@ Limits of the rule:
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, NamedTuple
 
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
 
-__all__ = ["Slot", "claim_key", "compute_slot", "schedule_now"]
+__all__ = ["Slot", "claim_key", "compute_slot", "grid_aligned", "schedule_now"]
 
 _HOUR = 3600.0
 _DAY = 86400.0
@@ -130,6 +130,23 @@ def compute_slot(schedule: Any, last_run_at: datetime | None) -> Slot:
     if isinstance(schedule, interval) and schedule.run_every.total_seconds() > 0:
         return _interval_slot(schedule.run_every.total_seconds(), now)
     return _other_slot(schedule, last_run_at, now)
+
+
+def grid_aligned(schedule: Any, ran_at: datetime) -> datetime:
+    """``ran_at`` moved back to the start of its epoch-aligned cell, for an interval
+    schedule (any other schedule keeps ``ran_at``).
+
+    An interval entry runs ``run_every`` after its ``last_run_at``; set to the
+    time a tick ran, a tick made late by a slow round (a hung node) pushes every
+    later run off the grid, and each beat may then skip the same cell. Set to
+    its cell's start, the next run is due at the next cell's start, whatever the
+    latency.
+    """
+    if not isinstance(schedule, interval) or schedule.run_every.total_seconds() <= 0:
+        return ran_at
+    period = schedule.run_every.total_seconds()
+    at = _epoch(schedule, ran_at)
+    return ran_at - timedelta(seconds=at - math.floor(at / period) * period)
 
 
 def schedule_now(schedule: Any) -> float:

@@ -385,9 +385,12 @@ def test_loser_still_advances_its_schedule(beat_app):
         before = b.schedule["every-10s"]
         assert not b.apply_async(before)  # advance=True: reserve() as the base class does
         after = b.schedule["every-10s"]
+        now = after.default_now()
     assert after is not before
     assert after.total_run_count == before.total_run_count + 1
-    assert after.last_run_at > before.last_run_at
+    # Moved on to the next cell of the epoch grid: the start of this one is its last run.
+    assert after.last_run_at.timestamp() == 1700000000.0  # 22:13:20, the 10 s cell of 22:13:24
+    assert after.last_run_at + after.schedule.run_every > now
 
 
 def test_apply_entry_logs_a_skipped_slot_without_error(beat_app, caplog):
