@@ -19,7 +19,8 @@ from celery_redlock import (
 
 
 def fake_redlock(n: int = 3) -> Redlock:
-    return Redlock([fakeredis.FakeRedis(server=fakeredis.FakeServer()) for _ in range(n)])
+    clients = [fakeredis.FakeRedis(server=fakeredis.FakeServer()) for _ in range(n)]
+    return Redlock(clients, node_timeout=1.0)  # a new connection opens on a thread
 
 
 @pytest.mark.parametrize("value", [0, -1, math.inf, math.nan, True, "1"])

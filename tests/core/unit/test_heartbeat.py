@@ -42,7 +42,9 @@ class FakeClock:
 def cluster(clock=time.monotonic, n: int = 3) -> tuple[Redlock, list[fakeredis.FakeServer]]:
     """A Redlock over ``n`` independent fake servers."""
     servers = [fakeredis.FakeServer() for _ in range(n)]
-    return Redlock([fakeredis.FakeRedis(server=s) for s in servers], clock=clock), servers
+    # A generous round deadline: a new connection opens on a thread, late on a busy host.
+    clients = [fakeredis.FakeRedis(server=s) for s in servers]
+    return Redlock(clients, clock=clock, node_timeout=1.0), servers
 
 
 def spy(monkeypatch, redlock: Redlock) -> list[list]:

@@ -35,7 +35,8 @@ def peek(servers) -> list[fakeredis.FakeRedis]:
 
 @pytest.fixture
 def rl(servers) -> Redlock:
-    return Redlock([fakeredis.FakeRedis(server=s) for s in servers], key_prefix="t")
+    clients = [fakeredis.FakeRedis(server=s) for s in servers]
+    return Redlock(clients, key_prefix="t", node_timeout=1.0)  # connects run on a thread
 
 
 def test_inspect_key_gives_each_node_its_holder_ttl_and_fence(rl, servers):
