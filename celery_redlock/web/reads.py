@@ -155,14 +155,9 @@ class Board:
     def _holder_row(
         self, key: str, name: str, report: KeyReport, tasks: dict[str, list[str]]
     ) -> dict[str, Any]:
-        lock_name, digest = split_name(name)
         holder = report.holder
         row: dict[str, Any] = {
-            "key": key,
-            "name": name,
-            "lock_name": lock_name,
-            "digest": digest,
-            "tasks": tasks.get(lock_name, []),
+            **_identity(key, name, tasks),
             "held": holder.owner is not None,
             "known": report.known,
             "summary": report.summary(),
@@ -298,16 +293,23 @@ def _read(client: Redlock, key: str, fence_key: str | None, down: dict) -> KeyRe
     return report
 
 
-def _claim_row(key: str, name: str, report: KeyReport, tasks: dict) -> dict[str, Any]:
+def _identity(key: str, name: str, tasks: dict) -> dict[str, Any]:
+    """The columns every row starts with: the key, its lock name and digest, its tasks."""
     lock_name, digest = split_name(name)
-    value = report.holder.owner
-    started = bool(value and value.startswith(STARTED_MARK))
     return {
         "key": key,
         "name": name,
         "lock_name": lock_name,
         "digest": digest,
         "tasks": tasks.get(lock_name, []),
+    }
+
+
+def _claim_row(key: str, name: str, report: KeyReport, tasks: dict) -> dict[str, Any]:
+    value = report.holder.owner
+    started = bool(value and value.startswith(STARTED_MARK))
+    return {
+        **_identity(key, name, tasks),
         "claimant": value[len(STARTED_MARK) :] if started and value else value,
         "state": None if value is None else ("started" if started else "queued"),
         "known": report.known,
@@ -319,7 +321,6 @@ def _claim_row(key: str, name: str, report: KeyReport, tasks: dict) -> dict[str,
 
 def _raw_row(key: str, name: str, views: list[RawKey], quorum: int, tasks: dict) -> dict[str, Any]:
     """A key of any type: the value most nodes hold, how many hold it, its smallest TTL."""
-    lock_name, digest = split_name(name)
     present = [v for v in views if v.error is None and v.type != "none"]
     shapes = Counter(repr(v.value) for v in present)
     value, votes, kind, pttl = None, 0, "none", None
@@ -330,11 +331,7 @@ def _raw_row(key: str, name: str, views: list[RawKey], quorum: int, tasks: dict)
         ttls = [v.pttl_ms for v in agreeing if v.pttl_ms >= 0]
         pttl = min(ttls) if ttls else None
     return {
-        "key": key,
-        "name": name,
-        "lock_name": lock_name,
-        "digest": digest,
-        "tasks": tasks.get(lock_name, []),
+        **_identity(key, name, tasks),
         "type": kind,
         "value": value,
         "votes": votes,

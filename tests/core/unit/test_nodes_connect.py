@@ -22,7 +22,7 @@ import redis
 from celery_redlock.core import connect
 from celery_redlock.core.nodes import BREAKER_MAX, Node
 from celery_redlock.core.rounds import gather
-from tests.core.unit.test_nodes_wire import REPLY
+from tests.core.unit.test_nodes_wire import REPLY, ScriptedPeer
 from tests.support import netproxy
 
 #: Wide enough for a loaded host: "at once" is bounded by half of it.
@@ -30,21 +30,12 @@ TIMEOUT = 0.5
 PONG = [b"hello", 7]  # what a ScriptedPeer answers
 
 
-class Peer:
+class Peer(ScriptedPeer):
     """Answers SELECT with OK and every other command with ``REPLY``."""
 
     def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        super().__init__([])
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
@@ -53,9 +44,6 @@ class Peer:
                     conn.sendall(b"+OK\r\n" if b"SELECT" in data else REPLY)
             except OSError:
                 pass
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture
