@@ -79,7 +79,7 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
 from . import metrics, outage, rates, tracing
-from .core import OWNER_SEP, Claim, Finished, Holder, Lease, TooEarly, full_jitter
+from .core import OWNER_SEP, Claim, Finished, Holder, Lease, RateSlot, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
@@ -100,8 +100,6 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
     """
     if request is None:
         request = task.request
-    if rates.applies(plan):  # a rate applies first: a start it moves back takes no lock now
-        rates.admit(task, plan, name, request)
     result = _attempt(task, plan, name, request)
     if isinstance(result, Lease):
         return result
@@ -151,11 +149,21 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
 
 
 def _attempt(
-    task: Any, plan: LockPlan, name: str, request: Any, copy: bool = False
+    task: Any,
+    plan: LockPlan,
+    name: str,
+    request: Any,
+    copy: bool = False,
+    booked_at: float | None = None,
 ) -> Lease | Holder:
     """One try: the lease or what is in the way. An outage becomes a retry (or,
     once attempts are spent, the error); where the receipt is read (see
-    :func:`_reads_receipt`), a receipt of this task id ends it here."""
+    :func:`_reads_receipt`), a receipt of this task id ends it here.
+
+    A rated start is booked in the same round (see :mod:`celery_redlock.rates`):
+    one the rate moves back takes no lock now and is re-published for its
+    instant; during an outage it waits for a quorum, never starting unbooked."""
+    rated = rates.start(task, plan, name, request, booked_at) if rates.applies(plan) else None
     try:
         # A body that takes the token gets it written before it runs; any other
         # lease writes it on the first read of lease.fencing_token, if ever.
@@ -172,8 +180,12 @@ def _attempt(
             slot=header(request, SLOT),
             limit=plan.settings.limit,
             also=plan.also,
+            rates=rated.keys if rated is not None else (),
+            booked=rated is not None and rated.booked,
         )
     except QuorumUnavailable as exc:
+        if rated is not None:
+            rates.unavailable(task, plan, name, request, exc)
         metrics.count("outage", plan.lock_name)
         outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
         attempt = attempt_of(request)
@@ -198,6 +210,9 @@ def _attempt(
             task, plan, attempt, reason=f"lock nodes unavailable (retry {attempt + 1} of {of})"
         )
     outage.answered(plan.redlock)
+    if isinstance(result, RateSlot):  # booked for later: re-published (eager: slept)
+        instant = rates.later(task, plan, name, request, result)
+        return _attempt(task, plan, name, request, copy, instant)
     if isinstance(result, Finished):
         _ignore(task, plan, "it already finished successfully")
     if isinstance(result, TooEarly):  # throttled: its period is not over yet

@@ -1,20 +1,24 @@
 """What a rated start does (``lock_rate``, and rates named in ``lock_also``).
 
-At the start of an execution, before the run lock, the worker books the
-first instant the key's rate admits (:mod:`celery_redlock.core.rates`, one
-quorum round, two when concurrent callers split the nodes), together with the
-rates the task shares through ``lock_also``:
+At the start of an execution, the run lock's own round books the first
+instant the key's rate admits (:mod:`celery_redlock.core.rates`), together
+with the rates the task shares through ``lock_also``, and records the start
+where it is due: a rated start costs no round more than an unrated one (a
+second round only when concurrent bookings left the nodes disagreeing). The
+lock comes first: a start the lock (or a receipt, a claim, a throttle) turns
+away books nothing.
 
-* Due now: the execution goes on to its run lock.
-* Due later: the message is re-published with the countdown to the booked
-  instant and the ``redlock_rate_at`` header naming it; it holds no worker slot
+* Due now: the execution runs, holding its run lock.
+* Due later: the lock is let go at once, and the message is re-published
+  with the countdown to the booked instant and the ``redlock_rate_at`` header
+  naming it; it holds no worker slot
   meanwhile (the broker, or the worker's ETA timer, keeps it); its countdown
   ends half a grace before the instant, which it sleeps out. When it arrives
   no later than the instant plus a grace of ``min(T / 2, 0.25 s)`` (T the
   shortest interval of its windows), it starts on that booking; a later
   arrival (a busy pool, a broker backlog) books again. An arrival before the
   instant (a worker whose clock is behind) sleeps up to the grace, else is
-  re-published again.
+  re-published again. Its lock round then only records the start.
 * No quorum: the message is re-published with the lock's backoff (jittered,
   capped at :data:`RATE_OUTAGE_MAX`, 2 s), for as long as the outage lasts:
   nothing is dropped and nothing starts unbooked. Logged at WARNING, counted
@@ -31,22 +35,29 @@ import logging
 import math
 import time
 from datetime import datetime, timezone
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from celery.exceptions import Retry
 
 from . import metrics, outage, tracing
-from .core import RateKey, full_jitter, peek_rate, reserve_rates, resolve_rate
+from .core import RateKey, RateSlot, full_jitter, peek_rate, resolve_rate
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
 from .plan import LockPlan
 
-__all__ = ["admit", "applies", "grace", "outage_countdown", "status"]
+__all__ = [
+    "Start",
+    "applies",
+    "grace",
+    "later",
+    "outage_countdown",
+    "start",
+    "status",
+    "unavailable",
+]
 
 logger = logging.getLogger("celery_redlock.rates")
 
-#: A start due within this many seconds sleeps until its instant instead of being re-published.
-NEAR = 0.005
 #: Longest grace after a booked instant.
 MAX_GRACE = 0.25
 #: Longest pause before a start whose reservation split the nodes asks again.
@@ -77,60 +88,85 @@ def grace(keys: list[RateKey]) -> float:
     return min(MAX_GRACE, min(w.interval for k in keys for w in k.windows) / 2)
 
 
-def admit(task: Any, plan: LockPlan, name: str, request: Any) -> None:
-    """Return when the start is booked for now; otherwise re-publish it (raises ``Retry``)."""
+class Start(NamedTuple):
+    """A rated execution's rate keys, and whether this delivery's start was booked
+    before (the lock round then only records it)."""
+
+    keys: list[RateKey]
+    booked: bool
+
+
+def start(
+    task: Any, plan: LockPlan, name: str, request: Any, booked_at: float | None = None
+) -> Start | None:
+    """What the lock round books for this execution (None: no rate for this call).
+
+    A delivery that carries its booking (the ``redlock_rate_at`` header, or
+    ``booked_at`` in eager mode) and comes within the grace of it starts on it;
+    one that comes early sleeps up to the grace, else is re-published (raises
+    ``Retry``); one that comes late books again.
+    """
     keys = _keys(plan, name, request.args or (), request.kwargs or {})
     if not keys:
-        return
-    redlock = plan.redlock
-    slack = grace(keys)
+        return None
+    if booked_at is not None:
+        return Start(keys, True)
     booked = _booked(request)
     if booked is not None:
+        slack = grace(keys)
         early = booked - time.time()
         if -slack <= early <= slack:
             if early > 0:
-                redlock.sleep(early)
-            return
+                plan.redlock.sleep(early)
+            return Start(keys, True)
         if early > slack:  # this worker's clock is behind the booking's: not yet
             _republish(task, request, early, {RATE_AT: _rate_at(booked, request)}, "rate: early")
-    try:
-        slot = reserve_rates(redlock, keys)
-    except QuorumUnavailable as exc:
-        metrics.count("rate_outage", plan.lock_name)
-        outage.failed(redlock, exc)  # the nodes' errors, once per outage
-        if request.is_eager:
-            raise
-        waits = _int(header(request, RATE_WAITS))
-        countdown = outage_countdown(waits, plan.settings, redlock.rng)
-        logger.warning(
-            "%s[%s]: rate of %r not booked, lock nodes unavailable; again in %.2fs (wait %d)",
-            task.name, request.id, name, countdown, waits + 1,
-        )  # fmt: skip
-        _republish(task, request, countdown, {RATE_WAITS: waits + 1}, f"rate: {exc}")
-    outage.answered(redlock)
+    return Start(keys, False)
+
+
+def unavailable(
+    task: Any, plan: LockPlan, name: str, request: Any, exc: QuorumUnavailable
+) -> NoReturn:
+    """No quorum for a rated start: it waits (re-published on the outage backoff) until
+    one answers, however long; it never starts unbooked. Eager mode raises."""
+    metrics.count("rate_outage", plan.lock_name)
+    outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
+    if request.is_eager:
+        raise exc
+    waits = _int(header(request, RATE_WAITS))
+    countdown = outage_countdown(waits, plan.settings, plan.redlock.rng)
+    logger.warning(
+        "%s[%s]: rate of %r not booked, lock nodes unavailable; again in %.2fs (wait %d)",
+        task.name, request.id, name, countdown, waits + 1,
+    )  # fmt: skip
+    _republish(task, request, countdown, {RATE_WAITS: waits + 1}, f"rate: {exc}")
+
+
+def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) -> float | None:
+    """A start booked for later (or whose bookings split the nodes): re-published with
+    the countdown to its instant (raises ``Retry``). Eager mode sleeps instead and
+    returns the instant to start on (None: book again)."""
+    redlock = plan.redlock
     if not slot.reserved:
         metrics.count("rate_split", plan.lock_name)
         if request.is_eager:
             redlock.sleep(redlock.rng() * SPLIT_PAUSE)
-            return admit(task, plan, name, request)
+            return None
         countdown = redlock.rng() * SPLIT_PAUSE
         _republish(task, request, countdown, {}, "rate: concurrent bookings split the nodes")
     wait = slot.start_at - time.time()
-    if wait <= NEAR:
-        if wait > 0:
-            redlock.sleep(wait)
-        return
     metrics.count("rate_delayed", plan.lock_name)
     metrics.observe_rate_delay(wait, plan.lock_name)
     tracing.rate_delayed(plan.lock_name, wait, slot.start_at)
     if request.is_eager:
-        redlock.sleep(wait)
-        return
+        redlock.sleep(max(0.0, wait))
+        return slot.start_at
     logger.debug("%s[%s]: rate of %r: starts in %.3fs", task.name, request.id, name, wait)
     extra = {RATE_AT: _rate_at(slot.start_at, request), RATE_WAITS: 0}
     # due a little before its instant (half the grace): a delivery that comes late
     # by up to the whole grace still starts on its booking; one that comes early
     # sleeps the few ms left
+    slack = grace(_keys(plan, name, request.args or (), request.kwargs or {}))
     _republish(task, request, wait - slack / 2, extra, f"rate: starts in {wait:.3f}s")
 
 
@@ -142,12 +178,17 @@ def _keys(plan: LockPlan, name: str, args: Any, kwargs: Any) -> list[RateKey]:
     if rate is not None:
         windows = resolve_rate(rate, *args, **_without_token(plan, kwargs))
         if windows:
-            keys.append(
-                RateKey(redlock.coalesce_key(name, "rate"), windows, plan.settings.rate_burst)
-            )
+            keys.append(_rate_key(redlock, name, windows, plan.settings.rate_burst))
     for other, windows in plan.also_rates:
-        keys.append(RateKey(redlock.coalesce_key(other, "rate"), windows))
+        keys.append(_rate_key(redlock, other, windows))
     return keys
+
+
+def _rate_key(redlock: Any, name: str, windows: Any, burst: int = 1) -> RateKey:
+    """A name's rate hash and the sorted set of its recorded starts."""
+    return RateKey(
+        redlock.coalesce_key(name, "rate"), windows, burst, redlock.coalesce_key(name, "starts")
+    )
 
 
 def _without_token(plan: LockPlan, kwargs: Any) -> dict:
@@ -221,17 +262,18 @@ def status(client: Any, settings: Any, name: str, args: Any, kwargs: Any) -> tup
     ]
     out: dict = {"rate": [str(w) for w in windows], "burst": settings.rate_burst, "windows": []}
     for window, booked_to in view.windows:
-        starts, ahead = _window_counts(window, booked_to, now)
+        started = view.started(window.period, now)
+        ahead = _booked_ahead(window, booked_to, now)
         until = "" if booked_to is None else f", booked up to {slot_time(booked_to)}"
         rows.append(
             [
                 f"  {window}:",
-                f"{starts} of {window.starts} booked in the next {window.period:g} s "
-                f"({ahead} ahead{until})",
+                f"{started} of {window.starts} started in the last {window.period:g} s "
+                f"({ahead} booked ahead{until})",
             ]
         )
         out["windows"].append(
-            {"window": str(window), "starts": starts, "booked_ahead": ahead, "tat": booked_to}
+            {"window": str(window), "starts": started, "booked_ahead": ahead, "tat": booked_to}
         )
     wait = max(0.0, view.next_start - now)
     rows.append(["Next start:", f"{slot_time(view.next_start)} (in {wait:.3f} s)"])
@@ -239,15 +281,14 @@ def status(client: Any, settings: Any, name: str, args: Any, kwargs: Any) -> tup
     return rows, out
 
 
-def _window_counts(window: Any, booked_to: float | None, now: float) -> tuple[int, int]:
-    """(starts booked in the window of one period from now, starts booked from now on)
-    of one window, from its TAT: the bookings still ahead of the clock are back to
-    back, one interval apart, up to the TAT (an upper count: a later arrival that
-    booked again leaves its first instant unused)."""
+def _booked_ahead(window: Any, booked_to: float | None, now: float) -> int:
+    """Starts booked after now in one window, from its TAT: the bookings still
+    ahead of the clock are back to back, one interval apart, the last one
+    interval before the TAT (an upper count: a later arrival that booked again
+    leaves its first instant unused)."""
     if booked_to is None or booked_to <= now:
-        return 0, 0
-    ahead = math.ceil((booked_to - now) / window.interval - 1e-9)
-    return min(window.starts, ahead), ahead
+        return 0
+    return max(0, math.ceil((booked_to - now) / window.interval - 1e-9) - 1)
 
 
 def slot_time(epoch: float) -> str:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from redis.exceptions import RedisError
 
@@ -36,6 +36,9 @@ from .keyspace import KeySpace
 from .quorum import Quorum
 from .records import OWNER_SEP, Claim, Finished, Holder, TooEarly, agree, claimant_of, full_jitter
 from .values import ms, text
+
+if TYPE_CHECKING:
+    from .rates import RatedRound, RateSlot
 
 __all__ = ["Client", "Lease", "Leases", "gate_flags", "in_the_way", "stopped_early"]
 
@@ -251,8 +254,10 @@ class Leases:
         own_claim: bool,
         throttle: float | None,
         slot: str | None,
-    ) -> Lease | Holder | Claim | Finished | TooEarly:
-        """One attempt on a plain lock (see :meth:`Redlock.try_acquire`)."""
+        rated: RatedRound | None = None,
+    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+        """One attempt on a plain lock (see :meth:`Redlock.try_acquire`); ``rated``
+        books a rated start in the same round (see :class:`.rates.RatedRound`)."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
         keys: tuple[str, ...] = (key, fence_key)
@@ -266,20 +271,41 @@ class Leases:
                 now_ms = time.time_ns() // 1_000_000
                 args = args[:-1] + (flags + "t", ms(throttle), now_ms, slot or "")
         start = q.clock()
-        replies = q.run(scripts.ACQUIRE, keys, args)
+        if rated is None:
+            replies = q.run(scripts.ACQUIRE, keys, args)
+        else:
+            rated_keys, rated_args = rated.call(scripts.ACQUIRE_RATED, keys, args, owner)
+            replies = q.run(scripts.ACQUIRE_RATED, rated_keys, rated_args)
+            rated.take(replies)
         stop = stopped_early(replies, task_id, q.needed)
         if stop is not None:
-            self.release_everywhere(key, owner)
+            self._let_go(key, owner, rated, replies)
             return stop
         granted = [i for i, r in enumerate(replies) if isinstance(r, list) and r[0] == 1]
         expires = q.expires(start, ttl)
         if len(granted) >= q.needed and q.clock() < expires:
+            if rated is not None:
+                booked = rated.settle()
+                if not booked.due:  # booked for later (or the bookings split): hold nothing now
+                    rated.unstart([key], owner)
+                    return booked
+                if booked.wait > 0:
+                    q.sleep(booked.wait)
             lease = self._lease(name, key, fence_key, owner, ttl, expires, fence, granted, replies)
             if lease is not None:
                 return lease
-        self.release_everywhere(key, owner)
+        self._let_go(key, owner, rated, replies)
         q.check(replies)
         return in_the_way(replies, task_id)
+
+    def _let_go(self, key: str, owner: str, rated: RatedRound | None, replies: list[Any]) -> None:
+        """Free what an attempt that did not stand may hold; a rated one also takes back
+        its bookings and the starts it recorded."""
+        if rated is None:
+            self.release_everywhere(key, owner)
+        else:
+            rated.unstart([key], owner)
+            rated.abandon(replies)
 
     def _lease(
         self,

@@ -72,13 +72,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import scripts, settings
 from .fencing import candidate
 from .lease import Lease, Leases, gate_flags, in_the_way, stopped_early
 from .records import Claim, Finished, Holder, TooEarly
 from .values import checked, ms
+
+if TYPE_CHECKING:
+    from .rates import RatedRound, RateSlot
 
 __all__ = ["Permits"]
 
@@ -113,9 +116,11 @@ class Permits:
         limit: int,
         also: Sequence[tuple[str, int]],
         rounds: tuple[int, float],
-    ) -> Lease | Holder | Claim | Finished | TooEarly:
+        rated: RatedRound | None = None,
+    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
         """One attempt, of up to ``rounds`` = (:attr:`Redlock.PERMIT_ROUNDS`,
-        :attr:`Redlock.PERMIT_SPLIT_PAUSE`) rounds on a split (see :meth:`Redlock.try_acquire`)."""
+        :attr:`Redlock.PERMIT_SPLIT_PAUSE`) rounds on a split (see :meth:`Redlock.try_acquire`);
+        ``rated`` books a rated start in the same round (see :class:`.rates.RatedRound`)."""
         q, space = self.quorum, self.keyspace
         count, pause = rounds
         limit = checked("limit", settings.check_limit, limit)
@@ -159,21 +164,33 @@ class Permits:
                 for (_, k), p in zip(names[1:], prefer[1:]):
                     args += (k, p)
             start = q.clock()
-            replies = q.run(scripts.ACQUIRE_PERMIT, keys, args)
+            if rated is None:
+                replies = q.run(scripts.ACQUIRE_PERMIT, keys, args)
+            else:
+                rated_keys, rated_args = rated.call(scripts.ACQUIRE_PERMIT_RATED, keys, args, owner)
+                replies = q.run(scripts.ACQUIRE_PERMIT_RATED, rated_keys, rated_args)
+                rated.take(replies)
             stop = stopped_early(replies, task_id, q.needed)
             if stop is not None:
-                self.leases.release_prefix(every, owner)
+                self._let_go(every, owner, rated, replies)
                 return stop
             ok = [r if isinstance(r, list) and r[0] == 1 else None for r in replies]
             chosen = [_most_granted(ok, g) for g in range(len(names))]
             expires = q.expires(start, ttl)
             if all(len(at) >= q.needed for _, at in chosen) and q.clock() < expires:
+                if rated is not None:
+                    booked = rated.settle()
+                    if not booked.due:  # booked for later (or the bookings split)
+                        rated.unstart(every, owner)
+                        return booked
+                    if booked.wait > 0:
+                        q.sleep(booked.wait)
                 lease = self._grant(names, groups, fences, chosen, ok, owner, ttl, expires)
                 if lease is not None:
                     return lease
                 self.leases.release_prefix(every, owner)
                 break
-            self.leases.release_prefix(every, owner)
+            self._let_go(every, owner, rated, replies)
             q.check(replies)
             if not any(ok) or round_ + 1 == count:
                 break
@@ -184,6 +201,16 @@ class Permits:
             q.sleep(q.rng() * pause)
         q.check(replies)
         return in_the_way(replies, task_id)
+
+    def _let_go(
+        self, every: list[str], owner: str, rated: RatedRound | None, replies: list[Any]
+    ) -> None:
+        """Free what a round that did not stand may hold (see :meth:`Leases._let_go`)."""
+        if rated is None:
+            self.leases.release_prefix(every, owner)
+        else:
+            rated.unstart(every, owner)
+            rated.abandon(replies)
 
     def _grant(
         self,

@@ -73,9 +73,12 @@ late in true time: a window of true time then holds at most the bound plus
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable, NamedTuple
+
+from redis.exceptions import RedisError
 
 from . import scripts
 from .exceptions import ConfigurationError, QuorumUnavailable
@@ -85,7 +88,9 @@ from .rounds import NotReplicated
 from .windows import Window, check_rate, parse_rate
 
 __all__ = [
+    "NEAR",
     "RateKey",
+    "RatedRound",
     "RateSlot",
     "RateView",
     "Rates",
@@ -97,18 +102,29 @@ __all__ = [
     "resolve_rate",
 ]
 
+logger = logging.getLogger("celery_redlock.redlock")
+
 #: Rounds a reservation spends while concurrent callers split the nodes between them.
-ROUNDS = 3
+ROUNDS = 5
+#: A booked instant at most this many seconds ahead is due now: a rated grant sleeps it out.
+NEAR = 0.005
+#: The most starts a key's sorted set of recorded starts keeps.
+MAX_STARTS = 10_000
 #: Longest pause, in seconds, before a reservation asks again after a split.
 SPLIT_PAUSE = 0.005
 
 
 class RateKey(NamedTuple):
-    """One key's windows and burst, booked together with the other keys of a reservation."""
+    """One key's windows and burst, booked together with the other keys of a reservation.
+
+    ``starts``: the sorted set where rated grants record their starts (see
+    :class:`RatedRound`); '' for a key booked on its own (:meth:`Rates.rate`).
+    """
 
     key: str
     windows: tuple[Window, ...]
     burst: int = 1
+    starts: str = ""
 
 
 class RateSlot(NamedTuple):
@@ -128,6 +144,101 @@ class RateSlot(NamedTuple):
     def now(self) -> bool:
         """Reserved, and due now."""
         return self.reserved and self.wait <= 0
+
+    @property
+    def due(self) -> bool:
+        """Reserved, and due within :data:`NEAR`: the start sleeps out the rest."""
+        return self.reserved and self.wait <= NEAR
+
+
+class RatedRound:
+    """An acquire round that also books a rated start (or records one booked before).
+
+    The lease, plain or permits, wraps its acquire call with :meth:`call`
+    (:func:`.scripts.rates.rated`: a grant books the start in the same call, a
+    contended start books nothing), pops each grant's booking off its reply
+    with :meth:`take`, and then, granted on a quorum, asks :meth:`settle` for
+    the slot: due now, the lease stands; later, it frees what it holds and the
+    start it recorded (:meth:`unstart`) and returns the slot, whose booking
+    stands. A round that grants on no quorum takes its bookings back
+    (:meth:`abandon`). So a rated start that is due costs the acquire's one
+    round (a second only when concurrent bookings left the nodes disagreeing).
+    """
+
+    __slots__ = ("rates", "keys", "booked", "now", "answers", "unconfirmed")
+
+    def __init__(self, rates: Rates, keys: Sequence[RateKey], booked: bool):
+        for key in keys:
+            if not key.starts:
+                raise ConfigurationError(f"rate key {key.key!r} names no key for its starts")
+        self.rates = rates
+        self.keys = tuple(keys)
+        #: The start was booked before (a delivery at its instant): record it only.
+        self.booked = booked
+        self.now = 0
+        self.answers: list[tuple[int, Any]] = []
+        self.unconfirmed: list[tuple[int, Any]] = []
+
+    def call(
+        self, script: scripts.Script, keys: Sequence[str], args: Sequence[Any], owner: str
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and args of the rated ``script`` around an acquire's own."""
+        self.now = now = _epoch_ms()
+        rated = self.keys
+        longest = max(w.period for k in rated for w in k.windows)
+        most = max(w.starts for k in rated for w in k.windows) + max(k.burst for k in rated)
+        keep = [
+            "r" if self.booked else "b",
+            str(now),
+            str(now + _ms(NEAR)),
+            str(_ms(longest)),
+            str(min(MAX_STARTS, 2 * most)),
+            owner,
+            str(len(rated)),
+        ]
+        if not self.booked:
+            keep += _args(rated, now)
+        all_keys = [*keys, *(k.key for k in rated), *(k.starts for k in rated)]
+        return all_keys, [len(keys), len(args), *args, *keep]
+
+    def take(self, replies: Sequence[Any]) -> None:
+        """Pop the booking each grant appended to its reply (the rest is the acquire's)."""
+        for i, reply in enumerate(replies):
+            into = self.answers
+            if isinstance(reply, NotReplicated):
+                reply, into = reply.reply, self.unconfirmed
+            if isinstance(reply, list) and reply and reply[0] == 1:
+                booking = reply.pop()
+                if booking:
+                    into.append((i, booking))
+
+    def settle(self) -> RateSlot:
+        """The start's slot once the acquire was granted on a quorum."""
+        if self.booked:
+            return RateSlot(self.now / 1000.0, 0.0)
+        return self.rates.settle(self.keys, self.now, self.answers)
+
+    def unstart(self, lock_keys: Sequence[str], owner: str) -> None:
+        """Free the lock keys ``owner`` holds among ``lock_keys`` and take back the start
+        it recorded, on every node (a start booked for later, or an attempt that did
+        not stand). Never raises."""
+        keys = [*lock_keys, *(k.starts for k in self.keys)]
+        try:
+            self.rates.quorum.run(scripts.UNSTART, keys, (owner, len(lock_keys)))
+        except (RedisError, OSError) as exc:  # pragma: no cover - defensive, as a release
+            logger.warning("release of %r failed: %s", lock_keys[0], exc)
+
+    def abandon(self, replies: Sequence[Any]) -> None:
+        """The acquire did not stand: take its bookings back. A round that fewer than a
+        quorum answered also makes the client book nothing more until a quorum
+        answers a read."""
+        taken = self.answers + self.unconfirmed
+        q = self.rates.quorum
+        if not q.has_quorum(len(q.nodes) - len(q.errors(replies))):
+            self.rates.fell_short(self.keys, self.now, taken)
+        elif taken:
+            self.rates._undo(self.keys, self.now, taken)
+        self.answers, self.unconfirmed = [], []
 
 
 def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
@@ -182,6 +293,13 @@ class RateView(NamedTuple):
     next_start: float
     #: Nodes that answered.
     answered: int
+    #: The recorded starts of the longest period, oldest first (epoch seconds,
+    #: the starting clients' clocks): every start a node that answered recorded.
+    starts: tuple[float, ...] = ()
+
+    def started(self, period: float, now: float) -> int:
+        """How many recorded starts fall in the window of ``period`` seconds up to ``now``."""
+        return sum(1 for t in self.starts if now - period < t <= now)
 
 
 class Rates:
@@ -201,8 +319,14 @@ class Rates:
         self.unsure = False
 
     def rate_key(self, name: str, rate: Any, burst: int = 1) -> RateKey:
-        """``name``'s rate hash with its checked windows and burst."""
-        return RateKey(self.keyspace.coalesce_key(name, "rate"), _checked(rate), _burst(burst))
+        """``name``'s rate hash with its checked windows and burst, and its starts' key."""
+        space = self.keyspace
+        return RateKey(
+            space.coalesce_key(name, "rate"),
+            _checked(rate),
+            _burst(burst),
+            space.coalesce_key(name, "starts"),
+        )
 
     def rate(
         self,
@@ -256,32 +380,52 @@ class Rates:
             replies = q.run(scripts.RATE, names, _args(keys, now))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
             if not q.has_quorum(len(answers)):
-                self.unsure = True
-                # bookings on a minority (or not confirmed by replicas) must not stay
-                self._undo(keys, now, answers + _unconfirmed(replies))
+                self.fell_short(keys, now, answers + _unconfirmed(replies))
                 errors = {
                     q.nodes[i].name: r if isinstance(r, BaseException) else f"answered {r!r}"
                     for i, r in enumerate(replies)
                     if not _answer(r)
                 }
                 raise QuorumUnavailable(errors, q.needed, len(q.nodes))
-            # s*: the earliest instant a quorum of answers is at or before. Nodes
-            # that answered later (ahead of the others: bookings they alone hold)
-            # are not needed and keep their own booking; the others move to s*.
-            best = sorted(int(r[1]) for _, r in answers)[q.needed - 1]
-            booked = sum(1 for _, r in answers if int(r[1]) == best)
-            for i, r in answers:
-                if int(r[1]) < best:  # move this node's booking to s*: phase 2
-                    args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
-                    booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
-            if q.has_quorum(booked):
-                return RateSlot(best / 1000.0, max(0, best - now) / 1000.0)
+            slot = self.settle(keys, now, answers)
+            if slot.reserved:
+                return slot
+            best = int(slot.start_at * 1000)
             if attempt + 1 < (rounds or self.ROUNDS):
                 q.sleep(q.rng() * self.SPLIT_PAUSE)
         now = _epoch_ms() if now_ms is None else int(now_ms)
         return RateSlot(best / 1000.0, max(0, best - now) / 1000.0, reserved=False)
 
-    def _undo(self, keys: Sequence[RateKey], now: int, answers: list[tuple[int, Any]]) -> None:
+    def settle(
+        self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]
+    ) -> RateSlot:
+        """The instant phase 1's answers (a quorum of them) agree on, booked on a quorum.
+
+        s*: the earliest instant a quorum of answers is at or before. Nodes that
+        answered later (ahead of the others: bookings they alone hold) are not
+        needed and keep their own booking; the others move to s* (phase 2, one
+        call per such node). Not ``reserved`` when s* did not land on a quorum.
+        """
+        q, names = self.quorum, [k.key for k in keys]
+        best = sorted(int(r[1]) for _, r in answers)[q.needed - 1]
+        booked = sum(1 for _, r in answers if int(r[1]) == best)
+        for i, r in answers:
+            if int(r[1]) < best:  # move this node's booking to s*: phase 2
+                args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
+                booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
+        wait = max(0, best - now) / 1000.0
+        return RateSlot(best / 1000.0, wait, reserved=q.has_quorum(booked))
+
+    def fell_short(
+        self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]
+    ) -> None:
+        """A round whose bookings did not stand: take them back (a minority's, or
+        ones the replicas did not confirm), and book nothing more until a quorum
+        answers a read."""
+        self.unsure = True
+        self._undo(keys, now, answers)
+
+    def _undo(self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]) -> None:
         """Take phase 1's bookings back where nothing was booked after them."""
         q, k, names = self.quorum, len(keys), [key.key for key in keys]
         for i, r in answers:
@@ -299,8 +443,11 @@ class Rates:
         """
         windows = _checked(rate)
         full_key = key or self.keyspace.coalesce_key(name, "rate")
-        replies = self.quorum.gather(("HGETALL", full_key))
-        self.quorum.check(replies)
+        q = self.quorum
+        replies = q.gather(("HGETALL", full_key))
+        q.check(replies)
+        starts = self.keyspace.coalesce_key(name, "starts") if key is None else _starts_key(key)
+        recorded = q.gather(("ZRANGE", starts, 0, -1, "WITHSCORES"))
         now_s = time.time() if now is None else now
         rows = []
         nxt = now_s
@@ -311,7 +458,7 @@ class Rates:
                 nxt = max(nxt, latest)
             rows.append((w, latest))
         answered = sum(1 for r in replies if not isinstance(r, BaseException))
-        return RateView(full_key, tuple(rows), nxt, answered)
+        return RateView(full_key, tuple(rows), nxt, answered, _union(recorded))
 
 
 def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None = None) -> RateSlot:
@@ -339,6 +486,27 @@ def _burst(burst: Any) -> int:
     if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
         raise ConfigurationError(f"burst must be a whole number >= 1, got {burst!r}")
     return burst
+
+
+def _starts_key(rate_key: str) -> str:
+    """The sorted set of starts beside a rate hash given by its key (``{prefix}:rate:{name}``
+    -> ``{prefix}:starts:{name}``: the family follows the prefix, before the name's braces)."""
+    head, brace, name = rate_key.partition("{")
+    return head.replace(":rate:", ":starts:") + brace + name
+
+
+def _union(replies: Sequence[Any]) -> tuple[float, ...]:
+    """The starts every answering node recorded, each once (its earliest score)."""
+    seen: dict[Any, float] = {}
+    for reply in replies:
+        if isinstance(reply, BaseException) or not reply:
+            continue
+        # RESP2 answers member, score, member, ...; RESP3 [member, score] pairs
+        pairs = reply if isinstance(reply[0], list) else zip(reply[::2], reply[1::2])
+        for member, score in pairs:
+            value = float(score)
+            seen[member] = min(value, seen.get(member, value))
+    return tuple(sorted(score / 1000.0 for score in seen.values()))
 
 
 def _tat(reply: Any, field: str) -> float | None:

@@ -73,7 +73,7 @@ from .lease import Lease, Leases
 from .nodes import Node, NodeSpec
 from .permits import Permits
 from .quorum import Quorum
-from .rates import Rates
+from .rates import RatedRound, RateKey, Rates, RateSlot
 from .records import Claim, Finished, Holder, TooEarly, make_owner
 from .values import checked, positive
 
@@ -250,7 +250,9 @@ class Redlock:
         slot: str | None = None,
         limit: int = 1,
         also: Sequence[tuple[str, int]] = (),
-    ) -> Lease | Holder | Claim | Finished | TooEarly:
+        rates: Sequence[RateKey] = (),
+        booked: bool = False,
+    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
         """One attempt: the :class:`Lease`, or what is in the way.
 
         With ``limit`` K > 1 the lease is one of K permits of the name (see
@@ -282,11 +284,32 @@ class Redlock:
           ``slot`` (:attr:`Schedule.slot`), a slot taken over by another id
           returns that :class:`Claim`.
 
+        ``rates`` (:class:`RateKey` values, see :meth:`rate`): the start is rated,
+        and the same round books it where the lock is granted (a contended
+        start books nothing) and records it in each key's sorted set of
+        starts. Booked for later, nothing is held and the :class:`RateSlot`
+        is returned: the booking stands, and the start comes back at
+        ``slot.start_at`` with ``booked=True`` (then the round only records
+        the start). Not ``slot.reserved``: concurrent bookings split the
+        nodes; ask again after a short pause.
+
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         positive("ttl", ttl)
         owner = owner or make_owner()
+        rated = None
+        if rates:
+            if self._rates.unsure and not booked:
+                # the last rated round fell short of a quorum: book on its own
+                # (after a read of the nodes), then take the lock
+                booking = self._rates.reserve(rates)
+                if not booking.due:
+                    return booking
+                if booking.wait > 0:
+                    self.sleep(booking.wait)
+                booked = True
+            rated = RatedRound(self._rates, rates, booked)
         if limit != 1 or limit.__class__ is not int or also:  # True == 1, but is no limit
             return self._permits.try_acquire(
                 name,
@@ -301,9 +324,10 @@ class Redlock:
                 limit,
                 also,
                 (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE),
+                rated,
             )
         return self._leases.try_acquire(
-            name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot
+            name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot, rated
         )
 
     def acquire(

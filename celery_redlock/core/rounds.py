@@ -209,7 +209,18 @@ def _closed_by_server(reply: Any) -> bool:
 #: On nodes with ``min_replicas``, each is followed by ``WAIT``. Deletions are
 #: not: one a failover loses only leaves a key to its TTL.
 CONFIRMED = frozenset(
-    {"acquire", "extend", "fence", "claim", "claim_next", "debounce", "throttle", "rate"}
+    {
+        "acquire",
+        "acquire_rated",
+        "acquire_permit_rated",
+        "extend",
+        "fence",
+        "claim",
+        "claim_next",
+        "debounce",
+        "throttle",
+        "rate",
+    }
 )
 
 

@@ -19,7 +19,7 @@ from celery_redlock.task import LockedTask
 #: The LockedTask of the app, and a plain task the CLI must refuse.
 SETTLE = "cli.settle"
 PLAIN = "cli.plain"
-#: A rated LockedTask: at most 10 starts per second per customer.
+#: A rated LockedTask: at most 10 starts per minute per customer.
 SYNC = "cli.sync"
 
 
@@ -37,7 +37,7 @@ def make_app(nodes: Sequence[str], main: str = "cli_app", **settings: Any) -> Ce
     def settle(self: Any, account_id: int, amount: int = 0, fencing_token: Any = None) -> Any:
         return fencing_token
 
-    @app.task(base=LockedTask, shared=False, name=SYNC, lock_on=("customer_id",), lock_rate="10/s")
+    @app.task(base=LockedTask, shared=False, name=SYNC, lock_on=("customer_id",), lock_rate="10/m")
     def sync(customer_id: int) -> None:
         return None
 

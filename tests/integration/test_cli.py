@@ -23,6 +23,7 @@ from click.testing import CliRunner, Result
 
 from celery_redlock import LockedTask, plan_of
 from celery_redlock.cli import redlock
+from celery_redlock.core import RateKey, parse_rate
 from celery_redlock.redlock import Lease, make_owner, mask_url
 from tests.support.deploy import primary_with_replicas
 
@@ -170,20 +171,32 @@ def test_status_of_a_free_lock_and_by_name(app):
         assert "task task-aaa" in result.output
 
 
-def test_status_shows_a_rated_keys_window_and_next_start(app):
+def test_status_shows_a_rated_keys_starts_window_and_next_start(app):
     plan = plan_of(app.tasks[cli_app.SYNC])
     name = plan.keys.build([5], {})
-    slots = [plan.redlock.rate(name, "10/s") for _ in range(5)]  # as 5 starts would book
+    rates = [
+        RateKey(plan.redlock.coalesce_key(name, "rate"), parse_rate("10/m"), 1,
+                plan.redlock.coalesce_key(name, "starts"))
+    ]  # fmt: skip
+    # the first start runs now, 4 more are booked 6 s apart; 2 others start on
+    # bookings made before (the round only records them): 3 starts recorded
+    leases = [plan.redlock.try_acquire(f"sync-{i}", ttl=5, rates=rates) for i in range(5)]
+    assert [type(r).__name__ for r in leases] == ["Lease"] + ["RateSlot"] * 4
+    for i in range(2):
+        started = plan.redlock.try_acquire(f"again-{i}", ttl=5, rates=rates, booked=True)
+        plan.redlock.release(started)
+    plan.redlock.release(leases[0])
     result = invoke(app, "status", cli_app.SYNC, "--args", "[5]")
     assert result.exit_code == 0, result.output
-    assert "Rate:         10/s, burst 1" in result.output
-    assert "5 of 10 booked in the next 1 s (5 ahead" in result.output
+    assert "Rate:         10/m, burst 1" in result.output
+    assert "3 of 10 started in the last 60 s (4 booked ahead" in result.output
     data = json.loads(invoke(app, "status", cli_app.SYNC, "--args", "[5]", "--json").output)
-    assert data["rate"]["rate"] == ["10/s"]
-    assert data["rate"]["windows"][0]["booked_ahead"] == 5
-    assert abs(data["rate"]["next_start"] - (slots[-1].start_at + 0.1)) < 0.002
-    assert 0.3 < data["rate"]["wait"] <= 0.5
-    # another customer's key has nothing booked: due now
+    assert data["rate"]["rate"] == ["10/m"]
+    assert data["rate"]["windows"][0]["starts"] == 3
+    assert data["rate"]["windows"][0]["booked_ahead"] == 4
+    assert abs(data["rate"]["next_start"] - (leases[-1].start_at + 6)) < 0.002
+    assert 25 < data["rate"]["wait"] <= 30
+    # another customer's key has nothing booked or started: due now
     data = json.loads(invoke(app, "status", cli_app.SYNC, "--args", "[6]", "--json").output)
     assert data["rate"]["windows"][0]["starts"] == 0 and data["rate"]["wait"] == 0
 

@@ -120,8 +120,9 @@ RECORDED = {
             "claim: 'str | None' = None, own_claim: 'bool' = "
             "False, throttle: 'float | None' = None, slot: "
             "'str | None' = None, limit: 'int' = 1, also: "
-            "'Sequence[tuple[str, int]]' = ()) -> 'Lease | "
-            "Holder | Claim | Finished | TooEarly'",
+            "'Sequence[tuple[str, int]]' = (), rates: "
+            "'Sequence[RateKey]' = (), booked: 'bool' = False) -> 'Lease | "
+            "Holder | Claim | Finished | TooEarly | RateSlot'",
             "withdraw_claim": "(self, name: 'str', claimant: 'str') -> 'int'",
         },
     },

@@ -6,7 +6,8 @@
 * :mod:`.lease`: acquire, fence, extend, release;
 * :mod:`.permits`: the acquire of one of K permits, with other names held together;
 * :mod:`.claims`: claims and the schedules of coalesced calls;
-* :mod:`.rates`: the rate reservation (GCRA per window, two phases);
+* :mod:`.rates`: the rate reservation (GCRA per window, two phases), and the
+  acquires that book a rated start in their own round;
 * :mod:`.inspect`: the read-only views.
 
 Every script is idempotent when re-sent, so a reply lost to a timeout never
@@ -20,12 +21,14 @@ from .claims import CLAIM, CLAIM_NEXT, DEBOUNCE, THROTTLE
 from .inspect import INSPECT, PEEK
 from .lease import ACQUIRE, EXTEND, FENCE, RELEASE, RELEASE_PREFIX
 from .permits import ACQUIRE_PERMIT
-from .rates import RATE
+from .rates import ACQUIRE_PERMIT_RATED, ACQUIRE_RATED, RATE, UNSTART
 from .shared import Script
 
 __all__ = [
     "ACQUIRE",
     "ACQUIRE_PERMIT",
+    "ACQUIRE_PERMIT_RATED",
+    "ACQUIRE_RATED",
     "CLAIM",
     "CLAIM_NEXT",
     "DEBOUNCE",
@@ -38,4 +41,5 @@ __all__ = [
     "RELEASE_PREFIX",
     "Script",
     "THROTTLE",
+    "UNSTART",
 ]

@@ -6,9 +6,11 @@ tokens or owners, and numbers in ms stay far below 2**53.
 
 from __future__ import annotations
 
+from .lease import ACQUIRE
+from .permits import ACQUIRE_PERMIT
 from .shared import Script
 
-__all__ = ["RATE"]
+__all__ = ["ACQUIRE_PERMIT_RATED", "ACQUIRE_RATED", "RATE", "UNSTART", "rated"]
 
 # KEYS the rate hashes of the keys booked together.
 # ARGV[1] '1' (phase 1: book the first admitted instant), '2' (phase 2:
@@ -98,6 +100,90 @@ for _, k in ipairs(keys) do
 end
 if phase ~= '1' then return {1} end
 for _, t in ipairs(before) do out[#out + 1] = t end
+return out
+""",
+)
+
+
+def rated(acquire: Script) -> Script:
+    """``acquire`` and the rate in one call: a rated start costs one round.
+
+    Each script runs as a function of its own ``KEYS`` and ``ARGV`` (the
+    parameters shadow the globals), so both keep their documented layout.
+    KEYS: the acquire's keys (ARGV[1] of them), then the r rate hashes, then
+    the r keys of their recorded starts. ARGV[2] the count of the acquire's
+    args, then those args, then: mode ('b' book a start, 'r' the start was
+    booked before: record it only), the client's clock in ms, the instant up
+    to which a booking counts as due now (ms), how long starts are kept (ms,
+    the longest period), how many are kept at most, the member recording this
+    start (the owner value), r, then (mode 'b') RATE's args for phase 1.
+    A grant books the start (a contended start books nothing) and, where this
+    node's instant is due, records it in each sorted set of starts (score: the
+    client's clock); its reply is the acquire's with the booking appended
+    (RATE's phase-1 reply, or false in mode 'r'). Any other reply is the acquire's.
+    """
+    return Script(
+        f"{acquire.name}_rated",
+        f"""
+local function acquire(KEYS, ARGV)
+{acquire.text}
+end
+local function book(KEYS, ARGV)
+{RATE.text}
+end
+local na, nv = tonumber(ARGV[1]), tonumber(ARGV[2])
+local akeys, aargs = {{}}, {{}}
+for i = 1, na do akeys[i] = KEYS[i] end
+for i = 1, nv do aargs[i] = ARGV[2 + i] end
+local reply = acquire(akeys, aargs)
+if reply[1] ~= 1 then return reply end
+local o = 3 + nv
+local mode, now, due = ARGV[o], tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2])
+local keep, cap = tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
+local member, nr = ARGV[o + 5], tonumber(ARGV[o + 6])
+local booking, at = false, now
+if mode == 'b' then
+  local rkeys, rargs = {{}}, {{}}
+  for i = 1, nr do rkeys[i] = KEYS[na + i] end
+  for i = o + 7, #ARGV do rargs[#rargs + 1] = ARGV[i] end
+  booking = book(rkeys, rargs)
+  at = tonumber(booking[2])
+end
+if at <= due then
+  for i = 1, nr do
+    local starts = KEYS[na + nr + i]
+    redis.call('ZADD', starts, now, member)
+    redis.call('ZREMRANGEBYSCORE', starts, '-inf', '(' .. string.format('%d', now - keep))
+    redis.call('ZREMRANGEBYRANK', starts, 0, -(cap + 1))
+    redis.call('PEXPIRE', starts, keep)
+  end
+end
+reply[#reply + 1] = booking
+return reply
+""",
+    )
+
+
+#: The plain lock's acquire and the rate in one call (see :func:`rated`).
+ACQUIRE_RATED = rated(ACQUIRE)
+#: A permit's acquire and the rate in one call (see :func:`rated`).
+ACQUIRE_PERMIT_RATED = rated(ACQUIRE_PERMIT)
+
+# KEYS the lock keys an attempt may hold (ARGV[2] of them), then the sorted
+# sets of starts; ARGV[1] the owner value. A rated grant whose booked instant
+# is not due now: its lock keys are freed where they hold the owner, and the
+# start it recorded is taken back. Returns how many lock keys it deleted.
+UNSTART = Script(
+    "unstart",
+    """
+local n, out = tonumber(ARGV[2]), 0
+for i, key in ipairs(KEYS) do
+  if i <= n then
+    if redis.call('GET', key) == ARGV[1] then out = out + redis.call('DEL', key) end
+  else
+    redis.call('ZREM', key, ARGV[1])
+  end
+end
 return out
 """,
 )

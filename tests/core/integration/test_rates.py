@@ -13,8 +13,11 @@ import time
 import pytest
 
 from celery_redlock.core import (
+    Holder,
+    Lease,
     QuorumUnavailable,
     RateKey,
+    RateSlot,
     Redlock,
     parse_rate,
     peek_rate,
@@ -207,3 +210,104 @@ def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
         rl.rate("rounds", "100/s")
         rl.rate("rounds-and-api", "100/s", also={"api": ("10/s", "500/h")})
     assert rounds == [("EVALSHA", 3)] * 10
+
+
+def rated_key(rl: Redlock, name: str, rate, burst: int = 1) -> RateKey:
+    return RateKey(
+        rl.coalesce_key(name, "rate"), parse_rate(rate), burst, rl.coalesce_key(name, "starts")
+    )
+
+
+def test_a_rated_start_due_now_is_one_acquire_round(redis_nodes3, monkeypatch):
+    """The lock and the booking go in one call per node: a rated start that is due
+    costs the run lock's round and nothing more (the release aside)."""
+    from celery_redlock.core import rounds as _nodes
+
+    rl = Redlock(redis_nodes3.urls)
+    api = rated_key(rl, "api-1r", "1000/s")
+    rl.release(rl.try_acquire("warm", ttl=5, rates=[api]))  # scripts loaded
+    sent = []
+    real = _nodes.gather
+
+    def spy(nodes, args, timeout, then=None):
+        sent.append((args[0], len(nodes)))
+        return real(nodes, args, timeout, then)
+
+    monkeypatch.setattr(_nodes, "gather", spy)
+    for i in range(5):
+        lease = rl.try_acquire(f"job-{i}", ttl=5, rates=[api])
+        assert isinstance(lease, Lease)
+        assert sent == [("EVALSHA", 3)]
+        monkeypatch.setattr(_nodes, "gather", real)
+        rl.release(lease)
+        monkeypatch.setattr(_nodes, "gather", spy)
+        sent.clear()
+
+
+def test_rated_starts_are_spaced_and_recorded(redis_nodes3):
+    """Starts booked for later hold nothing and record nothing; the ones that run are
+    recorded once each, on every node that granted them."""
+    rl = Redlock(redis_nodes3.urls)
+    api = rated_key(rl, "api-rec", "5/s")
+    results = [rl.try_acquire(f"rec-{i}", ttl=5, rates=[api]) for i in range(4)]
+    assert isinstance(results[0], Lease)
+    later = results[1:]
+    assert all(isinstance(r, RateSlot) and r.reserved for r in later)
+    assert [round(r.wait, 1) for r in later] == [0.2, 0.4, 0.6]
+    for node in redis_nodes3:
+        c = node.client()
+        assert c.zrange(api.starts, 0, -1) == [results[0].owner]
+        assert not [k for k in c.keys("*lock:{rec-*") if k != results[0].key]
+    # the first later start comes back at its instant: the round only records it
+    time.sleep(max(0.0, later[0].start_at - time.time()))
+    lease = rl.try_acquire("rec-1", ttl=5, rates=[api], booked=True)
+    assert isinstance(lease, Lease)
+    assert redis_nodes3[0].client().zcard(api.starts) == 2
+    rl.release(lease)
+    rl.release(results[0])
+
+
+def test_a_contended_start_books_nothing(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls)
+    api = rated_key(rl, "api-busy", "1/s")
+    held = rl.try_acquire("busy", ttl=5)
+    assert isinstance(held, Lease)
+    for _ in range(3):
+        assert isinstance(rl.try_acquire("busy", ttl=5, rates=[api]), Holder)
+    for node in redis_nodes3:
+        assert node.client().exists(api.key, api.starts) == 0
+    rl.release(held)
+    lease = rl.try_acquire("busy", ttl=5, rates=[api])
+    assert isinstance(lease, Lease)  # the rate's capacity is whole: due at once
+    rl.release(lease)
+
+
+def test_a_rated_permit_books_in_its_round(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls)
+    api = rated_key(rl, "api-permit", "2/s")
+    first = rl.try_acquire("pool", ttl=5, limit=3, rates=[api])
+    second = rl.try_acquire("pool", ttl=5, limit=3, rates=[api])
+    assert isinstance(first, Lease) and isinstance(second, RateSlot)
+    assert round(second.wait, 1) == 0.5
+    for node in redis_nodes3:  # the later start holds no permit
+        assert node.client().keys("*permit:{pool}*") == []
+    rl.release(first)
+
+
+def test_a_rated_round_short_of_a_quorum_books_nothing(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+    api = rated_key(rl, "api-out", "1/s")
+    redis_nodes3.kill(1)
+    redis_nodes3.kill(2)
+    try:
+        for _ in range(3):
+            with pytest.raises(QuorumUnavailable):
+                rl.try_acquire("out", ttl=5, rates=[api])
+        c = redis_nodes3[0].client()  # the minority's bookings and starts taken back
+        assert c.hkeys(api.key) == ["v"] and c.exists(api.starts, "redlock:lock:{out}") == 0
+    finally:
+        redis_nodes3.restart(1)
+        redis_nodes3.restart(2)
+    lease = rl.try_acquire("out", ttl=5, rates=[api])  # a read of the nodes, then booked
+    assert isinstance(lease, Lease)  # at once: the attempts in the outage booked nothing
+    rl.release(lease)
