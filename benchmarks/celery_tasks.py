@@ -19,7 +19,7 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
   takes the lock under the claim and drops it at the end (distinct arguments,
   so nothing is deduplicated: every task must still run exactly once);
 * ``redlock-3-rate``: ``redlock-3`` with ``lock_rate="10/s"`` per key: every
-  start books its key's rate first (one more round on the 3 nodes), never
+  start books its key's rate in its run lock's round (no round more), never
   delayed (each key starts once): what a rated start costs under its limit;
 * ``once``: celery-once ``QueueOnce`` (``graceful=False``), Redis backend on db 2
   of the broker server;
