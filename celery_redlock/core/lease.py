@@ -274,9 +274,7 @@ class Leases:
         if rated is None:
             replies = q.run(scripts.ACQUIRE, keys, args)
         else:
-            rated_keys, rated_args = rated.call(scripts.ACQUIRE_RATED, keys, args, owner)
-            replies = q.run(scripts.ACQUIRE_RATED, rated_keys, rated_args)
-            rated.take(replies)
+            replies = rated.run(scripts.ACQUIRE_RATED, keys, args, owner)
         stop = stopped_early(replies, task_id, q.needed)
         if stop is not None:
             self._let_go(key, owner, rated, replies)

@@ -167,9 +167,7 @@ class Permits:
             if rated is None:
                 replies = q.run(scripts.ACQUIRE_PERMIT, keys, args)
             else:
-                rated_keys, rated_args = rated.call(scripts.ACQUIRE_PERMIT_RATED, keys, args, owner)
-                replies = q.run(scripts.ACQUIRE_PERMIT_RATED, rated_keys, rated_args)
-                rated.take(replies)
+                replies = rated.run(scripts.ACQUIRE_PERMIT_RATED, keys, args, owner)
             stop = stopped_early(replies, task_id, q.needed)
             if stop is not None:
                 self._let_go(every, owner, rated, replies)

@@ -154,10 +154,10 @@ class RateSlot(NamedTuple):
 class RatedRound:
     """An acquire round that also books a rated start (or records one booked before).
 
-    The lease, plain or permits, wraps its acquire call with :meth:`call`
+    The lease, plain or permits, sends its acquire through :meth:`run`
     (:func:`.scripts.rates.rated`: a grant books the start in the same call, a
-    contended start books nothing), pops each grant's booking off its reply
-    with :meth:`take`, and then, granted on a quorum, asks :meth:`settle` for
+    contended start books nothing; each grant's booking is popped off its
+    reply), and then, granted on a quorum, asks :meth:`settle` for
     the slot: due now, the lease stands; later, it frees what it holds and the
     start it recorded (:meth:`unstart`) and returns the slot, whose booking
     stands. A round that grants on no quorum takes its bookings back
@@ -179,10 +179,11 @@ class RatedRound:
         self.answers: list[tuple[int, Any]] = []
         self.unconfirmed: list[tuple[int, Any]] = []
 
-    def call(
+    def run(
         self, script: scripts.Script, keys: Sequence[str], args: Sequence[Any], owner: str
-    ) -> tuple[list[str], list[Any]]:
-        """The keys and args of the rated ``script`` around an acquire's own."""
+    ) -> list[Any]:
+        """The rated ``script`` around an acquire's own keys and args, on every node: the
+        acquire's replies, each grant's booking popped off into :attr:`answers`."""
         self.now = now = _epoch_ms()
         rated = self.keys
         longest = max(w.period for k in rated for w in k.windows)
@@ -199,10 +200,7 @@ class RatedRound:
         if not self.booked:
             keep += _args(rated, now)
         all_keys = [*keys, *(k.key for k in rated), *(k.starts for k in rated)]
-        return all_keys, [len(keys), len(args), *args, *keep]
-
-    def take(self, replies: Sequence[Any]) -> None:
-        """Pop the booking each grant appended to its reply (the rest is the acquire's)."""
+        replies = self.rates.quorum.run(script, all_keys, [len(keys), len(args), *args, *keep])
         for i, reply in enumerate(replies):
             into = self.answers
             if isinstance(reply, NotReplicated):
@@ -211,6 +209,7 @@ class RatedRound:
                 booking = reply.pop()
                 if booking:
                     into.append((i, booking))
+        return replies
 
     def settle(self) -> RateSlot:
         """The start's slot once the acquire was granted on a quorum."""
