@@ -201,13 +201,13 @@ class _FloorNodes:
 _floor: _FloorNodes | None = None
 
 
-def _floor_task_body(i: Any, scripts: bool) -> None:
+def _floor_task_body(i: Any, with_scripts: bool) -> None:
     """The no-op body between a floor acquire round and a floor release round."""
     global _floor
     if _floor is None or _floor.pid != os.getpid():
         _floor = _FloorNodes(_adapters.celery_nodes()[:LOCK_NODES])
     key = f"crl_bench:floor:{i}".encode()
-    if scripts:
+    if with_scripts:
         now = b"%d" % (time.time_ns() // 1000)
         acquire = (scripts.ACQUIRE.sha.encode(), b"2", key, key + b":f", b"o", b"10000", b"9", now)
         _floor.round(b"EVALSHA", *acquire)
@@ -268,11 +268,11 @@ def make_app() -> Any:
 
     @app.task(name="crl_bench.floor_3")
     def floor_3(i: Any) -> None:
-        _floor_task_body(i, scripts=False)
+        _floor_task_body(i, with_scripts=False)
 
     @app.task(name="crl_bench.floor_3_scripts")
     def floor_3_scripts(i: Any) -> None:
-        _floor_task_body(i, scripts=True)
+        _floor_task_body(i, with_scripts=True)
 
     return app
 

@@ -43,7 +43,7 @@ class Node:
     """
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_pid",
+        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_owed", "_pid",
         "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
@@ -96,6 +96,10 @@ class Node:
         # checkout (its lock and bookkeeping cost more than the round trip on
         # loopback); list.pop and list.append are atomic, so threads may share it.
         self._idle: list[Any] = []
+        # Idle connection -> replies it still owes: commands sent without
+        # waiting (:func:`~celery_redlock.core.rounds.send_script`), whose
+        # replies the next round on it reads first and sets aside.
+        self._owed: dict[Any, int] = {}
         self._pid = os.getpid()
         self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
         self._probing = False
@@ -110,7 +114,7 @@ class Node:
             return None
 
     def _forget_parent(self) -> None:
-        self._idle = []
+        self._idle, self._owed = [], {}
         self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
         self._pid = os.getpid()
 
@@ -154,11 +158,19 @@ class Node:
     def new_connection(self) -> Any:
         return self.pool.connection_class(**self.pool.connection_kwargs)
 
-    def put_back(self, conn: Any) -> None:
+    def put_back(self, conn: Any, owed: int = 0) -> None:
+        """Make ``conn`` idle again; ``owed``: replies still on their way on it."""
+        if owed:
+            self._owed[conn] = owed  # before it is idle: whoever takes it reads them first
         self._idle.append(conn)
+
+    def owed_by(self, conn: Any) -> int:
+        """How many replies ``conn`` owes (and forget it: the caller now reads them)."""
+        return self._owed.pop(conn, 0) if self._owed else 0
 
     def discard(self, conn: Any) -> None:
         """Close a connection that may hold an unread or half-read reply: it is never reused."""
+        self._owed.pop(conn, None)
         try:
             conn.disconnect()
         except (RedisError, OSError):

@@ -16,7 +16,8 @@ __all__ = ["ACQUIRE", "EXTEND", "FENCE", "RELEASE", "RELEASE_PREFIX"]
 # mine, its TTL refreshed: a re-sent acquire is harmless) and it returns {1}
 # with fencing off, else {1, fence}: the node's fence value, moved on by this
 # grant or seeded (ADVANCE). A re-sent acquire returns the value its first
-# send wrote.
+# send wrote. Without ARGV[5] no gate applies: the common case takes the key
+# with one SET NX and reads it only when that fails.
 ACQUIRE = Script(
     "acquire",
     GREATER
@@ -24,6 +25,17 @@ ACQUIRE = Script(
     + ADVANCE
     + GATES
     + """
+if not ARGV[5] then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if ARGV[3] == '' then return {1} end
+    return {1, advance(KEYS[2], false)}
+  end
+  local mine = redis.call('GET', KEYS[1])
+  if mine ~= ARGV[1] then return {0, mine, redis.call('PTTL', KEYS[1]), false} end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if ARGV[3] == '' then return {1} end
+  return {1, advance(KEYS[2], mine)}
+end
 local stop = gate_enter()
 if stop then return stop end
 local holder = redis.call('GET', KEYS[1])
