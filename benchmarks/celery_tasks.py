@@ -83,8 +83,8 @@ sys.path.insert(0, HERE)
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
-from celery_redlock.core.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 from celery_redlock.core import scripts  # noqa: E402
+from celery_redlock.core.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"
@@ -342,7 +342,9 @@ class CPUMeter:
 # --------------------------------------------------------------------------- #
 def worker_env(broker: str, nodes: list[str]) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
+    # Absolute: the worker runs from this directory, where "." names another tree.
+    paths = [HERE, *(os.environ.get("PYTHONPATH") or "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths if p)
     env[BROKER_ENV] = broker
     env[NODES_ENV] = ",".join(nodes)
     return env

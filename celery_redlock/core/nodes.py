@@ -27,6 +27,19 @@ NodeSpec = Union[str, "redis.Redis"]
 #: Seconds, at most, that a node whose connects time out is skipped before a probe.
 BREAKER_MAX = 1.0
 
+#: Forks this process descends from: a node that saw another number holds its
+#: parent's sockets. Compared on every checkout instead of ``os.getpid()``, a
+#: system call.
+_generation = 0
+
+
+def _forked() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Node:
     """One independent Redis master.
@@ -43,7 +56,7 @@ class Node:
     """
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_owed", "_pid",
+        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_owed", "_generation",
         "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
@@ -100,13 +113,13 @@ class Node:
         # waiting (:func:`~celery_redlock.core.rounds.send_script`), whose
         # replies the next round on it reads first and sets aside.
         self._owed: dict[Any, int] = {}
-        self._pid = os.getpid()
+        self._generation = _generation
         self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
         self._probing = False
 
     def idle_connection(self) -> Any:
         """An idle connection of this process, or None."""
-        if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
+        if self._generation != _generation:  # after fork: the parent's sockets are not ours
             self._forget_parent()
         try:
             return self._idle.pop()
@@ -116,7 +129,7 @@ class Node:
     def _forget_parent(self) -> None:
         self._idle, self._owed = [], {}
         self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
-        self._pid = os.getpid()
+        self._generation = _generation
 
     # The circuit breaker: a node whose connects time out (a blackholed
     # address, a half-dead host) is not sent new connects for a while that
