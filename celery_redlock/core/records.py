@@ -61,12 +61,8 @@ def make_owner(task_id: str | None = None, retries: int | None = None) -> str:
     The task id comes first so a parent process can free a dead child's lock by
     prefix; ``retries`` tells a redelivered message from a retry of the same task.
     """
-    return "%s|%s|%s%08x" % (
-        task_id or "-",
-        "-" if retries is None else retries,
-        _PROCESS,
-        next(_SERIAL) & 0xFFFFFFFF,
-    )
+    tried = "-" if retries is None else retries
+    return f"{task_id or '-'}{OWNER_SEP}{tried}{OWNER_SEP}{_PROCESS}{next(_SERIAL) & 0xFFFFFFFF:08x}"
 
 
 def full_jitter(
