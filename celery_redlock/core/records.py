@@ -62,7 +62,8 @@ def make_owner(task_id: str | None = None, retries: int | None = None) -> str:
     prefix; ``retries`` tells a redelivered message from a retry of the same task.
     """
     tried = "-" if retries is None else retries
-    return f"{task_id or '-'}{OWNER_SEP}{tried}{OWNER_SEP}{_PROCESS}{next(_SERIAL) & 0xFFFFFFFF:08x}"
+    serial = next(_SERIAL) & 0xFFFFFFFF
+    return f"{task_id or '-'}{OWNER_SEP}{tried}{OWNER_SEP}{_PROCESS}{serial:08x}"
 
 
 def full_jitter(
