@@ -248,7 +248,8 @@ def test_release_not_waited_for_frees_every_node_and_is_never_read_as_a_later_re
         tokens.append(lease.fencing_token)
         rl.release(lease, receipt=60, wait=False)
         assert lease.lost
-        wait_for(lambda: node_values(nodes, lease.key) == [None] * len(nodes), 5, "the release")
+        gone = [None] * len(nodes)
+        wait_for(lambda key=lease.key: node_values(nodes, key) == gone, 5, "the release")
         assert other.holder(NAME).owner is None
     assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
     receipts = [rl.receipt_key(NAME, f"task-{i}") for i in range(20)]
