@@ -241,6 +241,7 @@ def test_release_not_waited_for_frees_every_node_and_is_never_read_as_a_later_re
     connections set the owed replies aside, so each grant reads its own reply."""
     rl = Redlock(nodes.urls)
     other = Redlock(nodes.urls)
+    gone = [None] * len(nodes)
     tokens = []
     for i in range(20):
         lease = rl.acquire(NAME, ttl=10, owner=make_owner(f"task-{i}", 0))
@@ -248,7 +249,6 @@ def test_release_not_waited_for_frees_every_node_and_is_never_read_as_a_later_re
         tokens.append(lease.fencing_token)
         rl.release(lease, receipt=60, wait=False)
         assert lease.lost
-        gone = [None] * len(nodes)
         wait_for(lambda key=lease.key: node_values(nodes, key) == gone, 5, "the release")
         assert other.holder(NAME).owner is None
     assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
