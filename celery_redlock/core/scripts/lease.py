@@ -17,13 +17,13 @@ __all__ = ["ACQUIRE", "EXTEND", "FENCE", "RELEASE", "RELEASE_PREFIX"]
 # with fencing off, else {1, fence}: the node's fence value, moved on by this
 # grant or seeded (ADVANCE). A re-sent acquire returns the value its first
 # send wrote. Without ARGV[5] no gate applies: the common case takes the key
-# with one SET NX and reads it only when that fails.
+# with one SET NX, reads it only when that fails, and returns before the gates
+# are even defined.
 ACQUIRE = Script(
     "acquire",
     GREATER
     + SUCCESSOR
     + ADVANCE
-    + GATES
     + """
 if not ARGV[5] then
   if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -36,6 +36,9 @@ if not ARGV[5] then
   if ARGV[3] == '' then return {1} end
   return {1, advance(KEYS[2], mine)}
 end
+"""
+    + GATES
+    + """
 local stop = gate_enter()
 if stop then return stop end
 local holder = redis.call('GET', KEYS[1])
