@@ -17,7 +17,7 @@ from tests.support.fencing_history import (
     no_time_floor,
     one_phase_grant,
 )
-from tests.support.harness import wait_for
+from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 
 pytestmark = pytest.mark.faults

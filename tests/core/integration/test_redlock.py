@@ -14,7 +14,7 @@ import pytest
 
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
-from tests.support.harness import wait_for
+from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 
 pytestmark = pytest.mark.integration
