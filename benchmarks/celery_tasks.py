@@ -53,6 +53,11 @@ ratio to plain taken inside each rep.
 Correctness is checked in the same run: after each run the counter must show
 exactly N executions (none lost, none doubled), lock keys must be gone.
 
+After the run, a solo worker on ``redlock-3`` runs once more under cProfile
+(``--no-profile`` skips it): its listing is kept in ``--logdir`` as
+``celery-worker-solo-redlock-3.txt`` (and ``.prof``), so the next change starts
+from numbers.
+
 Usage::
 
     python benchmarks/celery_tasks.py                 # 5 reps x 2000 tasks, ~4 min
@@ -83,8 +88,8 @@ sys.path.insert(0, HERE)
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
-from celery_redlock.core.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 from celery_redlock.core import scripts  # noqa: E402
+from celery_redlock.core.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"
@@ -129,6 +134,21 @@ TARGETS = [
 RELATIVE_TARGETS = [
     ("rate-cost", "a rated task under its limit: >= 1/1.2 of the same task without a rate",
      "redlock-3-rate", "redlock-3", 1 / 1.2),
+    ("floor", "celery_redlock 3 nodes: >= 0.95x the floor-3 throughput",
+     "redlock-3", "floor-3", 0.95),
+    ("token-unread", "token unread: at least as fast as token read",
+     "redlock-3-lazy", "redlock-3", 1.0),
+    ("claim-vs-once", "enqueue claim: >= 0.9x celery-once",
+     "redlock-3-enqueue", "once", 0.9),
+]  # fmt: skip
+#: (id, description, variant, reference, CPU part, maximum ratio), per pool: the
+#: variant's CPU per task over the reference's, for the worker counted above
+#: plain's (what the lock adds), for the lock nodes as measured.
+CPU_TARGETS = [
+    ("worker-cpu", "worker's added CPU per task: <= 1.3x the floor's",
+     "redlock-3", "floor-3", "worker", 1.3),
+    ("lock-nodes-cpu", "lock nodes' CPU per task: <= 1.5x the floor's",
+     "redlock-3", "floor-3", "lock_servers", 1.5),
 ]  # fmt: skip
 #: The rate of the rated variant: per key, and each key starts once.
 RATE = "10/s"
@@ -201,13 +221,13 @@ class _FloorNodes:
 _floor: _FloorNodes | None = None
 
 
-def _floor_task_body(i: Any, scripts: bool) -> None:
+def _floor_task_body(i: Any, with_scripts: bool) -> None:
     """The no-op body between a floor acquire round and a floor release round."""
     global _floor
     if _floor is None or _floor.pid != os.getpid():
         _floor = _FloorNodes(_adapters.celery_nodes()[:LOCK_NODES])
     key = f"crl_bench:floor:{i}".encode()
-    if scripts:
+    if with_scripts:
         now = b"%d" % (time.time_ns() // 1000)
         acquire = (scripts.ACQUIRE.sha.encode(), b"2", key, key + b":f", b"o", b"10000", b"9", now)
         _floor.round(b"EVALSHA", *acquire)
@@ -268,11 +288,11 @@ def make_app() -> Any:
 
     @app.task(name="crl_bench.floor_3")
     def floor_3(i: Any) -> None:
-        _floor_task_body(i, scripts=False)
+        _floor_task_body(i, with_scripts=False)
 
     @app.task(name="crl_bench.floor_3_scripts")
     def floor_3_scripts(i: Any) -> None:
-        _floor_task_body(i, scripts=True)
+        _floor_task_body(i, with_scripts=True)
 
     return app
 
@@ -342,7 +362,9 @@ class CPUMeter:
 # --------------------------------------------------------------------------- #
 def worker_env(broker: str, nodes: list[str]) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
+    # Absolute: the worker runs from this directory, where "." names another tree.
+    paths = [HERE, *(os.environ.get("PYTHONPATH") or "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths if p)
     env[BROKER_ENV] = broker
     env[NODES_ENV] = ",".join(nodes)
     return env
@@ -560,6 +582,20 @@ def evaluate(summ: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Any]]:
                         "value": value, "limit": limit,
                         "per_rep": per_rep, "reps_passing": sum(1 for v in per_rep if v >= limit),
                         "pass": value >= limit})  # fmt: skip
+    for tid, desc, variant, reference, part, limit in CPU_TARGETS:
+        for pool, variants in summ.items():
+            got, ref = variants.get(variant), variants.get(reference)
+            if not got or not ref or not got["cpu_us_per_task"] or not ref["cpu_us_per_task"]:
+                continue
+            base = variants["plain"]["cpu_us_per_task"][part] if part == "worker" else 0.0
+            added, ref_added = (
+                got["cpu_us_per_task"][part] - base,
+                ref["cpu_us_per_task"][part] - base,
+            )
+            value = added / ref_added if ref_added > 0 else float("inf")
+            res.append({"id": f"{tid} {pool}", "target": f"{desc} ({pool}; {added:.0f} vs "
+                        f"{ref_added:.0f} us)", "value": value, "limit": limit, "per_rep": [],
+                        "reps_passing": None, "pass": value <= limit})  # fmt: skip
     ok = all(v["exactly_once"] for p in summ.values() for v in p.values())
     clean = all(
         not any(p["leftovers"]["redlock_lock_keys_per_node"])
@@ -641,7 +677,10 @@ def targets_section(targets: list[dict[str, Any]], note: str = "") -> list[str]:
     """The "Targets" table: ratio targets with their per-rep ranges, then the checks."""
     rows = []
     for t in targets:
-        if t["per_rep"]:
+        if isinstance(t["value"], float) and not t["per_rep"]:  # a CPU ratio: no per-rep
+            rows.append(_row(t["target"], f"{t['value']:.3f}x", "", "",
+                             "PASS" if t["pass"] else "**FAIL**"))  # fmt: skip
+        elif t["per_rep"]:
             rows.append(_row(t["target"], f"{t['value']:.3f}x",
                              f"{min(t['per_rep']):.2f}-{max(t['per_rep']):.2f}",
                              f"{t['reps_passing']}/{len(t['per_rep'])}",
@@ -685,10 +724,13 @@ def profile(variant: str, n: int, reps: int, outdir: str, top: int) -> int:
     if not os.path.exists(prof):
         log(f"no profile written; see {logpath}")
         return 1
-    st = pstats.Stats(prof)
-    st.sort_stats("cumulative").print_stats(top)
-    st.sort_stats("tottime").print_stats(top)
-    log(f"profile in {prof}")
+    text = os.path.splitext(prof)[0] + ".txt"
+    with open(text, "w") as out:
+        for stream in (out, sys.stdout):
+            st = pstats.Stats(prof, stream=stream)
+            st.sort_stats("cumulative").print_stats(top)
+            st.sort_stats("tottime").print_stats(top)
+    log(f"profile in {prof}, as text in {text}")
     return 0
 
 
@@ -764,6 +806,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: run a solo worker under cProfile on VARIANT and print the top",
     )
     ap.add_argument("--top", type=int, default=40, help="rows of the --profile listing")
+    ap.add_argument(
+        "--no-profile",
+        dest="keep_profile",
+        action="store_false",
+        help="skip the CPU profile of a solo worker on redlock-3 kept in --logdir after the run",
+    )
     a = ap.parse_args(argv)  # fmt: skip
     if a.quick:
         a.reps, a.n = 3, 300
@@ -806,6 +854,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0
+    if a.keep_profile and "redlock-3" in variants:
+        # The next change starts from numbers: a solo worker's CPU profile on 3 nodes.
+        profile("redlock-3", a.n, 1, logdir, a.top)
+        meta["profile"] = os.path.join(logdir, "celery-worker-solo-redlock-3.txt")
     summ = summarize(raw)
     targets = evaluate(summ, raw)
     return finish(a, meta, raw, summ, targets, render(meta, raw, summ, targets))

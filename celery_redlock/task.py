@@ -206,7 +206,7 @@ class LockedTask(Task):
             raise
         finally:
             lost = tracing.ENABLED and lease.lost
-            _release(plan, lease, succeeded, retrying)
+            _release(plan, lease, succeeded, retrying, not request.is_eager)
             tracing.released(plan.lock_name, lease, lost)
 
     def apply_async(
@@ -262,9 +262,15 @@ def current_lease() -> Lease:
     return lease
 
 
-def _release(plan: LockPlan, lease: Lease, succeeded: bool, retrying: bool) -> None:
+def _release(
+    plan: LockPlan, lease: Lease, succeeded: bool, retrying: bool, early: bool = False
+) -> None:
     """Release the lease; in the same round record a success's receipt and, under
-    ``until_finished``, withdraw the claim unless the task retries (it keeps it)."""
+    ``until_finished``, withdraw the claim unless the task retries (it keeps it).
+
+    ``early`` (a worker's execution): the release is written to the nodes and
+    not waited for (``Redlock.release(wait=False)``), so the result is stored
+    while the nodes delete the key; the replies are read by the next round."""
     settings = plan.settings
     receipt = settings.receipt_ttl if succeeded and settings.receipt_ttl else None
     withdraw = settings.enqueue == "until_finished" and not retrying
@@ -272,7 +278,7 @@ def _release(plan: LockPlan, lease: Lease, succeeded: bool, retrying: bool) -> N
     for _ in range(2):
         try:
             heartbeat.drop(lease)
-            plan.redlock.release(lease, receipt=receipt, withdraw_claim=withdraw)
+            plan.redlock.release(lease, receipt=receipt, withdraw_claim=withdraw, wait=not early)
             return
         except Exception:  # noqa: BLE001 - SoftTimeLimitExceeded lands here
             continue

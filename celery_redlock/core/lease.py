@@ -404,7 +404,12 @@ class Leases:
         return [results[id(lease)] for lease in leases]
 
     def release(
-        self, lease: Lease, *, receipt: float | None = None, withdraw_claim: bool = False
+        self,
+        lease: Lease,
+        *,
+        receipt: float | None = None,
+        withdraw_claim: bool = False,
+        wait: bool = True,
     ) -> None:
         """Delete the lock on every node where it still holds the lease's owner. Never raises.
 
@@ -412,15 +417,22 @@ class Leases:
         (:attr:`Lease.task_id`) finished, for :meth:`try_acquire` with
         ``receipts=True``; ``withdraw_claim`` withdraws the name's claim if it
         names that id.
+
+        With ``wait=False`` the release is written to every node and the call
+        returns without waiting for the replies: each node deletes the key as
+        soon as it reads the command, and the next round on the same connection
+        reads the reply first. A node it cannot be written to at once gets an
+        ordinary round. A release that fails on a node leaves the key there to
+        its TTL, as when it is waited for.
         """
         lease.mark_lost()
         if lease.also:  # the names held together with it: one call per node for all
             for other in lease.also:
                 other.mark_lost()
             self.release_prefix([other.key for other in lease.also], lease.owner)
-        task_id = lease.task_id
-        if task_id is None or (not receipt and not withdraw_claim):
-            self.release_everywhere(lease.key, lease.owner)
+        task_id = lease.task_id if receipt or withdraw_claim else None
+        if task_id is None:
+            self.release_everywhere(lease.key, lease.owner, wait=wait)
             return
         space = self.keyspace
         self.release_everywhere(
@@ -428,6 +440,7 @@ class Leases:
             lease.owner,
             (space.receipt_key(lease.name, task_id), space.claim_key(lease.name)),
             (str(ms(receipt)) if receipt else "", task_id if withdraw_claim else ""),
+            wait,
         )
 
     def release_owned_by(self, name: str, task_id: str, limit: int = 1) -> int:
@@ -452,18 +465,33 @@ class Leases:
         self._log_missed(keys[0], replies)
 
     def release_everywhere(
-        self, key: str, owner: str, more_keys: tuple[str, ...] = (), more_args: tuple = ()
+        self,
+        key: str,
+        owner: str,
+        more_keys: tuple[str, ...] = (),
+        more_args: tuple = (),
+        wait: bool = True,
     ) -> None:
-        """Delete ``key`` where it holds ``owner`` (with RELEASE's extras). Never raises."""
+        """Delete ``key`` where it holds ``owner`` (with RELEASE's extras). Never raises.
+
+        ``wait=False``: see :meth:`release`."""
+        q = self.quorum
+        keys, args = (key, *more_keys), (owner, *more_args)
+        nodes = q.nodes
         try:
-            replies = self.quorum.run(scripts.RELEASE, (key, *more_keys), (owner, *more_args))
+            if not wait:
+                missed = q.send(scripts.RELEASE, keys, args)
+                if not missed:
+                    return
+                nodes = [nodes[i] for i in missed]
+            replies = q.run(scripts.RELEASE, keys, args, nodes)
         except (RedisError, OSError) as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return
-        self._log_missed(key, replies)
+        self._log_missed(key, replies, nodes)
 
-    def _log_missed(self, key: str, replies: Sequence[Any]) -> None:
-        nodes = self.quorum.nodes
+    def _log_missed(self, key: str, replies: Sequence[Any], nodes: Sequence[Any] = ()) -> None:
+        nodes = nodes or self.quorum.nodes
         failed = [node.name for node, r in zip(nodes, replies) if isinstance(r, Exception)]
         if failed:
             logger.info(

@@ -27,6 +27,19 @@ NodeSpec = Union[str, "redis.Redis"]
 #: Seconds, at most, that a node whose connects time out is skipped before a probe.
 BREAKER_MAX = 1.0
 
+#: Forks this process descends from: a node that saw another number holds its
+#: parent's sockets. Compared on every checkout instead of ``os.getpid()``, a
+#: system call.
+_generation = 0
+
+
+def _forked() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Node:
     """One independent Redis master.
@@ -43,7 +56,7 @@ class Node:
     """
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_pid",
+        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_owed", "_generation",
         "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
@@ -96,13 +109,17 @@ class Node:
         # checkout (its lock and bookkeeping cost more than the round trip on
         # loopback); list.pop and list.append are atomic, so threads may share it.
         self._idle: list[Any] = []
-        self._pid = os.getpid()
+        # Idle connection -> replies it still owes: commands sent without
+        # waiting (:func:`~celery_redlock.core.rounds.send_script`), whose
+        # replies the next round on it reads first and sets aside.
+        self._owed: dict[Any, int] = {}
+        self._generation = _generation
         self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
         self._probing = False
 
     def idle_connection(self) -> Any:
         """An idle connection of this process, or None."""
-        if self._pid != os.getpid():  # after fork: the parent's sockets are not ours
+        if self._generation != _generation:  # after fork: the parent's sockets are not ours
             self._forget_parent()
         try:
             return self._idle.pop()
@@ -110,9 +127,9 @@ class Node:
             return None
 
     def _forget_parent(self) -> None:
-        self._idle = []
+        self._idle, self._owed = [], {}
         self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
-        self._pid = os.getpid()
+        self._generation = _generation
 
     # The circuit breaker: a node whose connects time out (a blackholed
     # address, a half-dead host) is not sent new connects for a while that
@@ -154,11 +171,19 @@ class Node:
     def new_connection(self) -> Any:
         return self.pool.connection_class(**self.pool.connection_kwargs)
 
-    def put_back(self, conn: Any) -> None:
+    def put_back(self, conn: Any, owed: int = 0) -> None:
+        """Make ``conn`` idle again; ``owed``: replies still on their way on it."""
+        if owed:
+            self._owed[conn] = owed  # before it is idle: whoever takes it reads them first
         self._idle.append(conn)
+
+    def owed_by(self, conn: Any) -> int:
+        """How many replies ``conn`` owes (and forget it: the caller now reads them)."""
+        return self._owed.pop(conn, 0) if self._owed else 0
 
     def discard(self, conn: Any) -> None:
         """Close a connection that may hold an unread or half-read reply: it is never reused."""
+        self._owed.pop(conn, None)
         try:
             conn.disconnect()
         except (RedisError, OSError):

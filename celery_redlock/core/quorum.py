@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .nodes import Node, NodeSpec
-from .rounds import gather, run_script
+from .rounds import gather, run_script, send_script
 from .scripts import Script
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]
@@ -98,6 +98,11 @@ class Quorum:
         return run_script(
             script, self.nodes if nodes is None else nodes, keys, args, timeout or self.node_timeout
         )
+
+    def send(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
+        """Write ``script`` to every node without waiting for the replies (deletions only);
+        the indexes of the nodes it was not sent to (see :func:`.rounds.send_script`)."""
+        return send_script(script, self.nodes, keys, args)
 
     def gather(self, command: tuple, nodes: Sequence[Node] | None = None) -> list[Any]:
         """Send one command to every node (or to ``nodes``) at once: one reply or error per node."""

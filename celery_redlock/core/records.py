@@ -7,6 +7,7 @@ child's lock by prefix.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import secrets
@@ -38,21 +39,31 @@ STARTED_MARK = "~"
 _HOST = socket.gethostname()
 
 
+def _new_process() -> None:
+    """This process's part of its owner values: its pid, and a random prefix that a
+    counter follows. Renewed in a forked child: no two processes share a value, and
+    a value costs no system call (getpid, getrandom) per call."""
+    global _PROCESS, _SERIAL
+    _PROCESS = OWNER_SEP.join((_HOST, str(os.getpid()), secrets.token_hex(4)))
+    _SERIAL = itertools.count()
+
+
+_PROCESS = ""
+_SERIAL = itertools.count()
+_new_process()
+os.register_at_fork(after_in_child=_new_process)
+
+
 def make_owner(task_id: str | None = None, retries: int | None = None) -> str:
-    """An owner value: ``task_id|retries|host|pid|random``. Ownership is the whole value.
+    """An owner value: ``task_id|retries|host|pid|random``. Ownership is the whole value;
+    ``random`` is a random prefix drawn per process and a per-process counter.
 
     The task id comes first so a parent process can free a dead child's lock by
     prefix; ``retries`` tells a redelivered message from a retry of the same task.
     """
-    return OWNER_SEP.join(
-        (
-            task_id or "-",
-            "-" if retries is None else str(retries),
-            _HOST,
-            str(os.getpid()),
-            secrets.token_hex(8),
-        )
-    )
+    tried = "-" if retries is None else retries
+    serial = next(_SERIAL) & 0xFFFFFFFF
+    return f"{task_id or '-'}{OWNER_SEP}{tried}{OWNER_SEP}{_PROCESS}{serial:08x}"
 
 
 def full_jitter(

@@ -14,6 +14,7 @@ scripts a lease or a claim rests on (:data:`CONFIRMED`) in the same round.
 
 from __future__ import annotations
 
+import logging
 import select
 import time
 from collections.abc import Sequence
@@ -38,7 +39,9 @@ from .wire import (
     step,
 )
 
-__all__ = ["CONFIRMED", "NotReplicated", "gather", "run_script"]
+__all__ = ["CONFIRMED", "MAX_OWED", "NotReplicated", "gather", "run_script", "send_script"]
+
+logger = logging.getLogger("celery_redlock.redlock")
 
 
 def gather(
@@ -177,6 +180,8 @@ def _collect(
                     watch(call)
                     continue
                 poller.unregister(fd)
+                if call.late:
+                    _log_late(call)
                 if call.reused and _closed_by_server(reply):
                     if opening is None:
                         opening = Opening(args, then, wire, count, timeout)
@@ -194,6 +199,57 @@ def _collect(
         call.node.discard(call.conn)
         where = "writing to" if call.out else "reading from"
         replies[call.i] = redis.exceptions.TimeoutError(f"Timeout {where} {host_error(call.conn)}")
+
+
+def _log_late(call: Call) -> None:
+    for error in call.late:
+        logger.info(
+            "a command sent earlier to %s without waiting failed: %s; a key it was to "
+            "delete is freed there by its TTL",
+            call.node.name,
+            error,
+        )
+
+
+#: Replies a connection may owe before :func:`send_script` waits on it instead.
+MAX_OWED = 8
+
+
+def send_script(
+    script: Script, nodes: Sequence[Node], keys: Sequence[str], args: Sequence[Any]
+) -> list[int]:
+    """Write a script to every node and return without waiting for the replies.
+
+    For deletions only: the connection goes back idle owing the reply, and
+    the next round on it reads that first and sets it aside (an error there
+    is logged; the key is then left to its TTL, as after any release a node
+    did not answer). Sent as ``EVAL`` with the text, so a node that lost its
+    script cache runs it all the same.
+
+    Returns the indexes of the nodes it was not sent to (not a lean node, no
+    idle connection, a write that failed or did not go out whole): the caller
+    runs an ordinary round on those.
+    """
+    wire = pack(("EVAL", script.text, len(keys), *keys, *args))
+    missed = []
+    for i, node in enumerate(nodes):
+        conn = node.idle_connection() if node.lean else None
+        if conn is None:
+            missed.append(i)
+            continue
+        call = Call(i, node, conn, True, wire)
+        if call.skip >= MAX_OWED:  # read what it owes in an ordinary round first
+            node.put_back(conn, call.skip)
+            missed.append(i)
+            continue
+        if start(call) is not None:  # the connection is discarded already
+            missed.append(i)
+        elif call.out:  # half written: this connection can never be read right again
+            node.discard(conn)
+            missed.append(i)
+        else:
+            node.put_back(conn, call.skip + 1)
+    return missed
 
 
 def _closed_by_server(reply: Any) -> bool:

@@ -83,13 +83,19 @@ class Call:
     bytes still to send, the reply bytes received so far and the socket's
     file descriptor (for the round's poll)."""
 
-    __slots__ = ("i", "node", "conn", "reused", "command", "out", "buf", "count", "fd")
+    __slots__ = (
+        "i", "node", "conn", "reused", "command", "out", "buf", "count", "fd", "skip", "late",
+    )  # fmt: skip
 
     def __init__(self, i: int, node: Node, conn: Any, reused: bool, command: Any, count: int = 1):
         self.i, self.node, self.conn, self.reused, self.command = i, node, conn, reused, command
         self.out = self.buf = b""
         self.fd = -1
         self.count = count  # replies expected: 2 when a command is pipelined after the first
+        # Replies the connection owed before this command (sent without waiting,
+        # see Node.owed_by): read first and set aside; ``late`` keeps their errors.
+        self.skip = node.owed_by(conn) if reused else 0
+        self.late: list[Any] = []
 
     def renew(self) -> None:
         """Go on with a new connection, not yet connected (the server closed the reused one)."""
@@ -139,7 +145,14 @@ def step(call: Call) -> Any:
         if not chunk:
             raise redis.exceptions.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)
         call.buf += chunk
-        reply, pos = parse(call.buf, 0)
+        pos = 0
+        while call.skip:  # an earlier command's reply: set aside, then ours
+            late, pos = parse(call.buf, pos)
+            call.buf, pos = call.buf[pos:], 0
+            call.skip -= 1
+            if isinstance(late, Exception):
+                call.late.append(late)
+        reply, pos = parse(call.buf, pos)
         if call.count == 2:
             reply = _pair(reply, parse(call.buf, pos)[0])
     except (Partial, BlockingIOError):

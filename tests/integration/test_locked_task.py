@@ -224,6 +224,23 @@ def test_different_lock_on_values_run_in_parallel(worker: WorkerHandle, run: str
     assert latest_start < earliest_end, "executions of different keys should overlap in time"
 
 
+def test_the_release_is_not_waited_for_yet_lands_before_the_next_run(
+    worker: WorkerHandle, run: str, topology: Topology
+):
+    """The worker writes the release and stores the result without waiting for the
+    nodes' replies: the key is gone from every node right after, and a same-key task
+    sent once the previous one's result is in runs (under ``drop``), every time."""
+    slow = worker.task("slow")
+    for _ in range(10):
+        result = slow.apply_async((run, run), {"duration": 0.0})
+        result.get(timeout=10)
+        assert result.state == states.SUCCESS
+        topology.assert_no_lock_keys(timeout=2)
+    ran = worker.records(run)
+    assert len(ran) == 10, f"a run was dropped: {len(ran)} of 10 ran"
+    assert_tokens_increase(ran)
+
+
 def test_lock_name_shared_by_two_tasks_excludes_across_them(worker: WorkerHandle, run: str):
     shared_a, shared_b = worker.task("shared_a"), worker.task("shared_b")
     holder = shared_a.apply_async((run, run), {"duration": 1.5})

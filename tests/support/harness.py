@@ -29,6 +29,7 @@ from kombu import Connection, Exchange, Queue
 
 from celery_redlock.testing import RedisNode, RedisNodes
 from tests.support.lockapp import app_from_env, read_records
+from tests.support.polling import wait_for  # noqa: F401 - the tests import it from here
 
 #: The repository root: a worker subprocess runs there, with it on PYTHONPATH.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -244,18 +245,6 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
-
-
-def wait_for(predicate: Any, timeout: float = 10.0, what: str = "", interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 def delete_amqp_queue(url: str, name: str) -> None:

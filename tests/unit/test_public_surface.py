@@ -107,7 +107,7 @@ RECORDED = {
             "read_claim": "(self, key: 'str') -> 'ClaimView'",
             "receipt_key": "(self, name: 'str', id: 'str') -> 'str'",
             "release": "(self, lease: 'Lease', *, receipt: 'float | None' = "
-            "None, withdraw_claim: 'bool' = False) -> 'None'",
+            "None, withdraw_claim: 'bool' = False, wait: 'bool' = True) -> 'None'",
             "release_owned_by": "(self, name: 'str', task_id: 'str', limit: 'int' = 1) -> 'int'",
             "scan": "(self, kind: 'str' = 'lock', pattern: 'str' = '*', *, "
             "limit: 'int' = 100, count: 'int' = 1000) -> 'ScanResult'",

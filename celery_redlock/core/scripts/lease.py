@@ -16,12 +16,27 @@ __all__ = ["ACQUIRE", "EXTEND", "FENCE", "RELEASE", "RELEASE_PREFIX"]
 # mine, its TTL refreshed: a re-sent acquire is harmless) and it returns {1}
 # with fencing off, else {1, fence}: the node's fence value, moved on by this
 # grant or seeded (ADVANCE). A re-sent acquire returns the value its first
-# send wrote.
+# send wrote. Without ARGV[5] no gate applies: the common case takes the key
+# with one SET NX, reads it only when that fails, and returns before the gates
+# are even defined.
 ACQUIRE = Script(
     "acquire",
     GREATER
     + SUCCESSOR
     + ADVANCE
+    + """
+if not ARGV[5] then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if ARGV[3] == '' then return {1} end
+    return {1, advance(KEYS[2], false)}
+  end
+  local mine = redis.call('GET', KEYS[1])
+  if mine ~= ARGV[1] then return {0, mine, redis.call('PTTL', KEYS[1]), false} end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if ARGV[3] == '' then return {1} end
+  return {1, advance(KEYS[2], mine)}
+end
+"""
     + GATES
     + """
 local stop = gate_enter()

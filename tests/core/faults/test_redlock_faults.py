@@ -10,13 +10,14 @@ import pytest
 import redis
 
 from celery_redlock.exceptions import QuorumUnavailable
-from celery_redlock.redlock import Redlock
+from celery_redlock.redlock import Lease, Redlock
 from tests.support.fencing_history import (
     assert_strictly_increasing,
     first_non_increase,
     no_time_floor,
     one_phase_grant,
 )
+from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 
 pytestmark = pytest.mark.faults
@@ -185,6 +186,47 @@ def test_release_never_raises_with_nodes_down_or_hung(redis_nodes3):
     assert result is None and elapsed < 10 * NODE_TIMEOUT
     assert lease.lost
     assert rl.release_owned_by(NAME, "task-1") == 0
+
+
+def test_release_not_waited_for_reaches_a_hung_node_late_and_is_never_taken_for_a_grant(
+    redis_nodes3,
+):
+    """A release written to a hung node without waiting: the next round gives up on
+    that connection (its owed reply is never read as the grant's), the other nodes
+    grant; once the node thaws, what it ran late lapses at its TTL."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=NODE_TIMEOUT)
+    lease = rl.acquire(NAME, ttl=10)
+    redis_nodes3.pause(0)
+    result, elapsed = timed(rl.release, lease, wait=False)
+    assert result is None and elapsed < 10 * NODE_TIMEOUT
+    assert lease.lost
+    again = rl.try_acquire(NAME, ttl=1.0)
+    assert isinstance(again, Lease) and again.fencing_token > lease.fencing_token
+    assert [r.get("holder") for r in rl.inspect(NAME)][1:] == [again.owner] * 2
+    redis_nodes3.resume(0)
+    rl.release(again)
+    # Node 0 ran the release, then maybe the late acquire: that key lapses within its TTL.
+    lock_key = rl.keys(NAME)[0]
+    wait_for(lambda: lock_key not in keys_of(redis_nodes3, rl)[0], 10, "the late key to lapse")
+    assert all(lock_key not in keys for keys in keys_of(redis_nodes3, rl).values())
+
+
+def test_release_not_waited_for_then_a_restart_costs_the_next_round_nothing(redis_nodes3):
+    """The node restarts before the owed reply is read: the next round finds the
+    connection closed, opens a new one and counts the node at once."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=STEADY)
+    rl.release(rl.acquire(NAME, ttl=10), wait=False)
+    redis_nodes3.restart(0)
+    lease = rl.acquire(NAME, ttl=10)
+    assert lease is not None
+    assert [r.get("holder") for r in rl.inspect(NAME)] == [lease.owner] * 3
+    rl.release(lease, wait=False)
+    lock_key = rl.keys(NAME)[0]
+    wait_for(
+        lambda: all(lock_key not in keys for keys in keys_of(redis_nodes3, rl).values()),
+        5,
+        "the release",
+    )
 
 
 def test_claim_with_minority_and_majority_down(redis_nodes5):

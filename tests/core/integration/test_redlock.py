@@ -14,6 +14,7 @@ import pytest
 
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
+from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 
 pytestmark = pytest.mark.integration
@@ -232,6 +233,34 @@ def test_release_frees_only_my_own_value(nodes):
     rl.release(lease)
     assert lease.lost
     assert node_values(nodes, lock_key) == ["someone-else"] + [None] * (len(nodes) - 1)
+
+
+def test_release_not_waited_for_frees_every_node_and_is_never_read_as_a_later_reply(nodes):
+    """``release(wait=False)`` returns once the release is written: another client sees
+    the key gone from every node right after, and the next rounds on the same
+    connections set the owed replies aside, so each grant reads its own reply."""
+    rl = Redlock(nodes.urls)
+    other = Redlock(nodes.urls)
+    gone = [None] * len(nodes)
+    tokens = []
+    for i in range(20):
+        lease = rl.acquire(NAME, ttl=10, owner=make_owner(f"task-{i}", 0))
+        assert isinstance(lease, Lease)
+        tokens.append(lease.fencing_token)
+        rl.release(lease, receipt=60, wait=False)
+        assert lease.lost
+        wait_for(lambda key=lease.key: node_values(nodes, key) == gone, 5, "the release")
+        assert other.holder(NAME).owner is None
+    assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+    receipts = [rl.receipt_key(NAME, f"task-{i}") for i in range(20)]
+    assert all(None not in node_values(nodes, key) for key in receipts)
+    # Owed replies on every connection: an extend, a holder and a release still read their own.
+    lease = rl.acquire(NAME, ttl=10)
+    rl.release(rl.acquire("another", ttl=10), wait=False)
+    assert rl.extend(lease) is True
+    assert rl.holder(NAME).owner == lease.owner
+    rl.release(lease)
+    assert node_values(nodes, lease.key) == [None] * len(nodes)
 
 
 def test_release_owned_by_frees_a_task_lock_whatever_its_random_part(nodes):
