@@ -8,10 +8,14 @@ from typing import Any, Callable
 
 import pytest
 
+from .cluster import RedisCluster, RedisClusters
 from .nodes import RedisNodes, close_all, free_port, resume_paused
 
 __all__ = [
     "free_port_fixture",
+    "redis_cluster_factory",
+    "redis_clusters3",
+    "redis_clusters_session",
     "redis_node_factory",
     "redis_nodes3",
     "redis_nodes5",
@@ -93,3 +97,34 @@ def redis_nodes3(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
 def redis_nodes5(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
     """The 5 nodes of the session pool, empty; healed after the test."""
     yield from _healthy_view(redis_nodes_session, 5)
+
+
+@pytest.fixture
+def redis_cluster_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisCluster]]:
+    """``make(masters=3, replicas=0)`` forms a private Redis Cluster, closed after the test."""
+    _guard(pytestconfig)
+    made: list[RedisCluster] = []
+
+    def make(masters: int = 3, replicas: int = 0) -> RedisCluster:
+        cluster = RedisCluster(masters, replicas)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_clusters_session(pytestconfig: pytest.Config) -> Iterator[RedisClusters]:
+    """Three Redis Clusters of three masters each, formed once per session."""
+    _guard(pytestconfig)
+    with RedisClusters(3, masters=3) as clusters:
+        yield clusters
+
+
+@pytest.fixture
+def redis_clusters3(redis_clusters_session: RedisClusters) -> Iterator[RedisClusters]:
+    """The three session clusters (three lock nodes), empty."""
+    redis_clusters_session.flushall()
+    yield redis_clusters_session
