@@ -54,6 +54,7 @@ __all__ = [
     "PENDING",
     "RECONNECT",
     "Call",
+    "Command",
     "Partial",
     "as_redis_error",
     "host_error",
@@ -76,6 +77,26 @@ PENDING = object()
 
 #: What :func:`start` returns when a reused connection failed: open a new one.
 RECONNECT: Any = redis.exceptions.ConnectionError("reconnect")
+
+
+class Command:
+    """What a round sends on one connection: one command, or several
+    pipelined (written together, their replies read in order), packed once
+    for every node it goes to."""
+
+    __slots__ = ("parts", "wire", "count", "_packed")
+
+    def __init__(self, *parts: Sequence[Any]):
+        self.parts = parts
+        self.wire = b"".join(pack(part) for part in parts)
+        self.count = len(parts)
+        self._packed: Any = None
+
+    def packed(self, conn: Any) -> Any:
+        """The command as redis-py packs it for ``conn`` (a node it talks to)."""
+        if self._packed is None:
+            self._packed = conn.pack_commands(list(self.parts))
+        return self._packed
 
 
 class Call:
@@ -140,8 +161,12 @@ def step(call: Call) -> Any:
             raise redis.exceptions.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)
         call.buf += chunk
         reply, pos = parse(call.buf, 0)
-        if call.count == 2:
-            reply = _pair(reply, parse(call.buf, pos)[0])
+        if call.count > 1:
+            got = [reply]
+            while len(got) < call.count:
+                reply, pos = parse(call.buf, pos)
+                got.append(reply)
+            reply = _group(got)
     except (Partial, BlockingIOError):
         return PENDING
     except (RedisError, OSError) as exc:
@@ -175,7 +200,7 @@ def read(call: Call, deadline: float) -> Any:
         call.node.discard(call.conn)
         return redis.exceptions.ConnectionError(f"the node is a replica now: {got[0]}")
     call.node.put_back(call.conn)
-    return got[0] if call.count == 1 else _pair(*got)
+    return got[0] if call.count == 1 else _group(got)
 
 
 def _read_response(conn: Any, timeout: float) -> Any:
@@ -209,9 +234,9 @@ def _takes_timeout(cls: Any) -> bool:
     return known
 
 
-def _pair(first: Any, second: Any) -> Any:
-    """The replies of a pipelined pair: the first alone when it is an error."""
-    return first if isinstance(first, Exception) else (first, second)
+def _group(got: list[Any]) -> Any:
+    """The replies of pipelined commands: a tuple, or the first alone when it is an error."""
+    return got[0] if isinstance(got[0], Exception) else tuple(got)
 
 
 def as_redis_error(exc: BaseException) -> RedisError:

@@ -315,4 +315,3 @@ def _known(server: RedisNode) -> list[str]:
 def _masters(server: RedisNode) -> list[tuple[int, int, int]]:
     with server.client() as c:
         return [(s, e, int(o[1])) for s, e, o, *_ in c.execute_command("CLUSTER", "SLOTS")]
-
