@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 
 from .connect import connector
 from .exceptions import ConfigurationError
+from .keyspace import tagged
 from .nodes import Node
 from .scripts import Script
 from .urls import client_for, mask_url
@@ -47,6 +48,7 @@ __all__ = [
     "BATCHES",
     "CLUSTER_SCHEMES",
     "ClusterNode",
+    "check_together",
     "LockNode",
     "Part",
     "combine",
@@ -85,6 +87,35 @@ def node_for(spec: Any, timeout: float, min_replicas: int = 0) -> LockNode:
 def same_slot(keys: Sequence[str]) -> bool:
     """True when every key of ``keys`` hashes to one slot of a Redis Cluster."""
     return len({key_slot(k.encode()) for k in keys}) <= 1
+
+
+def check_together(nodes: Sequence[Any], names: Sequence[str], option: str = "also") -> None:
+    """Refuse names held together (``also``, ``lock_also``) that a cluster node
+    cannot take in one call: unless they share one hash slot.
+
+    One call per node checks every name before it takes any (the all-or-nothing
+    rule that makes ``also`` deadlock-free); a cluster runs one call on one
+    shard, and only keys of one slot are sure to stay together on a shard
+    through a reshard. Names share a slot when they carry one hash tag
+    (``"order:{pay}"`` and ``"payment-api:{pay}"``).
+
+    Raises:
+        ConfigurationError: a node is a cluster and the names' keys fall on
+            several slots.
+    """
+    clusters = [node.name for node in nodes if node.cluster]
+    if not clusters or (option != "lock_also" and same_slot([tagged(name) for name in names])):
+        return
+    if option == "lock_also":  # a task's key is tagged by its arguments' digest
+        why = "a task's key is in the hash slot of its arguments' digest, another on each call"
+        fix = "use plain masters for tasks with lock_also"
+    else:
+        why = f"the names {', '.join(map(repr, names))} fall on different hash slots"
+        fix = "give them one hash tag (e.g. 'order:{pay}' with 'payment-api:{pay}')"
+    raise ConfigurationError(
+        f"{option}: {why}, and lock node {clusters[0]} is a Redis Cluster, which takes "
+        f"the names held together in one call on one slot only; {fix}"
+    )
 
 
 class Part:
