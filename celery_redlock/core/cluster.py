@@ -26,6 +26,7 @@ as free.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -177,6 +178,7 @@ class ClusterNode:
         #: The shard masters met so far, by address.
         self.shards: dict[tuple[str, int], Node] = {}
         self._slots: list[Node] | None = None
+        self._rereading = (0, False)  # (pid, a background read of the map is under way)
 
     def __repr__(self) -> str:
         return f"<ClusterNode {self.name}>"
@@ -237,6 +239,22 @@ class ClusterNode:
             self._slots = self._map(reply, host)
             return None
         return error
+
+    def suspect(self) -> None:
+        """A shard master failed: read the slot map again in the background
+        (one read at a time per process), so that once a replica has taken
+        over, the next round reaches it."""
+        pid = os.getpid()
+        if self._rereading == (pid, True):
+            return
+        self._rereading = (pid, True)
+        connector().submit(self._reread, pid)
+
+    def _reread(self, pid: int) -> None:
+        try:
+            self.refresh(self.timeout)
+        finally:
+            self._rereading = (pid, False)
 
     def _map(self, reply: Any, asked: str) -> list[Node]:
         slots: list[Any] = [None] * SLOTS

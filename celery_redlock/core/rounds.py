@@ -324,8 +324,10 @@ def _spread_script(
         if part.node is not None and isinstance(reply, AskError):  # MOVED or ASK
             left = max(deadline - time.monotonic(), LAST_LOOK)
             follow += [(i, new) for new in part.node.redirected(script.name, part, reply, left)]
-        else:
-            done.append((i, part, reply))
+            continue
+        if part.node is not None and isinstance(reply, _SHARD_DOWN):
+            part.node.suspect()  # a failover may be under way: read the map again
+        done.append((i, part, reply))
     if follow:
         left = max(deadline - time.monotonic(), LAST_LOOK)
         got = _send(script, [p for _, p in follow], left, wait)
@@ -338,6 +340,14 @@ def _spread_script(
             mine = shards[i]
             replies[i] = combine(script.name, len(keys), mine) if node.cluster else mine[0][1]
     return replies
+
+
+#: A shard's reply that may mean its master changed.
+_SHARD_DOWN = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
 
 
 def _send(script: Script, parts: Sequence[Part], timeout: float, wait: tuple | None) -> list[Any]:
