@@ -276,6 +276,11 @@ class ClusterNode:
 
     # -- routing ----------------------------------------------------------------------------------
 
+    def at_slot(self, slot: int) -> Node:
+        """The shard master of hash slot ``slot``."""
+        assert self._slots is not None
+        return self._slots[slot]
+
     def slot_master(self, key: Any) -> Node:
         """The shard master of ``key``'s hash slot."""
         assert self._slots is not None

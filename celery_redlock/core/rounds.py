@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.crc import key_slot
 from redis.exceptions import AskError, NoScriptError, RedisError
 
-from .cluster import LockNode, Part, combine, cross_call, cross_slot, map_all
+from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .nodes import Node
 from .opening import Opening, connect_within
 from .scripts import Script
@@ -310,7 +311,22 @@ def _spread_script(
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
     map_all(nodes, timeout)
-    sent: list[tuple[int, Part]] = []
+    if script.name not in BATCHES and all(node.mapped for node in nodes if node.cluster):
+        # One name, one slot: a plain round on the shard masters of that slot
+        # (the lean path, one packing); only a redirect takes the long way.
+        slot = key_slot(keys[0].encode())
+        shards = [node.at_slot(slot) if node.cluster else node for node in nodes]
+        replies = run_script(script, shards, keys, args, timeout)
+        every = list(range(len(keys)))
+        sent = [
+            (i, Part(node, shards[i], keys, args, every, False))
+            for i, node in enumerate(nodes)
+            if node.cluster and isinstance(replies[i], _REROUTE)
+        ]
+        for i, reply in _rerouted(script, sent, [replies[i] for i, _ in sent], deadline, wait):
+            replies[i] = reply
+        return replies
+    sent = []
     for i, node in enumerate(nodes):
         if not node.cluster:
             sent.append((i, Part(None, node, keys, args, [], False)))
@@ -318,9 +334,45 @@ def _spread_script(
             replies[i] = redis.exceptions.ConnectionError(f"{node.name}: no slot map")
         else:
             sent += [(i, part) for part in node.route(script.name, keys, args)]
+    shards_of: dict[int, list[tuple[Part, Any]]] = {}
+    got = _send(script, [p for _, p in sent], timeout, wait)
+    for i, part, reply in _followed(script, sent, got, deadline, wait):
+        shards_of.setdefault(i, []).append((part, reply))
+    for i, node in enumerate(nodes):
+        if replies[i] is None:
+            mine = shards_of[i]
+            replies[i] = combine(script.name, len(keys), mine) if node.cluster else mine[0][1]
+    return replies
+
+
+def _rerouted(
+    script: Script,
+    sent: list[tuple[int, Part]],
+    got: list[Any],
+    deadline: float,
+    wait: tuple | None,
+) -> list[tuple[int, Any]]:
+    """The replies of one-name calls that a shard redirected (or failed), each
+    cluster's put together again."""
+    shards_of: dict[int, list[tuple[Part, Any]]] = {}
+    for i, part, reply in _followed(script, sent, got, deadline, wait):
+        shards_of.setdefault(i, []).append((part, reply))
+    return [(i, combine(script.name, 0, mine)) for i, mine in shards_of.items()]
+
+
+def _followed(
+    script: Script,
+    sent: list[tuple[int, Part]],
+    got: list[Any],
+    deadline: float,
+    wait: tuple | None,
+) -> list[tuple[int, Part, Any]]:
+    """Each call's reply, a ``MOVED`` or ``ASK`` followed once (within what is
+    left of the round's timeout); a shard that failed gets its cluster's slot
+    map read again in the background."""
     done: list[tuple[int, Part, Any]] = []
     follow: list[tuple[int, Part]] = []
-    for (i, part), reply in zip(sent, _send(script, [p for _, p in sent], timeout, wait)):
+    for (i, part), reply in zip(sent, got):
         if part.node is not None and isinstance(reply, AskError):  # MOVED or ASK
             left = max(deadline - time.monotonic(), LAST_LOOK)
             follow += [(i, new) for new in part.node.redirected(script.name, part, reply, left)]
@@ -330,16 +382,9 @@ def _spread_script(
         done.append((i, part, reply))
     if follow:
         left = max(deadline - time.monotonic(), LAST_LOOK)
-        got = _send(script, [p for _, p in follow], left, wait)
-        done += [(i, part, reply) for (i, part), reply in zip(follow, got)]
-    shards: dict[int, list[tuple[Part, Any]]] = {}
-    for i, part, reply in done:
-        shards.setdefault(i, []).append((part, reply))
-    for i, node in enumerate(nodes):
-        if replies[i] is None:
-            mine = shards[i]
-            replies[i] = combine(script.name, len(keys), mine) if node.cluster else mine[0][1]
-    return replies
+        again = _send(script, [p for _, p in follow], left, wait)
+        done += [(i, part, reply) for (i, part), reply in zip(follow, again)]
+    return done
 
 
 #: A shard's reply that may mean its master changed.
@@ -348,6 +393,8 @@ _SHARD_DOWN = (
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
 )
+#: A shard's reply that the long way handles: a redirect, or a shard down.
+_REROUTE = (AskError, *_SHARD_DOWN)
 
 
 def _send(script: Script, parts: Sequence[Part], timeout: float, wait: tuple | None) -> list[Any]:
