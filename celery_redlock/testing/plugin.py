@@ -55,20 +55,28 @@ def free_port_fixture() -> int:
     return free_port()
 
 
+def _closed_after(config: pytest.Config, build: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """A factory fixture's body: ``build`` what the test asks for, close it all after."""
+    _guard(config)
+    made: list[Any] = []
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        made.append(build(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for servers in made:
+        servers.close()
+
+
 @pytest.fixture
 def redis_node_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisNodes]]:
     """``make(n=3, extra_args=())`` starts private nodes, closed after the test."""
-    _guard(pytestconfig)
-    made: list[RedisNodes] = []
 
-    def make(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
-        nodes = RedisNodes(n, extra_args=extra_args)
-        made.append(nodes)
-        return nodes
+    def build(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
+        return RedisNodes(n, extra_args=extra_args)
 
-    yield make
-    for nodes in made:
-        nodes.close()
+    yield from _closed_after(pytestconfig, build)
 
 
 @pytest.fixture(scope="session")
@@ -102,17 +110,11 @@ def redis_nodes5(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
 @pytest.fixture
 def redis_cluster_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisCluster]]:
     """``make(masters=3, replicas=0)`` forms a private Redis Cluster, closed after the test."""
-    _guard(pytestconfig)
-    made: list[RedisCluster] = []
 
-    def make(masters: int = 3, replicas: int = 0) -> RedisCluster:
-        cluster = RedisCluster(masters, replicas)
-        made.append(cluster)
-        return cluster
+    def build(masters: int = 3, replicas: int = 0) -> RedisCluster:
+        return RedisCluster(masters, replicas)
 
-    yield make
-    for cluster in made:
-        cluster.close()
+    yield from _closed_after(pytestconfig, build)
 
 
 @pytest.fixture(scope="session")

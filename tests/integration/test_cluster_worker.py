@@ -17,6 +17,7 @@ from celery.exceptions import ImproperlyConfigured
 
 from celery_redlock import LockedTask
 from tests.integration.test_coalesce import (  # noqa: F401 - fixtures and tests run here
+    _nothing_left_without_a_ttl,  # after each test: no lock key, every other key expires
     coalesce_worker,
     test_debounce_runs_once_after_the_burst_with_the_last_arguments,
     test_result_of_a_debounced_call_is_the_run_that_replaced_it,
@@ -48,14 +49,6 @@ def topology():
     with harness.make_topology(PREFIX, clusters=True) as topo:
         yield topo
         topo.assert_nothing_left()
-
-
-@pytest.fixture(autouse=True)
-def _nothing_left_without_a_ttl(topology: Topology):
-    """After every test: no lock or permit key, and every other key expires."""
-    yield
-    topology.assert_no_lock_keys()
-    topology.assert_every_key_expires("claim", "burst", "throttle", "receipt")
 
 
 def test_lock_also_is_refused_at_bind_on_cluster_nodes(topology: Topology):
