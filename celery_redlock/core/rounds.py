@@ -473,8 +473,8 @@ def spread_command(
     command = Command(args) if then is None else Command(args, then)
     got = gather_each(targets, [command] * len(targets), timeout)
     for i, reply in zip(owners, got):
-        if nodes[i].cluster and isinstance(reply, _SHARD_DOWN):
-            nodes[i].suspect()  # a failover may be under way: read the map again
+        if nodes[i].cluster and isinstance(reply, _REROUTE):
+            nodes[i].suspect()  # a reshard or a failover: read the map again
         if replies[i] is None or (
             isinstance(reply, Exception) and not isinstance(replies[i], Exception)
         ):

@@ -208,17 +208,22 @@ class RedisCluster:
             c.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(to))
         return source
 
-    def finish_reshard(self, slot: int, source: RedisNode, to: RedisNode) -> int:
-        """MIGRATE the keys of ``slot`` still on ``source`` to ``to``, then hand the
-        slot over (``SETSLOT NODE`` on every master). Returns how many keys moved."""
+    def move_keys(self, slot: int, source: RedisNode, to: RedisNode) -> int:
+        """MIGRATE the keys of ``slot`` still on ``source`` to ``to`` (the slot
+        still migrating: ``source`` answers ASK for them). Returns how many moved."""
         moved = 0
         with source.client() as c:
             while True:
                 keys = c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
                 if not keys:
-                    break
+                    return moved
                 c.execute_command("MIGRATE", to.host, to.port, "", 0, 5000, "KEYS", *keys)
                 moved += len(keys)
+
+    def finish_reshard(self, slot: int, source: RedisNode, to: RedisNode) -> int:
+        """MIGRATE the keys of ``slot`` still on ``source`` to ``to``, then hand the
+        slot over (``SETSLOT NODE`` on every master). Returns how many keys moved."""
+        moved = self.move_keys(slot, source, to)
         target = node_id(to)
         for n in [to, source] + [m for m in self.masters if m not in (to, source)]:
             if n.is_running:

@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 from celery_redlock.core import ConfigurationError, Lease, Redlock
 from celery_redlock.core import rounds as core_rounds
+from celery_redlock.core.heartbeat import Heartbeat
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -161,3 +162,41 @@ def test_a_shard_failover_keeps_a_held_lock_and_the_run_goes_on(redis_cluster_fa
     assert rl.try_acquire("held", ttl=5).owner == held.owner  # still held by its owner
     rl.release(held)
     assert rl.holder("held").owner is None
+
+
+def test_ask_and_moved_are_followed_within_the_round(redis_clusters3):
+    rl = Redlock(redis_clusters3.urls, node_timeout=0.5)
+    beat = Heartbeat(autostart=False)
+    held = [rl.acquire(f"moving-{i}", ttl=30) for i in range(40)]  # on every shard
+    lease = rl.acquire("moving", ttl=30)
+    lock_key = rl.keys("moving")[0]
+    slot = key_slot(lock_key.encode())
+    cluster = redis_clusters3[0]
+    to = next(m for m in cluster.masters if m is not cluster.master_of(slot))
+
+    def asked() -> int:
+        with to.client() as c:
+            return c.info("commandstats").get("cmdstat_asking", {}).get("calls", 0)
+
+    source = cluster.begin_reshard(slot, to)
+    assert cluster.move_keys(slot, source, to) == 2  # the lock and the fence
+    # The slot is migrating and its keys are gone from the source, which
+    # answers ASK: the renewal (one key) is sent again to the importing
+    # master after ASKING, in the same round.
+    before = asked()
+    assert rl.extend(lease, 30) and not lease.lost
+    assert asked() > before  # (twice if that master had not cached the script yet)
+    assert cluster.finish_reshard(slot, source, to) == 0
+    # The slot map is stale now: the shard that lost the slot answers MOVED
+    # to its part of the batch, which is followed once after the map is read.
+    for one in [lease, *held]:
+        beat.hold(one, 1.0)
+    beat.renew_once(now=time.monotonic() + 1.0)
+    assert not any(one.lost for one in [lease, *held])
+    assert cluster.master_of(slot) is to
+    views = rl.inspect("moving")  # the map read again: straight to the new master
+    assert [v.get("holder") for v in views] == [lease.owner] * 3, views
+    for one in [lease, *held]:
+        beat.drop(one)
+        rl.release(one)
+    assert redis_clusters3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
