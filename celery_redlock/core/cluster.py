@@ -179,6 +179,7 @@ class ClusterNode:
         self.shards: dict[tuple[str, int], Node] = {}
         self._slots: list[Node] | None = None
         self._rereading = (0, False)  # (pid, a background read of the map is under way)
+        self._unmapped_until = 0.0
 
     def __repr__(self) -> str:
         return f"<ClusterNode {self.name}>"
@@ -222,13 +223,18 @@ class ClusterNode:
 
     def refresh(self, timeout: float, first: tuple[str, int] | None = None) -> RedisError | None:
         """Read the slot map (``CLUSTER SLOTS``) from ``first``, else from the
-        shards and seeds in turn, each within ``timeout``. Returns None, or the
-        error of the last one asked."""
+        shards and seeds in turn, all within ``timeout``. Returns None, or the
+        error of the last one asked (and the map is then not read again before
+        a while: :meth:`cold`)."""
         error: RedisError | None = None
         asked = [first] if first else []
         asked += [a for a in (*self.shards, *self._seeds) if a not in asked]
+        deadline = time.monotonic() + timeout
         for host, port in asked:
-            client = self._client(host, port, timeout)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            client = self._client(host, port, left)
             try:
                 reply = client.execute_command("CLUSTER", "SLOTS")
             except (RedisError, OSError) as exc:
@@ -237,8 +243,16 @@ class ClusterNode:
             finally:
                 client.close()
             self._slots = self._map(reply, host)
+            self._unmapped_until = 0.0
             return None
-        return error
+        self._unmapped_until = time.monotonic() + min(max(timeout, 0.05), 1.0)
+        return error or redis.exceptions.TimeoutError(f"{self.name}: no slot map in {timeout:g}s")
+
+    def cold(self) -> bool:
+        """True when the slot map is missing and may be read now (not within a
+        while after a failed read: a cluster none of whose nodes answers then
+        costs a round nothing, like a node behind its circuit breaker)."""
+        return self._slots is None and time.monotonic() >= self._unmapped_until
 
     def suspect(self) -> None:
         """A shard master failed: read the slot map again in the background
@@ -350,7 +364,7 @@ def map_all(nodes: Sequence[Any], timeout: float) -> None:
     """Read the slot maps of the clusters among ``nodes`` that have none yet,
     all at once (in threads of :func:`~celery_redlock.core.connect.connector`),
     within ``timeout``: a cold start costs one round trip, not one per cluster."""
-    cold = [node for node in nodes if node.cluster and not node.mapped]
+    cold = [node for node in nodes if node.cluster and node.cold()]
     if not cold:
         return
     if len(cold) == 1:

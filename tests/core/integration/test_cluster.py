@@ -200,3 +200,16 @@ def test_ask_and_moved_are_followed_within_the_round(redis_clusters3):
         beat.drop(one)
         rl.release(one)
     assert redis_clusters3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
+
+
+def test_a_cluster_none_of_whose_nodes_answers_is_a_node_down(redis_clusters3, free_port):
+    dead = f"redis+cluster://127.0.0.1:{free_port},127.0.0.1:{free_port}"
+    rl = Redlock([*redis_clusters3.urls[:2], dead], node_timeout=0.2)
+    for i in range(3):
+        lease = rl.acquire(f"dead-{i}", ttl=5)
+        assert lease is not None  # the two other nodes carry the quorum
+        views = rl.inspect(f"dead-{i}")
+        assert [v.get("holder") for v in views[:2]] == [lease.owner] * 2
+        assert "error" in views[2]  # not answering, never "free"
+        rl.release(lease)
+    assert redis_clusters3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
