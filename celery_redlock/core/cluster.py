@@ -311,23 +311,36 @@ class ClusterNode:
         return self.split(slots, keys, args, batch[0])
 
     def split(
-        self, slots: Sequence[Node], keys: Sequence[str], args: Sequence[Any], stride: int
+        self,
+        slots: Sequence[Node],
+        keys: Sequence[str],
+        args: Sequence[Any],
+        stride: int,
+        at: Sequence[int] | None = None,
     ) -> list[Part]:
-        by_shard: dict[int, Part] = {}
+        """A batch's keys grouped by the shard master of their slot."""
+        groups: dict[int, tuple[Node, list[int]]] = {}
         for j, key in enumerate(keys):
             shard = slots[key_slot(key.encode())]
-            part = by_shard.get(id(shard))
-            if part is None:
-                part = by_shard[id(shard)] = Part(
-                    self, shard, [], [] if stride else list(args), [], False
-                )
-            part.keys.append(key)  # type: ignore[attr-defined]
-            part.at.append(j)
-            if stride:
-                part.args += args[stride * j : stride * (j + 1)]  # type: ignore[operator]
-        for part in by_shard.values():
-            part.cross = not same_slot(part.keys)
-        return list(by_shard.values())
+            groups.setdefault(id(shard), (shard, []))[1].append(j)
+        return [self._part(shard, keys, args, js, stride, at) for shard, js in groups.values()]
+
+    def _part(
+        self,
+        shard: Node,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        js: list[int],
+        stride: int,
+        at: Sequence[int] | None = None,
+        asking: bool = False,
+    ) -> Part:
+        """The keys ``js`` of a batch (their arguments: ``stride`` a key, or all
+        shared) as a call to ``shard``; ``at`` maps them back to the caller's keys."""
+        mine = [keys[j] for j in js]
+        theirs = [a for j in js for a in args[stride * j : stride * (j + 1)]] if stride else args
+        where = [at[j] for j in js] if at is not None else js
+        return Part(self, shard, mine, theirs, where, not same_slot(mine), asking)
 
     def redirected(self, script: str, part: Part, error: Any, timeout: float) -> list[Part]:
         """The calls that follow a ``MOVED`` or ``ASK`` answer to ``part``, once."""
@@ -339,25 +352,18 @@ class ClusterNode:
             assert slots is not None
             if batch is None:  # one name: its keys stay together
                 return [Part(self, slots[key_slot(keys[0].encode())], keys, args, at, False)]
-            moved = self.split(slots, keys, args, batch[0])
-            for new in moved:
-                new.at = [at[j] for j in _positions(keys, new.keys)]
-            return moved
+            return self.split(slots, keys, args, batch[0], at)
         # ASK: the keys of the migrating slot go to its new master, after ASKING.
         target = self.shard(error.host, int(error.port))
         if batch is None:
             return [Part(self, target, keys, args, at, False, asking=True)]
-        stride = batch[0]
         asked = [j for j, k in enumerate(keys) if key_slot(k.encode()) == error.slot_id]
         rest = [j for j in range(len(keys)) if j not in asked]
-        out = []
-        for group, shard, asking in ((asked, target, True), (rest, part.shard, False)):
-            if group:
-                mine = [keys[j] for j in group]
-                theirs = [a for j in group for a in args[stride * j : stride * (j + 1)]]
-                out.append(Part(self, shard, mine, theirs if stride else args,
-                                [at[j] for j in group], not same_slot(mine), asking))  # fmt: skip
-        return out
+        return [
+            self._part(shard, keys, args, js, batch[0], at, asking)
+            for js, shard, asking in ((asked, target, True), (rest, part.shard, False))
+            if js
+        ]
 
 
 def map_all(nodes: Sequence[Any], timeout: float) -> None:
@@ -441,11 +447,6 @@ end)(ARGV)
 
 
 _CROSS: dict[str, Script] = {}
-
-
-def _positions(keys: Sequence[str], subset: Sequence[str]) -> list[int]:
-    where = {k: j for j, k in enumerate(keys)}
-    return [where[k] for k in subset]
 
 
 def _text(value: Any) -> str:
