@@ -260,6 +260,18 @@ def run_script(
         wait = ("WAIT", nodes[0].min_replicas, max(1, int(timeout * 500)))
     if any(node.cluster for node in nodes):
         return _spread_script(script, nodes, keys, args, timeout, wait)
+    return _masters_script(script, nodes, keys, args, timeout, wait)  # type: ignore[arg-type]
+
+
+def _masters_script(
+    script: Script,
+    nodes: Sequence[Node],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float,
+    wait: tuple | None,
+) -> list[Any]:
+    """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
     replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
@@ -316,7 +328,7 @@ def _spread_script(
         # (the lean path, one packing); only a redirect takes the long way.
         slot = key_slot(keys[0].encode())
         shards = [node.at_slot(slot) if node.cluster else node for node in nodes]
-        replies = run_script(script, shards, keys, args, timeout)
+        replies = _masters_script(script, shards, keys, args, timeout, wait)
         every = list(range(len(keys)))
         sent = [
             (i, Part(node, shards[i], keys, args, every, False))
