@@ -110,7 +110,7 @@ def test_a_redis_cluster_client_is_a_node(redis_clusters3):
 
 
 def test_a_reshard_of_a_hot_slot_during_a_run_loses_nothing(redis_clusters3, timed_rounds):
-    budget = 0.5
+    budget = 1.0  # rounds take milliseconds: the margin is for a loaded host
     rl = Redlock(redis_clusters3.urls, node_timeout=budget)
     lock_key, fence_key = rl.keys(HOT)
     slot = key_slot(lock_key.encode())
@@ -129,14 +129,14 @@ def test_a_reshard_of_a_hot_slot_during_a_run_loses_nothing(redis_clusters3, tim
     assert run["peak"]() == 1  # never two holders at once
     assert len(tokens) > 20 and tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
     assert all(moved), moved  # the fence (at least) moved with the slot: nothing was lost
+    fences = []
     for cluster in redis_clusters3:
         with cluster.client() as c:
             assert c.get(lock_key) is None  # every grant was released
-            assert int(c.get(fence_key)) <= tokens[-1]
-    assert (
-        sum(1 for cluster in redis_clusters3 if int(cluster.client().get(fence_key)) == tokens[-1])
-        >= 2
-    )
+            fences.append(int(c.get(fence_key)))
+    # the last token is on a quorum still (fence values only grow; an attempt
+    # that was not granted may have moved one node's further)
+    assert sum(1 for fence in fences if fence >= tokens[-1]) >= 2, (fences, tokens[-1])
     print(f"{len(tokens)} grants, {len(timed_rounds)} rounds, longest {max(timed_rounds):.3f}s")
     assert max(timed_rounds) < budget
 
