@@ -9,7 +9,10 @@ extend to the full TTL again and again):
 * redis-py ``Lock`` on 1 node (the reference: every ratio is to it), extend as
   ``Lock.extend(ttl, replace_ttl=True)`` (without ``replace_ttl`` redis-py
   ADDS time, which is a different operation);
-* pottery ``Redlock`` on 3 and 5 nodes.
+* pottery ``Redlock`` on 3 and 5 nodes;
+* celery_redlock on 3 nodes that are each a Redis Cluster of 3 masters
+  (``redis+cluster://``), beside the same lock on 3 plain masters
+  (``--no-clusters`` leaves them out).
 
 It starts its own redis-server nodes on free loopback ports
 (``celery_redlock.testing.RedisNodes``) and stops them at the end. Inside each
@@ -48,6 +51,9 @@ WARMUP_CYCLES = 50
 WARMUP_EXTENDS = 20
 PING_N = 500
 
+#: The key of celery_redlock on 3 Redis Cluster nodes (3 masters each).
+CLUSTERS_KEY = "celery_redlock-3clusters"
+
 #: (id, description, kind, lock key, reference key, limit)
 #: kind "max": lock/reference <= limit; kind "min": reference/lock >= limit.
 TARGETS = [
@@ -63,6 +69,10 @@ TARGETS = [
      "celery_redlock-5", "pottery-5", ("min", 4.0)),
     ("extend-3", "3 nodes: extend <= 1.5x redis-py Lock.extend(replace_ttl=True)", "extend",
      "celery_redlock-3", "redispy", ("max", 1.5)),
+    ("cycle-3-clusters", "3 clusters of 3 masters: cycle <= 1.3x 3 plain masters", "cycle",
+     CLUSTERS_KEY, "celery_redlock-3", ("max", 1.3)),
+    ("extend-3-clusters", "3 clusters of 3 masters: extend <= 1.3x 3 plain masters", "extend",
+     CLUSTERS_KEY, "celery_redlock-3", ("max", 1.3)),
 ]  # fmt: skip
 
 
@@ -132,6 +142,14 @@ def start_nodes(n: int) -> Any:
     return RedisNodes(n)
 
 
+def cluster_adapter(urls: list[str]) -> Any:
+    """celery_redlock, fencing on, on nodes that are each a Redis Cluster."""
+    ad = _adapters.CeleryRedlockAdapter(urls, fencing=True)
+    ad.key = CLUSTERS_KEY
+    ad.label = f"celery_redlock ({len(urls)} clusters of 3 masters, fencing on)"
+    return ad
+
+
 # --------------------------------------------------------------------------- #
 # measurement
 # --------------------------------------------------------------------------- #
@@ -174,7 +192,9 @@ def run_pings(client: Any, n: int) -> list[float]:
     return out
 
 
-def bench(nodes: list[tuple[str, int]], reps: int, n: int, block: int) -> dict[str, Any]:
+def bench(
+    nodes: list[tuple[str, int]], reps: int, n: int, block: int, clusters: list[str] | None = None
+) -> dict[str, Any]:
     """reps x n cycles and n extends per lock, interleaved in blocks of ``block``.
 
     Inside a rep every lock runs ``block`` cycles, then the next lock does, and
@@ -187,6 +207,8 @@ def bench(nodes: list[tuple[str, int]], reps: int, n: int, block: int) -> dict[s
 
     cpu_clock = time.process_time_ns  # CPU of this process (all its threads): client cost only
     ads = _adapters.reference_adapters(nodes) + _adapters.adapters(nodes)
+    if clusters:
+        ads.append(cluster_adapter(clusters))
     ping_client = redis.Redis(host=nodes[0][0], port=nodes[0][1])
     # Same key and one lock object for every cycle of a lock, but no key shared
     # between locks: pottery's release returns at quorum, and its calls to the
@@ -423,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--md", metavar="PATH", help="also write the Markdown report here")
     ap.add_argument("--strict", action="store_true", help="exit with status 1 if a target fails")
+    ap.add_argument(
+        "--no-clusters", action="store_true", help="leave out the 3 Redis Cluster nodes"
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.reps, a.n, a.block = 3, 200, 50
@@ -437,14 +462,16 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_start": loadavg(), "reps": a.reps, "n": a.n, "block": a.block,
         "ttl_s": _adapters.TTL, "n_nodes": N_NODES,
     }  # fmt: skip
+    from celery_redlock.testing import RedisClusters
+
     log(f"starting {N_NODES} redis-server nodes on loopback ...")
-    with start_nodes(N_NODES) as nodes:
+    with start_nodes(N_NODES) as nodes, RedisClusters(0 if a.no_clusters else 3) as clusters:
         addrs = [(HOST, node.port) for node in nodes]
         with nodes[0].client() as c:
             meta["redis_server"] = c.info("server")["redis_version"]
         meta["ports"] = [p for _, p in addrs]
         log(f"nodes up on ports {meta['ports']}; {a.reps} reps x {a.n}")
-        raw = bench(addrs, a.reps, a.n, a.block)
+        raw = bench(addrs, a.reps, a.n, a.block, clusters.urls)
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0
     summ = summarize(raw)

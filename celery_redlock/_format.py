@@ -197,7 +197,8 @@ def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
         if from_broker
         else "the only node of redlock_nodes"
     )
+    what = "Redis Cluster" if "+cluster://" in names[0] else "Redis server"
     return (
         f"lock node: {names[0]} ({source}): ONE node, so the locks are only as safe as this "
-        "one Redis server; set redlock_nodes to 3 or 5 independent masters for a quorum"
+        f"one {what}; set redlock_nodes to 3 or 5 independent masters (or clusters) for a quorum"
     )

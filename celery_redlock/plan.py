@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import conf, headers, settings
-from .core import Redlock, make_owner, parse_rate
+from .core import Redlock, check_together, make_owner, parse_rate
 from .keys import KeyBuilder
 
 __all__ = ["LockPlan", "build_plan", "plan_of", "set_plan"]
@@ -140,7 +140,9 @@ def build_plan(task_cls: Any, app: Any) -> LockPlan:
             app=app,
         )
         if settings.nodes is not None:
-            plan.redlock  # noqa: B018 - bad node URLs fail at bind
+            redlock = plan.redlock  # bad node URLs fail at bind
+            if plan.also:  # a Redis Cluster node cannot hold names together across slots
+                check_together(redlock.nodes, [n for n, _ in plan.also], "lock_also")
         return plan
 
 

@@ -78,3 +78,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         return (yield)
     finally:
         testing.resume_paused()
+
+
+@pytest.fixture(params=["redis_nodes3", "redis_clusters3"], ids=["3masters", "3clusters"])
+def nodes3(request: pytest.FixtureRequest) -> Any:
+    """Three lock nodes, empty: three plain masters, or three Redis Clusters of
+    three masters each (each cluster one lock node). ``.urls``, ``.keys()`` and
+    ``[i].client()`` work alike; a test that kills or pauses a node keeps
+    ``redis_nodes3``."""
+    return request.getfixturevalue(request.param)

@@ -44,7 +44,8 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     )
     if lines:
         echo("\n" + "\n".join(lines))
-    down = [(info.node, info.error) for info in infos if info.error is not None]
+    # A cluster with a shard down counts as a node down: that shard's keys have no answer there.
+    down = list({info.lock_node: info.error for info in infos if info.error is not None}.items())
     answered = total - len(down)
     reachable = "reachable" if answered >= quorum else "UNREACHABLE"
     echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed)")

@@ -8,6 +8,7 @@ is the facade over them.
 
 from __future__ import annotations
 
+from .cluster import check_together
 from .exceptions import (
     AlreadyEnqueued,
     ConfigurationError,
@@ -76,6 +77,7 @@ __all__ = [
     "TooEarly",
     "Window",
     "check_rate",
+    "check_together",
     "full_jitter",
     "make_owner",
     "mask_url",

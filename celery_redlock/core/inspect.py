@@ -9,9 +9,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from redis.exceptions import RedisError
+
 from . import scripts
+from .cluster import ClusterNode, LockNode, node_for
 from .keyspace import KeySpace
-from .nodes import Node, NodeSpec
+from .nodes import NodeSpec
 from .quorum import Quorum
 from .records import Holder, agree
 from .urls import mask_url
@@ -95,6 +98,13 @@ class NodeInfo(NamedTuple):
     run_id: str | None = None
     #: ``connected_slaves``: the replicas attached to a master (None if INFO does not say).
     replicas: int | None = None
+    #: The lock node this is a shard master of, when that node is a Redis Cluster.
+    cluster: str | None = None
+
+    @property
+    def lock_node(self) -> str:
+        """The name of the lock node this row is about (the cluster, for a shard)."""
+        return self.cluster or self.node
 
 
 def node_name(spec: NodeSpec) -> str:
@@ -103,7 +113,7 @@ def node_name(spec: NodeSpec) -> str:
     Raises:
         ConfigurationError: ``spec`` is neither a string nor a ``redis.Redis`` client.
     """
-    return mask_url(spec) if isinstance(spec, str) else Node(spec, 1.0).name
+    return mask_url(spec) if isinstance(spec, str) else node_for(spec, 1.0).name
 
 
 class Inspection:
@@ -206,19 +216,24 @@ class Inspection:
         found: set[bytes] = set()
         for node in q.nodes:
             seen: set[bytes] = set()  # SCAN may return a key twice
-            cursor: Any = b"0"
-            while True:
-                reply = q.gather(("SCAN", cursor, "MATCH", match, "COUNT", count), [node])[0]
-                if isinstance(reply, Exception):
-                    errors[node.name] = error_text(reply)
-                    break
-                cursor, keys = reply
-                seen.update(keys)
-                if int(cursor) == 0:
-                    break
-                if len(seen) >= limit:
+            try:  # a cluster's keys: every shard master's
+                shards = node.masters() if isinstance(node, ClusterNode) else [node]
+            except RedisError as exc:
+                errors[node.name] = error_text(exc)
+                continue
+            for shard in shards:
+                cursor: Any = b"0"
+                while len(seen) < limit:
+                    reply = q.gather(("SCAN", cursor, "MATCH", match, "COUNT", count), [shard])[0]
+                    if isinstance(reply, Exception):
+                        errors[node.name] = error_text(reply)
+                        break
+                    cursor, keys = reply
+                    seen.update(keys)
+                    if int(cursor) == 0:
+                        break
+                else:
                     truncated = True
-                    break
             found |= seen
         names = [readable(key)[len(base) :] for key in sorted(found)[:limit]]
         return ScanResult(names, errors, truncated or len(found) > limit)
@@ -267,9 +282,20 @@ class Inspection:
         is timed (the first pays for connecting). ``appendfsync`` comes from
         ``CONFIG GET``, which managed Redis may rename or deny (then None).
         """
-        return [self._node_info(node) for node in self.quorum.nodes]
+        out: list[NodeInfo] = []
+        for node in self.quorum.nodes:
+            if not isinstance(node, ClusterNode):
+                out.append(self._node_info(node))
+                continue
+            try:  # a cluster: one row per shard master, each judged on its own
+                shards = node.masters()
+            except RedisError as exc:
+                out.append(NodeInfo(node.name, f"no slot map: {error_text(exc)}"))
+                continue
+            out += [self._node_info(shard)._replace(cluster=node.name) for shard in shards]
+        return out
 
-    def _node_info(self, node: Node) -> NodeInfo:
+    def _node_info(self, node: LockNode) -> NodeInfo:
         ask = self.quorum.gather
         latency = 0.0
         for _ in range(2):  # time the second: the first pays for connecting

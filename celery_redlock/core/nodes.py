@@ -55,6 +55,9 @@ class Node:
             before it counts; 0 sends no ``WAIT``.
     """
 
+    #: A Redis Cluster is a node of its own kind (:mod:`~celery_redlock.core.cluster`).
+    cluster = False
+
     __slots__ = (
         "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_owed", "_generation",
         "_backoff", "_retry_at", "_probing",

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from .connect import connector
 from .nodes import Node
-from .wire import as_redis_error, set_nonblocking
+from .wire import Command, as_redis_error, set_nonblocking
 
 __all__ = ["Opening", "connect_within", "open_connection"]
 
@@ -41,14 +41,10 @@ class Opening:
     ones. Only rounds that open connections pay for this.
     """
 
-    __slots__ = (
-        "args", "then", "wire", "count", "timeout", "packed",
-        "lock", "live", "done", "pending", "wake", "_write_end",
-    )  # fmt: skip
+    __slots__ = ("commands", "timeout", "lock", "live", "done", "pending", "wake", "_write_end")
 
-    def __init__(self, args: Sequence[Any], then: Any, wire: bytes, count: int, timeout: float):
-        self.args, self.then, self.wire, self.count, self.timeout = args, then, wire, count, timeout
-        self.packed: Any = None
+    def __init__(self, commands: Sequence[Command], timeout: float):
+        self.commands, self.timeout = commands, timeout
         self.lock = threading.Lock()
         self.live = True
         self.done: list[tuple[int, Node, Any, RedisError | None]] = []
@@ -96,13 +92,9 @@ class Opening:
                 replies[i] = error
         return ready
 
-    def command_for(self, node: Node, conn: Any) -> Any:
-        if node.lean:
-            return self.wire
-        if self.packed is None:
-            args, then = self.args, self.then
-            self.packed = conn.pack_commands([args] if then is None else [args, then])
-        return self.packed
+    def command_for(self, i: int, node: Node, conn: Any) -> Any:
+        command = self.commands[i]
+        return command.wire if node.lean else command.packed(conn)
 
     def close(self, replies: list[Any]) -> None:
         """End the round: what is still connecting goes on in the background,

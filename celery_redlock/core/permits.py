@@ -63,8 +63,11 @@ and released with the lease.
 
 Redis Cluster: the keys of different names live in different hash slots, and
 one script call touching several slots is refused by a node that is itself
-a Redis Cluster (CROSSSLOT). ``also`` needs every node to be a plain master
-(or a Sentinel-managed one), as the heartbeat's batched renewals do.
+a Redis Cluster (CROSSSLOT); the all-or-nothing check of one call per node
+needs every name on one shard. So on a cluster node, ``also`` takes only
+names that share one hash tag (``"order-1:{pay}"`` with ``"payment-api:{pay}"``):
+any other is refused with :class:`ConfigurationError` naming the option
+(:func:`~celery_redlock.core.cluster.check_together`).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import scripts, settings
+from .cluster import check_together
 from .fencing import candidate
 from .lease import Lease, Leases, gate_flags, in_the_way, stopped_early
 from .records import Claim, Finished, Holder, TooEarly
@@ -130,6 +134,8 @@ class Permits:
         groups = [space.permit_keys(n, k) for n, k in names]
         fences = [space.keys(n)[1] for n, _ in names]
         every = [key for group in groups for key in group]  # what a failed attempt frees
+        if also:
+            check_together(q.nodes, [n for n, _ in names])
         key = groups[0][0]
         flags = "a" if also else ""
         receipt_key = claim_key = throttle_key = key  # stand-ins, never read without their flag

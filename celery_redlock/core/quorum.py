@@ -17,8 +17,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from .cluster import LockNode, node_for
 from .exceptions import ConfigurationError, QuorumUnavailable
-from .nodes import Node, NodeSpec
+from .nodes import NodeSpec
 from .rounds import gather, run_script, send_script
 from .scripts import Script
 
@@ -62,8 +63,8 @@ class Quorum:
         sleep: Callable[[float], None],
         rng: Callable[[], float],
     ):
-        self.nodes = [Node(spec, node_timeout, min_replicas) for spec in specs]
-        seen: dict[tuple, Node] = {}
+        self.nodes = [node_for(spec, node_timeout, min_replicas) for spec in specs]
+        seen: dict[tuple, LockNode] = {}
         for node in self.nodes:
             if node.identity in seen:
                 raise ConfigurationError(
@@ -91,7 +92,7 @@ class Quorum:
         script: Script,
         keys: Sequence[str],
         args: Sequence[Any],
-        nodes: Sequence[Node] | None = None,
+        nodes: Sequence[LockNode] | None = None,
         timeout: float | None = None,
     ) -> list[Any]:
         """Run ``script`` on every node (or on ``nodes``) at once: one reply or error per node."""
@@ -104,7 +105,7 @@ class Quorum:
         the indexes of the nodes it was not sent to (see :func:`.rounds.send_script`)."""
         return send_script(script, self.nodes, keys, args)
 
-    def gather(self, command: tuple, nodes: Sequence[Node] | None = None) -> list[Any]:
+    def gather(self, command: tuple, nodes: Sequence[LockNode] | None = None) -> list[Any]:
         """Send one command to every node (or to ``nodes``) at once: one reply or error per node."""
         return gather(self.nodes if nodes is None else nodes, command, self.node_timeout)
 

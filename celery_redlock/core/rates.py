@@ -81,6 +81,7 @@ from typing import Any, Callable, NamedTuple
 from redis.exceptions import RedisError
 
 from . import scripts
+from .cluster import check_together
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .quorum import Quorum
@@ -367,6 +368,7 @@ class Rates:
             raise ConfigurationError("a reservation needs at least one rated key")
         q = self.quorum
         names = [k.key for k in keys]
+        check_together(q.nodes, names)
         if self.unsure:
             # Every round during an outage would book on the minority that answers,
             # and an undo can lose to a concurrent booking: until a quorum answers a

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.crc import key_slot
+from redis.exceptions import AskError, NoScriptError, RedisError
 
+from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .nodes import Node
 from .opening import Opening, connect_within
 from .scripts import Script
@@ -31,6 +33,7 @@ from .wire import (
     PENDING,
     RECONNECT,
     Call,
+    Command,
     as_redis_error,
     host_error,
     pack,
@@ -45,7 +48,7 @@ logger = logging.getLogger("celery_redlock.redlock")
 
 
 def gather(
-    nodes: Sequence[Node],
+    nodes: Sequence[LockNode],
     args: Sequence[Any],
     timeout: float,
     then: Sequence[Any] | None = None,
@@ -82,11 +85,17 @@ def gather(
         With ``then``, a node's item is the pair of replies, or the first
         reply alone when that is an error.
     """
+    if any(node.cluster for node in nodes):
+        return spread_command(nodes, args, timeout, then)
+    command = Command(args) if then is None else Command(args, then)
+    return gather_each(nodes, [command] * len(nodes), timeout)  # type: ignore[arg-type]
+
+
+def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: float) -> list[Any]:
+    """:func:`gather` with a command of its own for each node (a shard master
+    of a cluster gets the keys of its slots)."""
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
-    wire = pack(args) if then is None else pack(args) + pack(then)
-    count = 1 if then is None else 2
-    packed = None  # redis-py's packing, for the other nodes: their encoding may differ
     opening: Opening | None = None  # the round's new connections, if it needs any
     lean: list[Call] = []
     other: list[Call] = []
@@ -94,23 +103,24 @@ def gather(
         conn = node.idle_connection()
         if conn is None:
             if opening is None:
-                opening = Opening(args, then, wire, count, timeout)
+                opening = Opening(commands, timeout)
             opening.open(i, node, replies)
             continue
-        if not node.lean and packed is None:
-            packed = conn.pack_commands([args] if then is None else [args, then])
-        call = Call(i, node, conn, True, wire if node.lean else packed, count)
+        command = commands[i]
+        call = Call(
+            i, node, conn, True, command.wire if node.lean else command.packed(conn), command.count
+        )
         error = start(call)
         if error is None:
             (lean if node.lean else other).append(call)
         elif error is RECONNECT:
             if opening is None:
-                opening = Opening(args, then, wire, count, timeout)
+                opening = Opening(commands, timeout)
             opening.open(i, node, replies)
         else:
             replies[i] = error
     if lean or opening is not None:
-        _collect(lean, other, opening, deadline, replies, args, then, wire, count, timeout)
+        _collect(lean, other, opening, deadline, replies, commands, timeout)
     for call in other:
         reply = read(call, deadline)
         if call.reused and _closed_by_server(reply):
@@ -133,10 +143,7 @@ def _collect(
     opening: Opening | None,
     deadline: float,
     replies: list[Any],
-    args: Sequence[Any],
-    then: Sequence[Any] | None,
-    wire: bytes,
-    count: int,
+    commands: Sequence[Command],
     timeout: float,
 ) -> None:
     """Finish the lean calls and the round's new connections: one poll over the
@@ -164,8 +171,8 @@ def _collect(
             for fd, _ in events:
                 if fd == wake and opening is not None:  # connections opened meanwhile
                     for i, node, conn in opening.take(replies):
-                        command = opening.command_for(node, conn)
-                        call = Call(i, node, conn, False, command, opening.count)
+                        command = opening.command_for(i, node, conn)
+                        call = Call(i, node, conn, False, command, commands[i].count)
                         error = start(call)
                         if error is not None:
                             replies[i] = error
@@ -184,7 +191,7 @@ def _collect(
                     _log_late(call)
                 if call.reused and _closed_by_server(reply):
                     if opening is None:
-                        opening = Opening(args, then, wire, count, timeout)
+                        opening = Opening(commands, timeout)
                         wake = opening.wake
                         poller.register(wake, select.POLLIN)
                     opening.open(call.i, call.node, replies)
@@ -216,7 +223,7 @@ MAX_OWED = 8
 
 
 def send_script(
-    script: Script, nodes: Sequence[Node], keys: Sequence[str], args: Sequence[Any]
+    script: Script, nodes: Sequence[LockNode], keys: Sequence[str], args: Sequence[Any]
 ) -> list[int]:
     """Write a script to every node and return without waiting for the replies.
 
@@ -233,6 +240,10 @@ def send_script(
     wire = pack(("EVAL", script.text, len(keys), *keys, *args))
     missed = []
     for i, node in enumerate(nodes):
+        # a Redis Cluster routes by slot and follows redirects: an ordinary round
+        if not isinstance(node, Node):
+            missed.append(i)
+            continue
         conn = node.idle_connection() if node.lean else None
         if conn is None:
             missed.append(i)
@@ -295,7 +306,11 @@ class NotReplicated(RedisError):
 
 
 def run_script(
-    script: Script, nodes: Sequence[Node], keys: Sequence[str], args: Sequence[Any], timeout: float
+    script: Script,
+    nodes: Sequence[LockNode],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float,
 ) -> list[Any]:
     """Run a script on every node in one :func:`gather` round.
 
@@ -315,6 +330,20 @@ def run_script(
     wait = None
     if nodes and nodes[0].min_replicas and script.name in CONFIRMED:
         wait = ("WAIT", nodes[0].min_replicas, max(1, int(timeout * 500)))
+    if any(node.cluster for node in nodes):
+        return _spread_script(script, nodes, keys, args, timeout, wait)
+    return _masters_script(script, nodes, keys, args, timeout, wait)  # type: ignore[arg-type]
+
+
+def _masters_script(
+    script: Script,
+    nodes: Sequence[Node],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float,
+    wait: tuple | None,
+) -> list[Any]:
+    """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
     replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
@@ -331,7 +360,7 @@ def run_script(
     return replies
 
 
-def _confirmed(node: Node, reply: Any) -> Any:
+def _confirmed(node: LockNode, reply: Any) -> Any:
     """A script's reply, if ``WAIT`` (pipelined after it) counted enough replicas."""
     if not isinstance(reply, tuple):
         return reply  # an error: the node did not answer, or the script failed
@@ -345,3 +374,193 @@ def _confirmed(node: Node, reply: Any) -> Any:
         reply,
         acked,
     )
+
+
+# -- nodes that are clusters -------------------------------------------------------------------
+
+
+def _spread_script(
+    script: Script,
+    nodes: Sequence[Any],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float,
+    wait: tuple | None,
+) -> list[Any]:
+    """:func:`run_script` when some nodes are clusters: each cluster's call goes
+    to the shard masters of its keys (one call per shard), every call of every
+    node in the same round; a ``MOVED`` or ``ASK`` is followed once, within
+    what is left of the round's timeout. A cluster's reply is put together
+    from its shards' (:func:`~celery_redlock.core.cluster.combine`)."""
+    deadline = time.monotonic() + timeout
+    replies: list[Any] = [None] * len(nodes)
+    map_all(nodes, timeout)
+    if script.name not in BATCHES and all(node.mapped for node in nodes if node.cluster):
+        # One name, one slot: a plain round on the shard masters of that slot
+        # (the lean path, one packing); only a redirect takes the long way.
+        slot = key_slot(keys[0].encode())
+        shards = [node.at_slot(slot) if node.cluster else node for node in nodes]
+        replies = _masters_script(script, shards, keys, args, timeout, wait)
+        every = list(range(len(keys)))
+        sent = [
+            (i, Part(node, shards[i], keys, args, every, False))
+            for i, node in enumerate(nodes)
+            if node.cluster and isinstance(replies[i], _REROUTE)
+        ]
+        for i, reply in _rerouted(script, sent, [replies[i] for i, _ in sent], deadline, wait):
+            replies[i] = reply
+        return replies
+    sent = []
+    for i, node in enumerate(nodes):
+        if not node.cluster:
+            sent.append((i, Part(None, node, keys, args, [], False)))
+        elif not node.mapped:
+            replies[i] = redis.exceptions.ConnectionError(f"{node.name}: no slot map")
+        else:
+            sent += [(i, part) for part in node.route(script.name, keys, args)]
+    shards_of: dict[int, list[tuple[Part, Any]]] = {}
+    got = _send(script, [p for _, p in sent], timeout, wait)
+    for i, part, reply in _followed(script, sent, got, deadline, wait):
+        shards_of.setdefault(i, []).append((part, reply))
+    for i, node in enumerate(nodes):
+        if replies[i] is None:
+            mine = shards_of[i]
+            replies[i] = combine(script.name, len(keys), mine) if node.cluster else mine[0][1]
+    return replies
+
+
+def _rerouted(
+    script: Script,
+    sent: list[tuple[int, Part]],
+    got: list[Any],
+    deadline: float,
+    wait: tuple | None,
+) -> list[tuple[int, Any]]:
+    """The replies of one-name calls that a shard redirected (or failed), each
+    cluster's put together again."""
+    shards_of: dict[int, list[tuple[Part, Any]]] = {}
+    for i, part, reply in _followed(script, sent, got, deadline, wait):
+        shards_of.setdefault(i, []).append((part, reply))
+    return [(i, combine(script.name, 0, mine)) for i, mine in shards_of.items()]
+
+
+def _followed(
+    script: Script,
+    sent: list[tuple[int, Part]],
+    got: list[Any],
+    deadline: float,
+    wait: tuple | None,
+) -> list[tuple[int, Part, Any]]:
+    """Each call's reply, a ``MOVED`` or ``ASK`` followed once (within what is
+    left of the round's timeout); a shard that failed gets its cluster's slot
+    map read again in the background."""
+    done: list[tuple[int, Part, Any]] = []
+    follow: list[tuple[int, Part]] = []
+    for (i, part), reply in zip(sent, got):
+        if part.node is not None and isinstance(reply, AskError):  # MOVED or ASK
+            left = max(deadline - time.monotonic(), LAST_LOOK)
+            follow += [(i, new) for new in part.node.redirected(script.name, part, reply, left)]
+            continue
+        if part.node is not None and isinstance(reply, _SHARD_DOWN):
+            part.node.suspect()  # a failover may be under way: read the map again
+        done.append((i, part, reply))
+    if follow:
+        left = max(deadline - time.monotonic(), LAST_LOOK)
+        again = _send(script, [p for _, p in follow], left, wait)
+        done += [(i, part, reply) for (i, part), reply in zip(follow, again)]
+    return done
+
+
+#: A shard's reply that may mean its master changed.
+_SHARD_DOWN = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+#: A shard's reply that the long way handles: a redirect, or a shard down.
+_REROUTE = (AskError, *_SHARD_DOWN)
+
+
+def _send(script: Script, parts: Sequence[Part], timeout: float, wait: tuple | None) -> list[Any]:
+    """One round of script calls, one per part (a NOSCRIPT gets EVAL in a second
+    round, with a timeout of its own, as in :func:`run_script`)."""
+
+    def commands(verb: str) -> list[Command]:
+        shared: dict[tuple, Command] = {}  # one packing for the parts alike
+        out = []
+        for part in parts:
+            which = cross_slot(script) if part.cross else script
+            handle = which.sha if verb == "EVALSHA" else which.text
+            alike = (id(part.keys), id(part.args), part.cross, part.asking)
+            command = shared.get(alike)
+            if command is None:
+                call = (
+                    cross_call(verb, handle, part.keys, part.args)
+                    if part.cross
+                    else (verb, handle, len(part.keys), *part.keys, *part.args)
+                )
+                pieces = [("ASKING",), call] if part.asking else [call]
+                command = shared[alike] = Command(*pieces, *([wait] if wait else []))
+            out.append(command)
+        return out
+
+    replies = _unask(parts, gather_each([p.shard for p in parts], commands("EVALSHA"), timeout))
+    missing = [k for k, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        again = [parts[k] for k in missing]
+        resent = commands("EVAL")
+        resent = [resent[k] for k in missing]
+        for k, reply in zip(
+            missing, _unask(again, gather_each([p.shard for p in again], resent, timeout))
+        ):
+            replies[k] = reply
+    if wait is not None:
+        replies = [_confirmed(part.shard, reply) for part, reply in zip(parts, replies)]
+    return replies
+
+
+def _unask(parts: Sequence[Part], replies: list[Any]) -> list[Any]:
+    """The replies without ``ASKING``'s own."""
+    for k, part in enumerate(parts):
+        reply = replies[k]
+        if part.asking and isinstance(reply, tuple):
+            rest = reply[1:]
+            replies[k] = rest[0] if len(rest) == 1 or isinstance(rest[0], Exception) else rest
+    return replies
+
+
+#: The commands whose second argument is their one key: sent to its shard.
+_KEYED = frozenset({"GET", "DEL", "HGETALL", "PTTL", "EXISTS", "TYPE", "UNLINK"})
+
+
+def spread_command(
+    nodes: Sequence[Any], args: Sequence[Any], timeout: float, then: Sequence[Any] | None
+) -> list[Any]:
+    """:func:`gather` when some nodes are clusters: a command about a key goes
+    to its shard; any other (``PING``) to every shard, and the cluster answers
+    only if every shard does (with the first shard's reply)."""
+    map_all(nodes, timeout)
+    replies: list[Any] = [None] * len(nodes)
+    targets: list[Node] = []
+    owners: list[int] = []
+    keyed = str(args[0]).upper() in _KEYED
+    for i, node in enumerate(nodes):
+        if not node.cluster:
+            shards = [node]
+        elif not node.mapped:
+            replies[i] = redis.exceptions.ConnectionError(f"{node.name}: no slot map")
+            continue
+        else:
+            shards = [node.slot_master(args[1])] if keyed else node.masters()
+        targets += shards
+        owners += [i] * len(shards)
+    command = Command(args) if then is None else Command(args, then)
+    got = gather_each(targets, [command] * len(targets), timeout)
+    for i, reply in zip(owners, got):
+        if nodes[i].cluster and isinstance(reply, _REROUTE):
+            nodes[i].suspect()  # a reshard or a failover: read the map again
+        if replies[i] is None or (
+            isinstance(reply, Exception) and not isinstance(replies[i], Exception)
+        ):
+            replies[i] = reply
+    return replies

@@ -54,6 +54,7 @@ __all__ = [
     "PENDING",
     "RECONNECT",
     "Call",
+    "Command",
     "Partial",
     "as_redis_error",
     "host_error",
@@ -78,6 +79,26 @@ PENDING = object()
 RECONNECT: Any = redis.exceptions.ConnectionError("reconnect")
 
 
+class Command:
+    """What a round sends on one connection: one command, or several
+    pipelined (written together, their replies read in order), packed once
+    for every node it goes to."""
+
+    __slots__ = ("parts", "wire", "count", "_packed")
+
+    def __init__(self, *parts: Sequence[Any]):
+        self.parts = parts
+        self.wire = b"".join(pack(part) for part in parts)
+        self.count = len(parts)
+        self._packed: Any = None
+
+    def packed(self, conn: Any) -> Any:
+        """The command as redis-py packs it for ``conn`` (a node it talks to)."""
+        if self._packed is None:
+            self._packed = conn.pack_commands(list(self.parts))
+        return self._packed
+
+
 class Call:
     """One node's command in flight: its connection and, on the lean path, the
     bytes still to send, the reply bytes received so far and the socket's
@@ -91,7 +112,7 @@ class Call:
         self.i, self.node, self.conn, self.reused, self.command = i, node, conn, reused, command
         self.out = self.buf = b""
         self.fd = -1
-        self.count = count  # replies expected: 2 when a command is pipelined after the first
+        self.count = count  # replies expected: more than 1 when commands are pipelined
         # Replies the connection owed before this command (sent without waiting,
         # see Node.owed_by): read first and set aside; ``late`` keeps their errors.
         self.skip = node.owed_by(conn) if reused else 0
@@ -153,8 +174,12 @@ def step(call: Call) -> Any:
             if isinstance(late, Exception):
                 call.late.append(late)
         reply, pos = parse(call.buf, pos)
-        if call.count == 2:
-            reply = _pair(reply, parse(call.buf, pos)[0])
+        if call.count > 1:
+            got = [reply]
+            while len(got) < call.count:
+                reply, pos = parse(call.buf, pos)
+                got.append(reply)
+            reply = _group(got)
     except (Partial, BlockingIOError):
         return PENDING
     except (RedisError, OSError) as exc:
@@ -188,7 +213,7 @@ def read(call: Call, deadline: float) -> Any:
         call.node.discard(call.conn)
         return redis.exceptions.ConnectionError(f"the node is a replica now: {got[0]}")
     call.node.put_back(call.conn)
-    return got[0] if call.count == 1 else _pair(*got)
+    return got[0] if call.count == 1 else _group(got)
 
 
 def _read_response(conn: Any, timeout: float) -> Any:
@@ -222,9 +247,9 @@ def _takes_timeout(cls: Any) -> bool:
     return known
 
 
-def _pair(first: Any, second: Any) -> Any:
-    """The replies of a pipelined pair: the first alone when it is an error."""
-    return first if isinstance(first, Exception) else (first, second)
+def _group(got: list[Any]) -> Any:
+    """The replies of pipelined commands: a tuple, or the first alone when it is an error."""
+    return got[0] if isinstance(got[0], Exception) else tuple(got)
 
 
 def as_redis_error(exc: BaseException) -> RedisError:

@@ -14,6 +14,15 @@ so once celery_redlock is installed its fixtures are available in every test:
     test ends. Use it for fault tests and for servers with special settings.
 ``free_port`` (function scope)
     A TCP port on 127.0.0.1 that was free a moment ago.
+``redis_clusters3`` (function scope)
+    Three Redis Clusters of three masters each (three lock nodes; their URLs
+    are ``redis+cluster://``), formed once per session, flushed before the test.
+``redis_cluster_factory`` (function scope)
+    ``make(masters=3, replicas=0)`` forms a private :class:`RedisCluster`
+    (``CLUSTER MEET`` / ``ADDSLOTSRANGE`` / ``REPLICATE`` sent from Python: no
+    ``redis-cli``), stopped when the test ends; its ``kill_master(i)``,
+    ``failover(i)`` and ``reshard(slot, to)`` (or ``begin_reshard`` then
+    ``finish_reshard``) move a shard's master or a slot during a test.
 
 Example::
 
@@ -70,11 +79,15 @@ This package imports no Celery, so the core's tests can use it too.
 
 from __future__ import annotations
 
+from .cluster import RedisCluster, RedisClusters
 from .nodes import HOST, RedisNode, RedisNodes, free_port, redis_server_binary, resume_paused
 
 # pytest finds a plugin's fixtures among the attributes of the module it registers.
 from .plugin import (  # noqa: F401
     free_port_fixture,
+    redis_cluster_factory,
+    redis_clusters3,
+    redis_clusters_session,
     redis_node_factory,
     redis_nodes3,
     redis_nodes5,
@@ -83,6 +96,8 @@ from .plugin import (  # noqa: F401
 
 __all__ = [
     "HOST",
+    "RedisCluster",
+    "RedisClusters",
     "RedisNode",
     "RedisNodes",
     "free_port",

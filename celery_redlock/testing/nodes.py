@@ -323,12 +323,17 @@ class RedisNodes:
             self.nodes = list(nodes)
             return
         self.nodes = [RedisNode(extra_args, start=False) for _ in range(n)]
+        self.start_all()
+
+    def start_all(self) -> None:
+        """Start every node not running, all at once (closed if one fails)."""
         try:
             # Launch every process first, then wait: the start-up times overlap.
             deadline = time.monotonic() + _START_TIMEOUT
-            for node in self.nodes:
+            starting = [node for node in self.nodes if not node.is_running]
+            for node in starting:
                 node._spawn()
-            for node in self.nodes:
+            for node in starting:
                 node._await_ready(deadline)
         except BaseException:
             self.close()

@@ -8,10 +8,14 @@ from typing import Any, Callable
 
 import pytest
 
+from .cluster import RedisCluster, RedisClusters
 from .nodes import RedisNodes, close_all, free_port, resume_paused
 
 __all__ = [
     "free_port_fixture",
+    "redis_cluster_factory",
+    "redis_clusters3",
+    "redis_clusters_session",
     "redis_node_factory",
     "redis_nodes3",
     "redis_nodes5",
@@ -51,20 +55,28 @@ def free_port_fixture() -> int:
     return free_port()
 
 
+def _closed_after(config: pytest.Config, build: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """A factory fixture's body: ``build`` what the test asks for, close it all after."""
+    _guard(config)
+    made: list[Any] = []
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        made.append(build(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for servers in made:
+        servers.close()
+
+
 @pytest.fixture
 def redis_node_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisNodes]]:
     """``make(n=3, extra_args=())`` starts private nodes, closed after the test."""
-    _guard(pytestconfig)
-    made: list[RedisNodes] = []
 
-    def make(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
-        nodes = RedisNodes(n, extra_args=extra_args)
-        made.append(nodes)
-        return nodes
+    def build(n: int = 3, extra_args: Sequence[str] = ()) -> RedisNodes:
+        return RedisNodes(n, extra_args=extra_args)
 
-    yield make
-    for nodes in made:
-        nodes.close()
+    yield from _closed_after(pytestconfig, build)
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +105,28 @@ def redis_nodes3(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
 def redis_nodes5(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
     """The 5 nodes of the session pool, empty; healed after the test."""
     yield from _healthy_view(redis_nodes_session, 5)
+
+
+@pytest.fixture
+def redis_cluster_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., RedisCluster]]:
+    """``make(masters=3, replicas=0)`` forms a private Redis Cluster, closed after the test."""
+
+    def build(masters: int = 3, replicas: int = 0) -> RedisCluster:
+        return RedisCluster(masters, replicas)
+
+    yield from _closed_after(pytestconfig, build)
+
+
+@pytest.fixture(scope="session")
+def redis_clusters_session(pytestconfig: pytest.Config) -> Iterator[RedisClusters]:
+    """Three Redis Clusters of three masters each, formed once per session."""
+    _guard(pytestconfig)
+    with RedisClusters(3, masters=3) as clusters:
+        yield clusters
+
+
+@pytest.fixture
+def redis_clusters3(redis_clusters_session: RedisClusters) -> Iterator[RedisClusters]:
+    """The three session clusters (three lock nodes), empty."""
+    redis_clusters_session.flushall()
+    yield redis_clusters_session

@@ -120,7 +120,7 @@ class Board:
     ) -> dict[str, Any]:
         client, settings = group.client, group.settings
         infos = client.node_info()
-        down = {info.node: info.error for info in infos if info.error is not None}
+        down = {info.lock_node: info.error for info in infos if info.error is not None}
         nodes = [_node_json(info) for info in infos]
         lines = [f"WARNING {note}" for note in group.notes]
         lines += findings(infos, settings.node_timeout, settings.min_replicas)

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 
 import pytest
 
-from celery_redlock.testing import RedisNodes
+from celery_redlock.testing import RedisClusters, RedisNodes
 from tests.support.celery_headers import BEAT_HEADERS
 
 pytestmark = pytest.mark.integration
@@ -114,7 +114,7 @@ class Beat:
 class Rig:
     """Three Redlock nodes, a broker node, and the beats started on them."""
 
-    def __init__(self, make_nodes: Callable[..., RedisNodes], tmp: Path):
+    def __init__(self, make_nodes: Callable[..., RedisNodes | RedisClusters], tmp: Path):
         self.nodes = make_nodes(3)
         self.broker = make_nodes(1)[0]
         self.tmp = tmp
@@ -184,10 +184,8 @@ class Rig:
         """Per message, the claim values the given nodes hold for its slot."""
         out: dict[Msg, list[str]] = {msg: [] for msg in msgs}
         for index in node_indexes:
-            with self.nodes[index].client() as client:
-                values = (
-                    client.mget([f"redlock:beat:{m.entry}:{m.slot}" for m in msgs]) if msgs else []
-                )
+            with self.nodes[index].client() as client:  # a node's or a cluster's client
+                values = [client.get(f"redlock:beat:{m.entry}:{m.slot}") for m in msgs]
             for msg, value in zip(msgs, values):
                 if value is not None:
                     out[msg].append(value)
@@ -202,12 +200,30 @@ def rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
     finally:
         rig.stop()
         if getattr(request.node, "failed", False):
-            # what each beat did and when, for a failure seen only in a CI log
-            for beat in rig.beats:
-                print(f"--- beat {beat.pid}")
-                for line in beat.log.splitlines():
-                    if "Sending due task" in line or "slot" in line or "/WARNING" in line:
-                        print(line)
+            print_logs(rig)
+
+
+def print_logs(rig: Rig) -> None:
+    """What each beat did and when, for a failure seen only in a CI log."""
+    for beat in rig.beats:
+        print(f"--- beat {beat.pid}")
+        for line in beat.log.splitlines():
+            if "Sending due task" in line or "slot" in line or "/WARNING" in line:
+                print(line)
+
+
+@pytest.fixture
+def cluster_rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
+    """The rig with three Redis Clusters of three masters each as the lock nodes."""
+    clusters = RedisClusters(3, masters=3)
+    rig = Rig(lambda n: clusters if n == 3 else redis_node_factory(n), tmp_path)
+    try:
+        yield rig
+    finally:
+        rig.stop()
+        clusters.close()
+        if getattr(request.node, "failed", False):
+            print_logs(rig)
 
 
 def sleep_until(t: float) -> None:
@@ -470,3 +486,17 @@ def test_a_majority_of_nodes_down_holds_slots_back_and_resumes(rig):
         f"\nmajority down {down_from:.1f}..{down_until:.1f}: {len(msgs)} messages, "
         f"slots never sent {lost}, aligned-6s {dict(aligned)}"
     )
+
+
+def test_two_beats_on_three_cluster_nodes_send_every_slot_once(cluster_rig):
+    """Each lock node a Redis Cluster: a slot's claim goes to the shard of its key."""
+    first = cluster_rig.start("every-1s=every:1")
+    first.wait_started()
+    second = cluster_rig.start("every-1s=every:1")
+    t1 = second.wait_started()
+    sleep_until(t1 + 6.0)
+    stopped = cluster_rig.stop()
+    msgs = cluster_rig.dispatched()
+    assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.3))
+    assert_claims_name_the_messages(cluster_rig, msgs)
+    assert not first.errors() and not second.errors()

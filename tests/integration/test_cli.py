@@ -60,11 +60,20 @@ def app(redis_nodes3):
 # -- nodes ---------------------------------------------------------------------
 
 
-def test_nodes_all_up(app, redis_nodes3):
-    result = invoke(app, "nodes")
+@pytest.fixture
+def any_app(nodes3):
+    """The app on three plain masters, or on three Redis Clusters."""
+    return cli_app.make_app(nodes3.urls)
+
+
+def test_nodes_all_up(any_app, nodes3):
+    result = invoke(any_app, "nodes")
     assert result.exit_code == 0, result.output
-    for url in redis_nodes3.urls:
+    for url in nodes3.urls:
         assert url in result.output
+    for cluster in getattr(nodes3, "clusters", ()):  # every shard master has a row
+        for master in cluster.masters:
+            assert f"{cluster.url} shard {master.host}:{master.port}" in result.output
     assert "noeviction" in result.output
     assert "UNSAFE" not in result.output
     assert "Quorum: reachable (3 of 3 nodes answered, 2 needed)" in result.output
@@ -134,6 +143,20 @@ def test_nodes_weighs_a_primarys_replicas_against_min_replicas():
     assert short in out[2].output
     assert f"note    {primary.url}: 1 replica and redlock_min_replicas 0" in out[0].output
     assert "redlock_min_replicas" not in out[1].output  # enough: nothing to say
+
+
+def test_nodes_weighs_each_shards_replicas_against_min_replicas(redis_cluster_factory):
+    cluster = redis_cluster_factory(3, replicas=1)
+    out = {
+        n: invoke(cli_app.make_app([cluster.url], redlock_min_replicas=n), "nodes") for n in (1, 2)
+    }
+    assert all(result.exit_code == 0 for result in out.values()), out
+    assert "ONE node, so the locks are only as safe as this one Redis Cluster" in out[1].output
+    assert "redlock_min_replicas" not in out[1].output  # every shard has its one replica
+    short = [line for line in out[2].output.splitlines() if line.startswith("WARNING")]
+    assert len(short) == 1 and "1 replica connected, redlock_min_replicas is 2" in short[0]
+    for master in cluster.masters:  # each shard weighed on its own
+        assert f"{cluster.url} shard {master.host}:{master.port}" in short[0]
 
 
 # -- status --------------------------------------------------------------------
@@ -237,11 +260,12 @@ def test_arguments_that_do_not_fit_are_a_clear_error(app):
 # -- list ----------------------------------------------------------------------
 
 
-def test_list_finds_held_locks(app, redis_nodes3):
+def test_list_finds_held_locks(any_app, nodes3):
+    app = any_app
     first = hold(app, 7, "task-aaa")
     second = hold(app, 8, "task-bbb")
     # A key on one node only is shown, but not held by a quorum.
-    with redis_nodes3[0].client() as client:
+    with nodes3[0].client() as client:
         client.set("redlock:lock:{stray}", "task-ccc|0|h|1|r", px=60000)
 
     result = invoke(app, "list")

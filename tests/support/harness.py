@@ -27,7 +27,7 @@ import redis
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from celery_redlock.testing import RedisNode, RedisNodes
+from celery_redlock.testing import RedisClusters, RedisNode, RedisNodes
 from tests.support.lockapp import app_from_env, read_records
 from tests.support.polling import wait_for  # noqa: F401 - the tests import it from here
 
@@ -269,7 +269,7 @@ class Topology:
     """
 
     hub: RedisNode
-    quorum: RedisNodes
+    quorum: RedisNodes | RedisClusters
     prefix: str
     apps: list[Celery] = field(default_factory=list)
 
@@ -342,10 +342,11 @@ class Topology:
         self.hub.close()
 
 
-def make_topology(prefix: str) -> Topology:
+def make_topology(prefix: str, clusters: bool = False) -> Topology:
+    """The hub and three lock nodes: masters, or Redis Clusters of three masters each."""
     hub = RedisNode()
     try:
-        quorum = RedisNodes(3)
+        quorum = RedisClusters(3, masters=3) if clusters else RedisNodes(3)
     except BaseException:
         hub.close()
         raise

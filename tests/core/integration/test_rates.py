@@ -58,8 +58,8 @@ def book(rl: Redlock, name: str, rate, n: int, threads: int = 4, **kw) -> list[f
     return out
 
 
-def test_concurrent_reservations_get_distinct_instants_spaced_by_the_rate(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+def test_concurrent_reservations_get_distinct_instants_spaced_by_the_rate(nodes3):
+    rl = Redlock(nodes3.urls, node_timeout=0.5)
     instants = book(rl, "api", "10/s", 80)
     assert len(instants) == 80
     ordered = sorted(instants)
@@ -71,8 +71,8 @@ def test_concurrent_reservations_get_distinct_instants_spaced_by_the_rate(redis_
     assert ordered[-1] - ordered[0] < 8.0 + 2.0, ordered[-1] - ordered[0]
 
 
-def test_two_windows_both_hold(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+def test_two_windows_both_hold(nodes3):
+    rl = Redlock(nodes3.urls, node_timeout=0.5)
     instants = book(rl, "two", ("5/s", "20/10s"), 40)
     assert most_in_window(instants, 1.0) <= 5
     assert most_in_window(instants, 10.0) <= 20
@@ -80,8 +80,8 @@ def test_two_windows_both_hold(redis_nodes3):
     assert max(instants) - min(instants) >= 10.0
 
 
-def test_burst_then_spacing(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+def test_burst_then_spacing(nodes3):
+    rl = Redlock(nodes3.urls, node_timeout=0.5)
     slots = [rl.rate("bursty", "10/s", burst=3) for _ in range(6)]
     assert [s.now for s in slots[:3]] == [True, True, True]
     assert not slots[3].now

@@ -22,9 +22,12 @@ pytestmark = pytest.mark.integration
 NAME = "job"
 
 
-@pytest.fixture(params=[3, 5], ids=["3nodes", "5nodes"])
+@pytest.fixture(
+    params=["redis_nodes3", "redis_nodes5", "redis_clusters3"],
+    ids=["3nodes", "5nodes", "3clusters"],
+)
 def nodes(request):
-    return request.getfixturevalue(f"redis_nodes{request.param}")
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

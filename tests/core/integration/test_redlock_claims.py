@@ -20,10 +20,10 @@ NAME = "report:{abc}"
 
 
 @pytest.fixture
-def rl(redis_nodes3):
-    client = Redlock(redis_nodes3.urls, key_prefix="crl-claims")
+def rl(nodes3):
+    client = Redlock(nodes3.urls, key_prefix="crl-claims")
     yield client
-    for node in redis_nodes3:
+    for node in nodes3:
         with node.client() as c:
             for key in c.scan_iter("crl-claims:*"):
                 c.delete(key)
@@ -45,32 +45,32 @@ def test_keys_share_the_lock_keys_hash_slot(rl):
     assert rl.claim_key("plain") == "crl-claims:claim:{plain}"
 
 
-def test_claim_is_taken_kept_and_renewed(rl, redis_nodes3):
+def test_claim_is_taken_kept_and_renewed(rl, nodes3):
     first = rl.claim_next(NAME, "t1", ttl=30)
     assert first == Claim("t1", 30, None, False)
-    assert values(redis_nodes3, rl.claim_key(NAME)) == ["t1"] * 3
+    assert values(nodes3, rl.claim_key(NAME)) == ["t1"] * 3
 
     other = rl.claim_next(NAME, "t2", ttl=30)
     assert other.claimant == "t1" and 25 < other.remaining <= 30
 
     again = rl.claim_next(NAME, "t1", ttl=60)
     assert again.claimant == "t1" and again.renewed
-    with redis_nodes3[0].client() as c:
+    with nodes3[0].client() as c:
         assert c.pttl(rl.claim_key(NAME)) > 55_000  # raised to the longer TTL
     rl.claim_next(NAME, "t1", ttl=5)
-    with redis_nodes3[0].client() as c:
+    with nodes3[0].client() as c:
         assert c.pttl(rl.claim_key(NAME)) > 55_000  # never lowered
     assert rl.claimant(NAME).claimant == "t1"
 
 
-def test_replace_takes_the_claim_over_and_names_the_previous(rl, redis_nodes3):
+def test_replace_takes_the_claim_over_and_names_the_previous(rl, nodes3):
     rl.claim_next(NAME, "t1", ttl=30)
     taken = rl.claim_next(NAME, "t2", ttl=30, replace=True)
     assert taken.claimant == "t2" and taken.previous == "t1"
-    assert values(redis_nodes3, rl.claim_key(NAME)) == ["t2"] * 3
+    assert values(nodes3, rl.claim_key(NAME)) == ["t2"] * 3
 
 
-def test_withdraw_is_owner_checked(rl, redis_nodes3):
+def test_withdraw_is_owner_checked(rl, nodes3):
     rl.claim_next(NAME, "t1", ttl=30)
     assert rl.withdraw_claim(NAME, "t2") == 0
     assert rl.claimant(NAME).claimant == "t1"
@@ -78,15 +78,15 @@ def test_withdraw_is_owner_checked(rl, redis_nodes3):
     assert rl.claimant(NAME) == Claim(None, None)
 
 
-def test_a_claim_short_of_a_quorum_is_withdrawn(rl, redis_nodes3):
+def test_a_claim_short_of_a_quorum_is_withdrawn(rl, nodes3):
     # Two other claimants already hold one node each: t3 wins only one node.
-    with redis_nodes3[0].client() as c:
+    with nodes3[0].client() as c:
         c.set(rl.claim_key(NAME), "t1", px=30_000)
-    with redis_nodes3[1].client() as c:
+    with nodes3[1].client() as c:
         c.set(rl.claim_key(NAME), "t2", px=30_000)
     split = rl.claim_next(NAME, "t3", ttl=30)
     assert split == Claim(None, None)  # no quorum agrees: the caller tries again
-    assert values(redis_nodes3, rl.claim_key(NAME)) == ["t1", "t2", None]
+    assert values(nodes3, rl.claim_key(NAME)) == ["t1", "t2", None]
 
 
 def test_concurrent_claims_elect_one_claimant(rl):
@@ -109,11 +109,11 @@ def test_concurrent_claims_elect_one_claimant(rl):
     assert len(winners) == 8 and len(set(winners)) == 1
 
 
-def test_acquire_honours_the_claim(rl, redis_nodes3):
+def test_acquire_honours_the_claim(rl, nodes3):
     rl.claim_next(NAME, "t1", ttl=30)
     other = rl.try_acquire(NAME, ttl=10, owner=make_owner("t2"), task_id="t2", claim="check")
     assert isinstance(other, Claim) and other.claimant == "t1"
-    assert values(redis_nodes3, rl.keys(NAME)[0]) == [None] * 3  # nothing left held
+    assert values(nodes3, rl.keys(NAME)[0]) == [None] * 3  # nothing left held
 
     # Without claim=, the claim is not looked at (a plain lock).
     plain = rl.try_acquire(NAME, ttl=10, owner=make_owner("t2"))
@@ -124,13 +124,13 @@ def test_acquire_honours_the_claim(rl, redis_nodes3):
     assert isinstance(kept, Lease)
     assert rl.claimant(NAME).claimant == "t1"  # "check" keeps it
     rl.release(kept, withdraw_claim=True)
-    assert values(redis_nodes3, rl.claim_key(NAME)) == [None] * 3
+    assert values(nodes3, rl.claim_key(NAME)) == [None] * 3
 
     rl.claim_next(NAME, "t1", ttl=30)
     taken = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take")
     assert isinstance(taken, Lease)
     # "take" withdraws it, leaving the mark of a started run for the rest of its TTL
-    assert values(redis_nodes3, rl.claim_key(NAME)) == ["~t1"] * 3
+    assert values(nodes3, rl.claim_key(NAME)) == ["~t1"] * 3
     assert rl.claimant(NAME) == Claim(None, None)
     rl.release(taken)
 
@@ -177,30 +177,30 @@ def test_a_holder_carries_the_claimant_seen_beside_it(rl):
     rl.release(running)
 
 
-def test_receipt_written_on_release_and_read_on_acquire(rl, redis_nodes3):
+def test_receipt_written_on_release_and_read_on_acquire(rl, nodes3):
     lease = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", receipts=True)
     assert isinstance(lease, Lease) and lease.task_id == "t1"
     rl.release(lease, receipt=60)
     receipt = rl.receipt_key(NAME, "t1")
-    assert values(redis_nodes3, receipt) == ["1"] * 3
-    with redis_nodes3[0].client() as c:
+    assert values(nodes3, receipt) == ["1"] * 3
+    with nodes3[0].client() as c:
         assert 55_000 < c.pttl(receipt) <= 60_000
 
     copy = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", receipts=True)
     assert copy == Finished("t1")
-    assert values(redis_nodes3, rl.keys(NAME)[0]) == [None] * 3
+    assert values(nodes3, rl.keys(NAME)[0]) == [None] * 3
 
     fresh = rl.try_acquire(NAME, ttl=10, owner=make_owner("t2"), task_id="t2", receipts=True)
     assert isinstance(fresh, Lease)
     rl.release(fresh)
 
 
-def test_one_node_with_the_receipt_is_enough(rl, redis_nodes3):
-    with redis_nodes3[2].client() as c:
+def test_one_node_with_the_receipt_is_enough(rl, nodes3):
+    with nodes3[2].client() as c:
         c.set(rl.receipt_key(NAME, "t1"), "1", px=60_000)
     copy = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", receipts=True)
     assert copy == Finished("t1")
-    assert values(redis_nodes3, rl.keys(NAME)[0]) == [None] * 3
+    assert values(nodes3, rl.keys(NAME)[0]) == [None] * 3
 
 
 def test_claims_need_a_quorum(redis_node_factory):
