@@ -141,8 +141,9 @@ def build_plan(task_cls: Any, app: Any) -> LockPlan:
         )
         if settings.nodes is not None:
             redlock = plan.redlock  # bad node URLs fail at bind
-            if plan.also:  # a Redis Cluster node cannot hold names together across slots
-                check_together(redlock.nodes, [n for n, _ in plan.also], "lock_also")
+            if plan.also or plan.also_rates:  # a Redis Cluster node: one call, one slot
+                together = [n for n, _ in plan.also] + [n for n, _ in plan.also_rates]
+                check_together(redlock.nodes, together, "lock_also")
         return plan
 
 

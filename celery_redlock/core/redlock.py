@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, overload
 
 from . import settings
 from .claims import Claims
+from .cluster import check_together
 from .exceptions import ConfigurationError, LockContended, LockNotAcquired
 from .fencing import Fencing
 from .inspect import Inspection
@@ -300,6 +301,7 @@ class Redlock:
         owner = owner or make_owner()
         rated = None
         if rates:
+            check_together(self._quorum.nodes, [name, *(k.key for k in rates)], "rates")
             if self._rates.unsure and not booked:
                 # the last rated round fell short of a quorum: book on its own
                 # (after a read of the nodes), then take the lock

@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 
 from celery_redlock import LockedTask, Redlock
-from celery_redlock.testing import RedisClusters, RedisNodes
+from celery_redlock.testing import RedisCluster, RedisClusters, RedisNodes
 from celery_redlock.web import make_app, server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -195,26 +195,44 @@ def test_a_holder_that_is_not_renewed_turns_suspect(celery_app, redlock, serve):
     redlock.release(lease)
 
 
+def take_down(node: Any) -> None:
+    """A lock node down: a plain master stopped, every server of a cluster paused."""
+    if isinstance(node, RedisCluster):
+        for server in node.servers:
+            server.pause()
+    else:
+        node.stop()
+
+
+def bring_back(node: Any) -> None:
+    if isinstance(node, RedisCluster):
+        for server in node.servers:
+            server.resume()
+    else:
+        node.start()
+
+
 def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, redlock, serve):
-    if isinstance(nodes, RedisClusters):
-        pytest.skip("stops whole lock servers: a node of plain masters")
     lease = redlock.acquire("web.settle:{down}", ttl=30)
     site = serve(make_app(celery_app))
-    nodes[2].stop()
+    take_down(nodes[2])
     try:
         status, state = site.call("/api/state")
         group = state["groups"][0]
-        assert status == 200 and [n["up"] for n in group["nodes"]] == [True, True, False]
+        # a row per node, or per shard of a cluster ("<url> shard <host:port>")
+        rows = [(n["node"].split(" shard ")[0], n["up"]) for n in group["nodes"]]
+        assert status == 200 and {url for url, _ in rows} == set(nodes.urls)
+        assert all(up == (url != nodes.urls[2]) for url, up in rows), rows
         assert group["error"] is None and group["answered"] == 2
         (row,) = group["families"]["lock"]["rows"]
         assert row["owner"] == lease.owner and row["votes"] == 2
-        nodes[1].stop()
+        take_down(nodes[1])
         status, state = site.call("/api/state")
         group = state["groups"][0]
         assert status == 200 and "only 1 of 3 Redis nodes answered" in group["error"]
     finally:
-        nodes[1].start()
-        nodes[2].start()
+        bring_back(nodes[1])
+        bring_back(nodes[2])
     redlock.release(lease)
 
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from celery_redlock.core import (
+    ConfigurationError,
     Holder,
     Lease,
     QuorumUnavailable,
@@ -244,37 +245,38 @@ def test_a_rated_start_due_now_is_one_acquire_round(redis_nodes3, monkeypatch):
         sent.clear()
 
 
-def test_rated_starts_are_spaced_and_recorded(redis_nodes3):
+def test_rated_starts_are_spaced_and_recorded(nodes3):
     """Starts booked for later hold nothing and record nothing; the ones that run are
-    recorded once each, on every node that granted them."""
-    rl = Redlock(redis_nodes3.urls)
-    api = rated_key(rl, "api-rec", "5/s")
-    results = [rl.try_acquire(f"rec-{i}", ttl=5, rates=[api]) for i in range(4)]
+    recorded once each, on every node that granted them. (A rate on a Redis Cluster
+    node shares the locks' hash tag: one call takes keys of one slot.)"""
+    rl = Redlock(nodes3.urls)
+    api = rated_key(rl, "{rec}:api", "5/s")
+    results = [rl.try_acquire(f"{{rec}}:{i}", ttl=5, rates=[api]) for i in range(4)]
     assert isinstance(results[0], Lease)
     later = results[1:]
     assert all(isinstance(r, RateSlot) and r.reserved for r in later)
     assert [round(r.wait, 1) for r in later] == [0.2, 0.4, 0.6]
-    for node in redis_nodes3:
+    for node in nodes3:
         c = node.client()
         assert c.zrange(api.starts, 0, -1) == [results[0].owner]
-        assert not [k for k in c.keys("*lock:{rec-*") if k != results[0].key]
+        assert not [k for k in c.keys("*lock:{rec}:*") if k != results[0].key]
     # the first later start comes back at its instant: the round only records it
     time.sleep(max(0.0, later[0].start_at - time.time()))
-    lease = rl.try_acquire("rec-1", ttl=5, rates=[api], booked=True)
+    lease = rl.try_acquire("{rec}:1", ttl=5, rates=[api], booked=True)
     assert isinstance(lease, Lease)
-    assert redis_nodes3[0].client().zcard(api.starts) == 2
+    assert nodes3[0].client().zcard(api.starts) == 2
     rl.release(lease)
     rl.release(results[0])
 
 
-def test_a_contended_start_books_nothing(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls)
-    api = rated_key(rl, "api-busy", "1/s")
+def test_a_contended_start_books_nothing(nodes3):
+    rl = Redlock(nodes3.urls)
+    api = rated_key(rl, "{busy}:api", "1/s")
     held = rl.try_acquire("busy", ttl=5)
     assert isinstance(held, Lease)
     for _ in range(3):
         assert isinstance(rl.try_acquire("busy", ttl=5, rates=[api]), Holder)
-    for node in redis_nodes3:
+    for node in nodes3:
         assert node.client().exists(api.key, api.starts) == 0
     rl.release(held)
     lease = rl.try_acquire("busy", ttl=5, rates=[api])
@@ -282,14 +284,14 @@ def test_a_contended_start_books_nothing(redis_nodes3):
     rl.release(lease)
 
 
-def test_a_rated_permit_books_in_its_round(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls)
-    api = rated_key(rl, "api-permit", "2/s")
+def test_a_rated_permit_books_in_its_round(nodes3):
+    rl = Redlock(nodes3.urls)
+    api = rated_key(rl, "{pool}:api", "2/s")
     first = rl.try_acquire("pool", ttl=5, limit=3, rates=[api])
     second = rl.try_acquire("pool", ttl=5, limit=3, rates=[api])
     assert isinstance(first, Lease) and isinstance(second, RateSlot)
     assert round(second.wait, 1) == 0.5
-    for node in redis_nodes3:  # the later start holds no permit
+    for node in nodes3:  # the later start holds no permit
         assert node.client().keys("*permit:{pool}*") == []
     rl.release(first)
 
@@ -311,3 +313,9 @@ def test_a_rated_round_short_of_a_quorum_books_nothing(redis_nodes3):
     lease = rl.try_acquire("out", ttl=5, rates=[api])  # a read of the nodes, then booked
     assert isinstance(lease, Lease)  # at once: the attempts in the outage booked nothing
     rl.release(lease)
+
+
+def test_a_rate_on_another_slot_is_refused_on_a_cluster(redis_clusters3):
+    rl = Redlock(redis_clusters3.urls)
+    with pytest.raises(ConfigurationError, match="rates: .*different hash slots"):
+        rl.try_acquire("order-7", ttl=5, rates=[rated_key(rl, "payment-api", "10/s")])
