@@ -274,21 +274,21 @@ class Leases:
         if rated is None:
             replies = q.run(scripts.ACQUIRE, keys, args)
         else:
-            replies = rated.run(scripts.ACQUIRE_RATED, keys, args, owner)
+            replies = rated.run(scripts.ACQUIRE_RATED, keys, args, owner, (key,))
         stop = stopped_early(replies, task_id, q.needed)
         if stop is not None:
             self._let_go(key, owner, rated, replies)
             return stop
         granted = [i for i, r in enumerate(replies) if isinstance(r, list) and r[0] == 1]
         expires = q.expires(start, ttl)
+        if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
+            booked = rated.settle()
+            if not booked.due:  # booked for later (or the bookings split): hold nothing now
+                rated.unstart([key], owner)
+                return booked
+            if booked.wait > 0:
+                q.sleep(booked.wait)
         if len(granted) >= q.needed and q.clock() < expires:
-            if rated is not None:
-                booked = rated.settle()
-                if not booked.due:  # booked for later (or the bookings split): hold nothing now
-                    rated.unstart([key], owner)
-                    return booked
-                if booked.wait > 0:
-                    q.sleep(booked.wait)
             lease = self._lease(name, key, fence_key, owner, ttl, expires, fence, granted, replies)
             if lease is not None:
                 return lease

@@ -173,7 +173,7 @@ class Permits:
             if rated is None:
                 replies = q.run(scripts.ACQUIRE_PERMIT, keys, args)
             else:
-                replies = rated.run(scripts.ACQUIRE_PERMIT_RATED, keys, args, owner)
+                replies = rated.run(scripts.ACQUIRE_PERMIT_RATED, keys, args, owner, every)
             stop = stopped_early(replies, task_id, q.needed)
             if stop is not None:
                 self._let_go(every, owner, rated, replies)
@@ -181,14 +181,14 @@ class Permits:
             ok = [r if isinstance(r, list) and r[0] == 1 else None for r in replies]
             chosen = [_most_granted(ok, g) for g in range(len(names))]
             expires = q.expires(start, ttl)
+            if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
+                booked = rated.settle()
+                if not booked.due:  # booked for later (or the bookings split)
+                    rated.unstart(every, owner)
+                    return booked
+                if booked.wait > 0:
+                    q.sleep(booked.wait)
             if all(len(at) >= q.needed for _, at in chosen) and q.clock() < expires:
-                if rated is not None:
-                    booked = rated.settle()
-                    if not booked.due:  # booked for later (or the bookings split)
-                        rated.unstart(every, owner)
-                        return booked
-                    if booked.wait > 0:
-                        q.sleep(booked.wait)
                 lease = self._grant(names, groups, fences, chosen, ok, owner, ttl, expires)
                 if lease is not None:
                     return lease

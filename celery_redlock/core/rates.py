@@ -109,6 +109,8 @@ logger = logging.getLogger("celery_redlock.redlock")
 ROUNDS = 5
 #: A booked instant at most this many seconds ahead is due now: a rated grant sleeps it out.
 NEAR = 0.005
+#: The reply of a rated acquire whose grant was booked for later and let go.
+LATER = 7
 #: The most starts a key's sorted set of recorded starts keeps.
 MAX_STARTS = 10_000
 #: Longest pause, in seconds, before a reservation asks again after a split.
@@ -157,11 +159,13 @@ class RatedRound:
 
     The lease, plain or permits, sends its acquire through :meth:`run`
     (:func:`.scripts.rates.rated`: a grant books the start in the same call, a
-    contended start books nothing; each grant's booking is popped off its
-    reply), and then, granted on a quorum, asks :meth:`settle` for
-    the slot: due now, the lease stands; later, it frees what it holds and the
-    start it recorded (:meth:`unstart`) and returns the slot, whose booking
-    stands. A round that grants on no quorum takes its bookings back
+    contended start books nothing; a node where the booked instant is not due
+    lets the key go at once and answers {7}; each grant's booking is popped off
+    its reply), and then, the keys found free on a quorum, asks :meth:`settle`
+    for the slot: due now, the lease stands; later, it frees what it still
+    holds and the start it recorded (:meth:`unstart`) and returns the slot,
+    whose booking stands. So a start booked for later stands in no due start's
+    way. A round that finds the keys free on no quorum takes its bookings back
     (:meth:`abandon`). So a rated start that is due costs the acquire's one
     round (a second only when concurrent bookings left the nodes disagreeing).
     """
@@ -181,10 +185,17 @@ class RatedRound:
         self.unconfirmed: list[tuple[int, Any]] = []
 
     def run(
-        self, script: scripts.Script, keys: Sequence[str], args: Sequence[Any], owner: str
+        self,
+        script: scripts.Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        owner: str,
+        held: Sequence[str],
     ) -> list[Any]:
-        """The rated ``script`` around an acquire's own keys and args, on every node: the
-        acquire's replies, each grant's booking popped off into :attr:`answers`."""
+        """The rated ``script`` around an acquire's own keys and args (``held``: those
+        of its keys a grant sets to ``owner``), on every node: the acquire's replies,
+        {7} where the grant was booked for later and let go, each grant's booking
+        popped off into :attr:`answers`."""
         self.now = now = _epoch_ms()
         rated = self.keys
         longest = max(w.period for k in rated for w in k.windows)
@@ -196,6 +207,7 @@ class RatedRound:
             str(_ms(longest)),
             str(min(MAX_STARTS, 2 * most)),
             owner,
+            " ".join(str(i + 1) for i, key in enumerate(keys) if key in held),
             str(len(rated)),
         ]
         if not self.booked:
@@ -206,14 +218,18 @@ class RatedRound:
             into = self.answers
             if isinstance(reply, NotReplicated):
                 reply, into = reply.reply, self.unconfirmed
-            if isinstance(reply, list) and reply and reply[0] == 1:
+            if isinstance(reply, list) and reply and reply[0] in (1, LATER):
                 booking = reply.pop()
                 if booking:
                     into.append((i, booking))
         return replies
 
+    def free(self, replies: Sequence[Any]) -> int:
+        """How many nodes found the keys free: granted, or booked for later."""
+        return sum(1 for r in replies if isinstance(r, list) and r and r[0] in (1, LATER))
+
     def settle(self) -> RateSlot:
-        """The start's slot once the acquire was granted on a quorum."""
+        """The start's slot once the keys were found free on a quorum."""
         if self.booked:
             return RateSlot(self.now / 1000.0, 0.0)
         return self.rates.settle(self.keys, self.now, self.answers)

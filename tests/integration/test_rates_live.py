@@ -22,6 +22,11 @@ from tests.support.harness import Topology, WorkerHandle, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
+#: Seconds a run of starts may take beyond count / rate: deliveries that come
+#: later than their grace re-book, each one interval further on (a saturated host).
+LATE = 2.5
+
+
 def most_in_window(instants: list[float], period: float) -> int:
     ordered = sorted(instants)
     best, j = 0, 0
@@ -101,8 +106,10 @@ def test_ten_per_second_across_two_workers(two_workers: WorkerHandle, topology: 
     assert len(got) == 200
     assert_rate(got, 10, 1.0)
     # the limit is used: 200 starts at 10/s take about 20 s from the first
-    # (measured 20.4 to 20.7 s on a loaded host; a late delivery re-books a slot)
-    assert max(got) - min(got) <= 200 / 10 + 1.5, max(got) - min(got)
+    # (measured 20.4 to 20.7 s on a loaded host, up to 22 s with both cores kept
+    # busy beside the run: a delivery later than its grace, 50 ms here, re-books
+    # at the end of the schedule; wasting the limit would take far longer)
+    assert max(got) - min(got) <= 200 / 10 + LATE, max(got) - min(got)
     assert min(got) - began < 5.0
     probes = {r["id"]: r["start"] for r in two_workers.records(probe_run, "start")}
     wait_for(lambda: len(two_workers.records(probe_run, "start")) == 10, 10, "probes")
@@ -199,6 +206,6 @@ def test_a_minority_killed_mid_run_changes_nothing(two_workers: WorkerHandle, to
         topology.quorum.heal()
     assert len(got) == 60
     assert_rate(got, 10, 1.0)
-    assert max(got) - min(got) <= 60 / 10 + 1.5, max(got) - min(got)
+    assert max(got) - min(got) <= 60 / 10 + LATE, max(got) - min(got)
     time.sleep(0.5)
     assert len(two_workers.records(run, "start")) == 60  # nothing ran twice

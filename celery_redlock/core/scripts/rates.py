@@ -116,11 +116,16 @@ def rated(acquire: Script) -> Script:
     booked before: record it only), the client's clock in ms, the instant up
     to which a booking counts as due now (ms), how long starts are kept (ms,
     the longest period), how many are kept at most, the member recording this
-    start (the owner value), r, then (mode 'b') RATE's args for phase 1.
-    A grant books the start (a contended start books nothing) and, where this
-    node's instant is due, records it in each sorted set of starts (score: the
-    client's clock); its reply is the acquire's with the booking appended
-    (RATE's phase-1 reply, or false in mode 'r'). Any other reply is the acquire's.
+    start (the owner value), the positions among the acquire's keys of the
+    keys a grant sets to the owner value (separated by spaces), r, then
+    (mode 'b') RATE's args for phase 1.
+    A grant books the start (a contended start books nothing). Where this
+    node's instant is due, it records the start in each sorted set of starts
+    (score: the client's clock) and its reply is the acquire's; where it is
+    not, it lets go of the keys it set (a start booked for later holds nothing,
+    so it stands in no due start's way) and its reply is {7}. Either way the
+    booking is appended (RATE's phase-1 reply, or false in mode 'r'). Any
+    other reply is the acquire's.
     """
     return Script(
         f"{acquire.name}_rated",
@@ -140,16 +145,22 @@ if reply[1] ~= 1 then return reply end
 local o = 3 + nv
 local mode, now, due = ARGV[o], tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2])
 local keep, cap = tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
-local member, nr = ARGV[o + 5], tonumber(ARGV[o + 6])
+local member, held, nr = ARGV[o + 5], ARGV[o + 6], tonumber(ARGV[o + 7])
 local booking, at = false, now
 if mode == 'b' then
   local rkeys, rargs = {{}}, {{}}
   for i = 1, nr do rkeys[i] = KEYS[na + i] end
-  for i = o + 7, #ARGV do rargs[#rargs + 1] = ARGV[i] end
+  for i = o + 8, #ARGV do rargs[#rargs + 1] = ARGV[i] end
   booking = book(rkeys, rargs)
   at = tonumber(booking[2])
 end
-if at <= due then
+if at > due then
+  for pos in string.gmatch(held, '%d+') do
+    local key = akeys[tonumber(pos)]
+    if redis.call('GET', key) == member then redis.call('DEL', key) end
+  end
+  reply = {{7}}
+else
   for i = 1, nr do
     local starts = KEYS[na + nr + i]
     redis.call('ZADD', starts, now, member)
