@@ -303,12 +303,18 @@ def test_two_beats_started_apart_send_every_slot_once(rig):
     if t0 + 0.5 < boundary < stopped - 1.0:
         assert cron == {str(boundary): 1}
     # Both beats were live, and each says "Sending due task" only for what it sent:
-    # a beat that lost a slot says it skipped it, and which beat sent it.
+    # a beat that lost a slot says it skipped it, and which beat sent it. Which
+    # beat wins is a race: the later one, whose interval entries come due a
+    # fraction of a second after the first's, may lose every slot.
     senders = Counter(values[0].rsplit("|", 1)[1] for values in rig.claims(msgs).values())
+    skips = 0
     for beat, other in ((first, second), (second, first)):
-        assert beat.log.count("Scheduler: Sending due task") == senders[str(beat.pid)] > 0
+        assert beat.log.count("Scheduler: Sending due task") == senders[str(beat.pid)]
         skipped = [line for line in beat.log.splitlines() if "beat: skipped slot" in line]
-        assert skipped and all(f" pid {other.pid} (task " in line for line in skipped), skipped
+        assert all(f" pid {other.pid} (task " in line for line in skipped), skipped
+        assert senders[str(beat.pid)] + len(skipped) >= 5, f"beat {beat.pid} took no part"
+        skips += len(skipped)
+    assert skips > 0
     assert_claims_name_the_messages(rig, msgs)
     assert not first.errors() and not second.errors()
     print(
