@@ -165,8 +165,8 @@ def _attempt(
     instant; during an outage it waits for a quorum, never starting unbooked."""
     rated = rates.start(task, plan, name, request, booked_at) if rates.applies(plan) else None
     try:
-        # A body that takes the token gets it written before it runs; any other
-        # lease writes it on the first read of lease.fencing_token, if ever.
+        # A body that takes the token gets it issued before it runs; any other
+        # lease has it issued on the first read of lease.fencing_token, if ever.
         result = plan.redlock.try_acquire(
             name,
             ttl=plan.settings.ttl,

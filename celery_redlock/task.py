@@ -29,11 +29,12 @@ How it works, per execution, on the worker:
    :func:`current_lease` in an unbound task), and its fencing token as the
    ``fencing_token`` keyword when ``run`` declares that parameter with a
    default. The token is never written into ``request.kwargs`` or a retry
-   message. Usually the acquire itself yields it; when the nodes disagree it
-   must be written back in a second round, which waits for the first read
-   of ``request.redlock.fencing_token`` if ``run`` does not declare it
-   (then cached; that read raises :class:`~celery_redlock.exceptions.LockLost`
-   if the lease is gone by then).
+   message. Usually the acquire itself yields it (a second round only when
+   the nodes disagree). If ``run`` does not declare it, the acquire moves no
+   fence value and the token is issued on the first read of
+   ``request.redlock.fencing_token`` (one round, then cached; that read
+   raises :class:`~celery_redlock.exceptions.LockLost` if the lease is gone
+   by then), so a body that never reads it pays nothing for it.
    With ``lock_limit=K`` the lease is one of K permits of the key
    (``self.request.redlock.permit``), with a lease, heartbeat and release of
    its own; with ``lock_also`` the named limits' leases are

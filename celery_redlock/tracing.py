@@ -71,7 +71,7 @@ def _attrs(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def known_token(lease: Any) -> int | None:
-    """The lease's fencing token if already known, without the write-back a first read
+    """The lease's fencing token if already known, without the round a first read
     of a lazy lease's ``fencing_token`` costs (tracing must not add a round trip)."""
     if getattr(lease, "_pending", None):
         return None

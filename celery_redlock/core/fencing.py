@@ -40,34 +40,33 @@ between the seed and the reseed.
 Lazy fencing
 ------------
 
-``try_acquire(..., fence=False)`` grants the lease after phase 1 alone even
-when phase 2 is due, and keeps the granting nodes and the candidate token.
-Phase 2 runs on the first read of :attr:`Lease.fencing_token` instead, with
-the same checks (owner on each node, only if larger, a quorum within
-validity); if it falls short the lease is marked lost and the read raises
-:class:`LockLost`. This is as monotonic as the eager path:
+``try_acquire(..., fence=False)`` grants the lease with no fence at all: its
+phase 1 sets the key and leaves the fence values alone (the acquire of a
+lease whose token nobody reads does the least work). The first read of
+:attr:`Lease.fencing_token` issues the token in one round (``ISSUE``): on each
+granting node that still holds my owner value, the fence value is moved on (or
+seeded) exactly as a grant moves it, and returned. The token is the largest
+of those values; it is issued when a quorum returned it, else written back
+(phase 2, as above) where my key still is. Short of a quorum, or past the
+validity, the lease is marked lost and the read raises :class:`LockLost`.
+This is as monotonic as the eager path:
 
-* A token is issued only once it is on a majority, and the owner check puts
-  each of those writes inside the time my key lived on that node, however
-  late in the lease the write comes (owner values are unique per attempt:
-  :func:`make_owner`).
-* Take two grants that both issued a token. Their majorities share a node,
-  and on it the two keys' lives do not overlap: a key is set only where no
-  other owner's key is. Whichever key came first, its value on that node was
-  written before the other's phase 1 there, so the later grant read a fence
-  at least as large as the earlier token and took a larger one. A later grant
-  needs a majority where my key is already gone, so once one exists my lazy
-  write-back can no longer reach a quorum: the read raises.
-* The phase-1 candidate needs no recomputing at read time. While my key is on
-  a node, nobody else can write that node's fence value: ACQUIRE writes it
-  only where it sets its own key, and FENCE needs the writer's own key there.
-  So on every node where the late write can land, the fence value is still
-  the one my phase 1 wrote (or my own write-back), and the candidate is at
-  least that. If the node lost its data, my key went too and the write does
-  not land there.
+* Every fence value is written inside the life of the writer's own key on
+  that node: ACQUIRE only where it sets its key, ISSUE and FENCE only where
+  the node still holds the writer's owner value (owner values are unique per
+  attempt: :func:`make_owner`). On one node, the lives of two owners' keys
+  never overlap.
+* Take two grants that both issued a token. The quorums that recorded them
+  share a node, and on it the later key's write came after the earlier key
+  was gone, so it moved on a value at least as large as the earlier token:
+  the later token is strictly larger. A later grant needs a majority where my
+  key is already gone, so once one exists my lazy read can no longer reach a
+  quorum: the read raises.
+* A lazy lease whose token is never read moves no fence value: the next
+  grant's token is still larger than every token issued before it.
 
 A failed attempt (no quorum, or no validity left) leaves the fence values its
-phase 1 moved on: tokens skip a number, and never go back.
+phase 1 (or its ISSUE round) moved on: tokens skip a number, and never go back.
 
 Lua never does number arithmetic on tokens (Lua 5.1 numbers are doubles);
 tokens travel as decimal strings, compared and incremented digit-wise.
@@ -76,6 +75,7 @@ tokens travel as decimal strings, compared and incremented digit-wise.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,7 +96,7 @@ def candidate(granted: Sequence[int], replies: list[Any]) -> tuple[int, int]:
 
 
 class Fencing:
-    """Phase 2 of the fencing tokens: the write-back, eager or on the first read.
+    """Phase 2 of the fencing tokens (the write-back), and a lazy lease's token.
 
     Args:
         quorum: the nodes.
@@ -112,6 +112,32 @@ class Fencing:
         self.fence_retention = float(retention)
         #: The acquire's fence argument: the retention in ms, or empty with fencing off.
         self.arg = str(ms(self.fence_retention)) if self.fencing else ""
+
+    def issue(
+        self, granted: Sequence[int], key: str, fence_key: str, owner: str, expires: float
+    ) -> int | None:
+        """A lazy lease's token, on its first read: moved on where the granting nodes
+        still hold ``owner``, written back if they disagree; None short of a quorum."""
+        q = self.quorum
+        remaining = expires - q.clock()
+        if remaining <= 0:
+            return None
+        replies = q.run(
+            scripts.ISSUE,
+            (key, fence_key),
+            (owner, "", self.arg, time.time_ns() // 1000),
+            [q.nodes[i] for i in granted],
+            min(q.node_timeout, remaining),
+        )
+        held = [(i, int(r)) for i, r in zip(granted, replies) if isinstance(r, (bytes, str))]
+        if len(held) < q.needed:
+            logger.info("fencing token for %r: %d nodes still hold it, %d needed",
+                        key, len(held), q.needed)  # fmt: skip
+            return None
+        token = max(value for _, value in held)
+        if sum(1 for _, value in held if value == token) >= q.needed:
+            return token if q.clock() < expires else None
+        return self.write_back([i for i, _ in held], token, key, fence_key, owner, expires)
 
     def write_back(
         self,

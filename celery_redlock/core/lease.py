@@ -65,10 +65,10 @@ class Lease:
         also: the leases of the names taken together with this one (``also=``),
             released with it.
         fencing_token: strictly larger than every earlier grant's (None when
-            fencing is off). On a lazy lease (``try_acquire(..., fence=False)``)
-            whose nodes disagreed, the first read writes the token back (one
-            round trip) and raises :class:`LockLost` if that no longer lands
-            on a quorum.
+            fencing is off). A lazy lease (``try_acquire(..., fence=False)``)
+            issues it on the first read (one round trip; two when the nodes
+            disagree), which raises :class:`LockLost` if it no longer lands on
+            a quorum.
     """
 
     __slots__ = (
@@ -99,19 +99,19 @@ class Lease:
         ttl: float,
         fencing_token: int | None,
         expires: float,
-        pending: tuple[tuple[int, ...], int] | None = None,
+        pending: tuple[int, ...] | None = None,
         fencing: Fencing | None = None,
     ):
         self._redlock = redlock
-        self._fencing = fencing  # writes a lazy lease's token back
+        self._fencing = fencing  # issues a lazy lease's token
         self.name = name
         self.key = key
         self.fence_key = fence_key
         self.owner = owner
         self.ttl = ttl
         self._token = fencing_token
-        # Lazy lease: (granting node indexes, phase-1 candidate token) until the
-        # first read of fencing_token writes the token back.
+        # Lazy lease: the granting node indexes, until the first read of
+        # fencing_token issues the token there.
         self._pending = pending
         self._fence_lock = threading.Lock() if pending else None
         self._expires = expires
@@ -124,31 +124,30 @@ class Lease:
 
     @property
     def fencing_token(self) -> int | None:
-        """The fencing token; on a lazy lease the first read writes it back (may raise LockLost)."""
+        """The fencing token; on a lazy lease the first read issues it (may raise LockLost)."""
         token = self._token
         if token is not None or self._pending is None:
             return token
         assert self._fence_lock is not None
-        with self._fence_lock:  # concurrent first reads write it once
+        with self._fence_lock:  # concurrent first reads issue it once
             if self._token is None:
-                self._token = self._write_lazy()
+                self._token = self._issue()
                 self._pending = None
             return self._token
 
-    def _write_lazy(self) -> int:
-        """Phase 2 of a lazy lease, on the first read of its token (see :mod:`.fencing`)."""
+    def _issue(self) -> int:
+        """A lazy lease's token, on its first read (see :mod:`.fencing`)."""
         assert self._pending is not None and self._fencing is not None
-        granted, token = self._pending
         written = None
         if not self.lost:
-            written = self._fencing.write_back(
-                granted, token, self.key, self.fence_key, self.owner, self._expires
+            written = self._fencing.issue(
+                self._pending, self.key, self.fence_key, self.owner, self._expires
             )
         # A heartbeat may have marked it lost meanwhile, or shortened it: check again.
         if written is None or self.lost:
             self.mark_lost()
             raise LockLost(
-                f"lock {self.name!r} is no longer held: its fencing token could not be written",
+                f"lock {self.name!r} is no longer held: its fencing token could not be issued",
                 self.name,
             )
         return written
@@ -261,7 +260,9 @@ class Leases:
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
         keys: tuple[str, ...] = (key, fence_key)
-        args: tuple[Any, ...] = (owner, ms(ttl), self.fencing.arg, time.time_ns() // 1000)
+        # A lazy lease moves no fence value: its token is issued on the first read.
+        fencing = self.fencing.arg if fence else ""
+        args: tuple[Any, ...] = (owner, ms(ttl), fencing, time.time_ns() // 1000)
         if task_id is not None and (receipts or claim or throttle):
             flags = gate_flags(receipts, claim, own_claim)
             keys += (space.receipt_key(name, task_id), space.claim_key(name))
@@ -321,14 +322,14 @@ class Leases:
         the token could not be written on a quorum within validity."""
         if not self.fencing.fencing:
             return Lease(self.redlock, name, key, fence_key, owner, ttl, None, expires)
-        token, agreed = candidate(granted, replies)
-        if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
-            return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         if not fence:
-            pending = (tuple(granted), token)
+            pending = tuple(granted)
             return Lease(
                 self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, self.fencing
             )
+        token, agreed = candidate(granted, replies)
+        if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
+            return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         if self.fencing.write_back(granted, token, key, fence_key, owner, expires) is None:
             return None
         return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)

@@ -262,9 +262,9 @@ class Redlock:
         held together with ``name``, all or nothing, in the same round; the
         lease carries their leases in :attr:`Lease.also`.
 
-        With ``fence=False`` (and fencing on) the lease is granted after phase 1;
-        if the nodes disagree, the token is written back on the first read of
-        ``lease.fencing_token``.
+        With ``fence=False`` (and fencing on) the acquire moves no fence value:
+        the token is issued on the first read of ``lease.fencing_token`` (one
+        round, two when the nodes disagree; see :mod:`.fencing`).
 
         With ``task_id`` (the caller's id; the owner value's first field), the
         same round also looks at:
@@ -354,8 +354,8 @@ class Redlock:
             blocking: keep trying (exponential backoff, full jitter) while contended.
             timeout: with ``blocking``, give up after this many seconds (None: never).
             owner: the owner value to write (default: :func:`make_owner`).
-            fence: write the fencing token back before returning the lease; with
-                False it is written on the first read of ``lease.fencing_token``.
+            fence: issue the fencing token before returning the lease; with
+                False it is issued on the first read of ``lease.fencing_token``.
                 Permits always write it before returning.
             limit: at most this many holders of ``name`` at once (K permits,
                 see :mod:`.permits`). 1: a plain lock, the same keys.

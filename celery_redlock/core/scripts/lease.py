@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .shared import ADVANCE, GATES, GREATER, OWNS, SUCCESSOR, Script
 
-__all__ = ["ACQUIRE", "EXTEND", "FENCE", "RELEASE", "RELEASE_PREFIX"]
+__all__ = ["ACQUIRE", "EXTEND", "FENCE", "ISSUE", "RELEASE", "RELEASE_PREFIX"]
 
 # KEYS[1] lock key, KEYS[2] fence key; with ARGV[5]: KEYS[3] receipt key,
 # KEYS[4] claim key, KEYS[5] throttle key (see GATES for ARGV[5..9]).
@@ -51,6 +51,21 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 gate_granted()
 if ARGV[3] == '' then return {1} end
 return {1, advance(KEYS[2], holder)}
+""",
+)
+
+# KEYS[1] lock key, KEYS[2] fence key; ARGV[1], ARGV[3] and ARGV[4] as ACQUIRE
+# (ARGV[2] is not read). The first read of a lazy lease's token: where the
+# node still holds my owner value, its fence value is moved on (or seeded) as
+# a grant moves it, and returned; elsewhere nil.
+ISSUE = Script(
+    "issue",
+    GREATER
+    + SUCCESSOR
+    + ADVANCE
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+return advance(KEYS[2], false)
 """,
 )
 

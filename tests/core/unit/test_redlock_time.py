@@ -383,17 +383,17 @@ def test_full_jitter_is_uniform_up_to_the_capped_exponential():
     assert full_jitter(5, 0.05, 1.0, rng=lambda: 0.0) == 0.0
 
 
-# -- lazy fencing (fence=False): the token is written back on its first read ------------
+# -- lazy fencing (fence=False): the token is issued on its first read ------------------
 
 
 def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
-    """Record the name of every script the Redlock runs (optionally slowing FENCE down)."""
+    """Record the name of every script the Redlock runs (optionally slowing ISSUE down)."""
     real = quorum_module.run_script
     calls: list[str] = []
 
     def spy(script, *args, **kwargs):
         calls.append(script.name)
-        if script is scripts.FENCE and delay:
+        if script is scripts.ISSUE and delay:
             time.sleep(delay)
         return real(script, *args, **kwargs)
 
@@ -401,61 +401,76 @@ def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
     return calls
 
 
-def test_lazy_lease_writes_the_fence_only_when_the_token_is_read(rl, servers, monkeypatch):
+def test_lazy_lease_moves_the_fence_only_when_the_token_is_read(rl, servers, monkeypatch):
     first = rl.acquire("job", ttl=TTL)
     rl.release(first)
     _, fence_key = rl.keys("job")
     ahead = put_one_node_ahead(servers, fence_key, 0)
+    before = [c.get(fence_key) for c in peek(servers)]
+    assert before == [str(ahead), str(first.fencing_token), str(first.fencing_token)]
     calls = count_scripts(monkeypatch)
     lease = rl.acquire("job", ttl=TTL, fence=False)
-    assert calls == ["acquire"]  # phase 1 only
+    assert calls == ["acquire"]  # the key only: no fence value moved
     assert [c.get(lease.key) for c in peek(servers)] == [lease.owner] * 3
-    behind = str(first.fencing_token + 1)
-    assert [c.get(fence_key) for c in peek(servers)] == [str(ahead + 1), behind, behind]
+    assert [c.get(fence_key) for c in peek(servers)] == before
     assert "unread" in repr(lease) and calls == ["acquire"]  # repr does no I/O
 
     token = lease.fencing_token
-    assert calls == ["acquire", "fence"]
+    assert calls == ["acquire", "issue", "fence"]  # moved on everywhere, then written back
     assert token == ahead + 1
     assert [c.get(fence_key) for c in peek(servers)] == [str(token)] * 3
     assert lease.fencing_token == token and lease.fencing_token == token
-    assert calls == ["acquire", "fence"]  # later reads are cached: no I/O
+    assert calls == ["acquire", "issue", "fence"]  # later reads are cached: no I/O
     assert not lease.lost
+    rl.release(lease)
+    assert rl.acquire("job", ttl=TTL).fencing_token == token + 1
 
 
-def test_lazy_lease_never_read_writes_nothing_back_and_extends_and_releases(
+def test_lazy_lease_never_read_moves_no_fence_and_extends_and_releases(
     rl, servers, monkeypatch
 ):
     _, fence_key = rl.keys("job")
     put_one_node_ahead(servers, fence_key, 0)
+    before = [c.get(fence_key) for c in peek(servers)]
     lease = rl.acquire("job", ttl=TTL, fence=False)
-    after_phase_1 = [c.get(fence_key) for c in peek(servers)]
-    assert after_phase_1[1] == after_phase_1[2] != after_phase_1[0]
     assert rl.extend(lease) is True
     rl.release(lease)
-    assert [c.get(fence_key) for c in peek(servers)] == after_phase_1
+    assert [c.get(fence_key) for c in peek(servers)] == before
     assert [c.exists(lease.key) for c in peek(servers)] == [0] * 3
     calls = count_scripts(monkeypatch)
     with pytest.raises(LockLost):
-        _ = lease.fencing_token  # released: nothing to write the token for
+        _ = lease.fencing_token  # released: nothing to issue the token for
     assert calls == []
-    assert [c.get(fence_key) for c in peek(servers)] == after_phase_1
+    assert [c.get(fence_key) for c in peek(servers)] == before
 
 
-def test_lazy_lease_whose_nodes_agree_has_its_token_at_once(rl, servers, monkeypatch):
+def test_lazy_lease_whose_nodes_agree_has_its_token_in_one_round(rl, servers, monkeypatch):
+    earlier = rl.acquire("job", ttl=TTL)
+    rl.release(earlier)
     calls = count_scripts(monkeypatch)
     lease = rl.acquire("job", ttl=TTL, fence=False)
-    assert "unread" not in repr(lease)
+    assert "unread" in repr(lease) and calls == ["acquire"]
+    assert lease.fencing_token == earlier.fencing_token + 1
+    assert calls == ["acquire", "issue"]
+    _, fence_key = rl.keys("job")
+    assert [c.get(fence_key) for c in peek(servers)] == [str(lease.fencing_token)] * 3
+
+
+def test_lazy_first_token_of_a_new_name_is_seeded_from_the_clock(rl, servers):
+    before = time.time_ns() // 1000
+    lease = rl.acquire("fresh", ttl=TTL, fence=False)
+    assert before <= lease.fencing_token <= time.time_ns() // 1000 + 1
+    assert rl.acquire("fresh", ttl=TTL) is None  # still held
     rl.release(lease)
-    assert lease.fencing_token is not None and calls == ["acquire", "release"]
+    assert rl.acquire("fresh", ttl=TTL).fencing_token > lease.fencing_token
 
 
 def test_lazy_read_after_the_key_is_gone_on_a_majority_raises_and_marks_lost(rl, servers):
     _, fence_key = rl.keys("job")
-    put_one_node_ahead(servers, fence_key, 2)
+    ahead = put_one_node_ahead(servers, fence_key, 2)
+    before = [c.get(fence_key) for c in peek(servers)]
     lease = rl.try_acquire("job", ttl=TTL, fence=False)
     assert isinstance(lease, Lease)
-    candidate = peek(servers)[2].get(fence_key)
     for client in peek(servers)[:2]:
         client.set(lease.key, make_owner())  # expired and taken by someone else
     with pytest.raises(LockLost, match="job"):
@@ -463,8 +478,9 @@ def test_lazy_read_after_the_key_is_gone_on_a_majority_raises_and_marks_lost(rl,
     assert lease.lost
     with pytest.raises(LockLost):
         _ = lease.fencing_token  # and it stays so
-    # the one node that still holds the key records the candidate; no quorum does
-    assert [c.get(fence_key) == candidate for c in peek(servers)] == [False, False, True]
+    # only the one node that still holds the key moved its value on; no quorum did
+    after = [c.get(fence_key) for c in peek(servers)]
+    assert after == [*before[:2], str(ahead + 1)]
 
 
 def test_lazy_read_after_validity_ran_out_raises_without_io(rl, servers, clock, monkeypatch):
@@ -506,7 +522,7 @@ def test_lazy_token_cannot_be_issued_after_a_later_eager_grant(servers, clock):
     assert [c.get(fence_key) for c in peek(servers)][:2] == [str(later.fencing_token)] * 2
 
 
-def test_concurrent_first_reads_write_the_token_once(rl, servers, monkeypatch):
+def test_concurrent_first_reads_issue_the_token_once(rl, servers, monkeypatch):
     put_one_node_ahead(servers, rl.keys("job")[1], 1)
     lease = rl.acquire("job", ttl=TTL, fence=False)
     calls = count_scripts(monkeypatch, delay=0.05)
@@ -523,7 +539,7 @@ def test_concurrent_first_reads_write_the_token_once(rl, servers, monkeypatch):
     for thread in threads:
         thread.join(5)
     assert len(seen) == 4 and len(set(seen)) == 1
-    assert calls == ["fence"]
+    assert calls == ["issue", "fence"]
 
 
 def test_lazy_with_fencing_off_has_no_token_and_no_io(servers, clock, monkeypatch):
