@@ -422,7 +422,7 @@ def test_token_is_on_a_quorum_before_the_body_or_at_the_first_read(
         tokens.append((lazy if i % 2 else eager).delay().get())
     assert all(isinstance(t, int) for t in tokens)
     assert all(y > x for x, y in zip(tokens, tokens[1:])), tokens
-    for i, (kind, token, before, after) in enumerate(seen):
+    for kind, token, before, after in seen:
         everywhere = [str(token)] * len(before)
         if kind == "eager":  # the nodes agreed, or phase 2 ran before the body
             assert before == everywhere

@@ -426,9 +426,7 @@ def test_lazy_lease_moves_the_fence_only_when_the_token_is_read(rl, servers, mon
     assert rl.acquire("job", ttl=TTL).fencing_token == token + 1
 
 
-def test_lazy_lease_never_read_moves_no_fence_and_extends_and_releases(
-    rl, servers, monkeypatch
-):
+def test_lazy_lease_never_read_moves_no_fence_and_extends_and_releases(rl, servers, monkeypatch):
     _, fence_key = rl.keys("job")
     put_one_node_ahead(servers, fence_key, 0)
     before = [c.get(fence_key) for c in peek(servers)]
