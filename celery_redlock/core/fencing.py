@@ -118,18 +118,12 @@ class Fencing:
     ) -> int | None:
         """A lazy lease's token, on its first read: moved on where the granting nodes
         still hold ``owner``, written back if they disagree; None short of a quorum."""
-        q = self.quorum
-        remaining = expires - q.clock()
-        if remaining <= 0:
-            return None
-        replies = q.run(
-            scripts.ISSUE,
-            (key, fence_key),
-            (owner, "", self.arg, time.time_ns() // 1000),
-            [q.nodes[i] for i in granted],
-            min(q.node_timeout, remaining),
+        now_us = time.time_ns() // 1000
+        replies = self._on(
+            granted, scripts.ISSUE, key, fence_key, (owner, "", self.arg, now_us), expires
         )
         held = [(i, int(r)) for i, r in zip(granted, replies) if isinstance(r, (bytes, str))]
+        q = self.quorum
         if len(held) < q.needed:
             logger.info("fencing token for %r: %d nodes still hold it, %d needed",
                         key, len(held), q.needed)  # fmt: skip
@@ -153,19 +147,28 @@ class Fencing:
 
         ``strict`` (permits): only where the node's value is smaller, never equal.
         """
+        args = (owner, str(token), self.arg, *(("s",) if strict else ()))
+        written = self._on(granted, scripts.FENCE, key, fence_key, args, expires)
         q = self.quorum
-        remaining = expires - q.clock()
-        if remaining <= 0:
-            return None
-        written = q.run(
-            scripts.FENCE,
-            (key, fence_key),
-            (owner, str(token), ms(self.fence_retention), *(("s",) if strict else ())),
-            [q.nodes[i] for i in granted],
-            min(q.node_timeout, remaining),
-        )
         landed = sum(1 for r in written if r == 1)
         if landed >= q.needed and q.clock() < expires:
             return token
         logger.info("fencing token for %r landed on %d nodes, %d needed", key, landed, q.needed)
         return None
+
+    def _on(
+        self,
+        granted: Sequence[int],
+        script: scripts.Script,
+        key: str,
+        fence_key: str,
+        args: tuple[Any, ...],
+        expires: float,
+    ) -> list[Any]:
+        """``script`` on the granting nodes within the validity left (no reply past it)."""
+        q = self.quorum
+        remaining = expires - q.clock()
+        if remaining <= 0:
+            return []
+        nodes = [q.nodes[i] for i in granted]
+        return q.run(script, (key, fence_key), args, nodes, min(q.node_timeout, remaining))
