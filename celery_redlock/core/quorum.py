@@ -48,6 +48,7 @@ class Quorum:
         "node_timeout",
         "drift_factor",
         "min_replicas",
+        "plain",
         "clock",
         "sleep",
         "rng",
@@ -83,6 +84,9 @@ class Quorum:
         self.node_timeout = float(node_timeout)
         self.drift_factor = float(drift_factor)
         self.min_replicas = min_replicas
+        #: Plain masters with no replica to confirm a write: a bare command's
+        #: round needs no routing and no ``WAIT`` behind it.
+        self.plain = not min_replicas and not any(node.cluster for node in self.nodes)
         self.clock = clock
         self.sleep = sleep
         self.rng = rng

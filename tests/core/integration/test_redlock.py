@@ -387,6 +387,57 @@ def test_acquire_is_idempotent_for_the_same_owner(nodes):
     assert Redlock(nodes.urls).acquire(NAME, ttl=10) is None
 
 
+def _calls(nodes, command: str) -> list[int]:
+    out = []
+    for node in nodes:
+        with node.client() as client:
+            out.append(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+    return out
+
+
+def test_an_acquire_with_no_fence_to_move_is_a_bare_set_nx(redis_nodes3):
+    rl = Redlock(redis_nodes3.urls)
+    sets, scripts = _calls(redis_nodes3, "set"), _calls(redis_nodes3, "evalsha")
+    lease = rl.acquire(NAME, ttl=10, fence=False)
+    assert lease is not None
+    assert _calls(redis_nodes3, "set") == [n + 1 for n in sets]
+    assert _calls(redis_nodes3, "evalsha") == scripts  # no script ran on any node
+    assert node_values(redis_nodes3, lease.key) == [lease.owner] * 3
+    fenced = Redlock(redis_nodes3.urls, fencing=False)  # fencing off: the same bare round
+    assert fenced.acquire(NAME, ttl=10) is None
+    # refused: ACQUIRE says who holds it, then the failed attempt's release
+    assert _calls(redis_nodes3, "evalsha") == [n + 2 for n in scripts]
+
+
+def test_a_bare_set_nx_refused_by_a_majority_reports_the_holder_and_leaves_no_key(redis_nodes5):
+    rl = Redlock(redis_nodes5.urls)
+    lock_key, fence_key = rl.keys(NAME)
+    for i in range(3):
+        with redis_nodes5[i].client() as client:
+            client.set(lock_key, "holder|-|h|1|x", px=10_000)
+    result = rl.try_acquire(NAME, ttl=10, fence=False)
+    assert result == Holder("holder|-|h|1|x", pytest.approx(10, abs=0.5))
+    assert node_values(redis_nodes5, lock_key) == ["holder|-|h|1|x"] * 3 + [None] * 2
+    assert node_values(redis_nodes5, fence_key) == [None] * 5  # no fence value moved anywhere
+
+
+def test_a_bare_set_nx_re_sent_where_the_key_is_mine_is_granted_and_refreshed(redis_nodes3):
+    """A node whose SET NX reply was lost already holds my value: the re-sent acquire
+    finds it mine there (the script's second round) and sets its TTL again."""
+    rl = Redlock(redis_nodes3.urls)
+    owner = make_owner()
+    lock_key, _ = rl.keys(NAME)
+    with redis_nodes3[0].client() as client:
+        client.set(lock_key, owner, px=1_000)
+    lease = rl.acquire(NAME, ttl=10, owner=owner, fence=False)
+    assert lease is not None and not lease.lost
+    assert node_values(redis_nodes3, lock_key) == [owner] * 3
+    with redis_nodes3[0].client() as client:
+        assert client.pttl(lock_key) > 9_000
+    assert rl.acquire(NAME, ttl=10, owner=owner, fence=False) is not None  # all three mine
+    assert Redlock(redis_nodes3.urls).acquire(NAME, ttl=10, fence=False) is None
+
+
 def test_lost_script_cache_falls_back_to_eval(nodes):
     rl = Redlock(nodes.urls)
     rl.release(rl.acquire(NAME, ttl=10))
