@@ -277,8 +277,8 @@ class Leases:
                 now_ms = time.time_ns() // 1_000_000
                 args = args[:-1] + (flags + "t", ms(throttle), now_ms, slot or "")
         start = q.clock()
-        if rated is None and not fencing and len(keys) == 2 and q.plain:
-            replies = self._set_nx(keys, args)
+        if rated is None and not fencing and len(keys) == 2:  # no fence value, no gate
+            replies = q.set_first(scripts.ACQUIRE, keys, args, owner, args[1], [1])
         elif rated is None:
             replies = q.run(scripts.ACQUIRE, keys, args)
         else:
@@ -303,22 +303,6 @@ class Leases:
         self._let_go(key, owner, rated, replies)
         q.check(replies)
         return in_the_way(replies, task_id)
-
-    def _set_nx(self, keys: tuple[str, ...], args: tuple[Any, ...]) -> list[Any]:
-        """ACQUIRE's replies for the common case, no fence value to move and no gate,
-        from a bare ``SET NX PX`` round: what the script would do first, without
-        the script's cost on the nodes. A node that refuses it (held by another
-        owner, or mine already: a re-sent acquire) runs ACQUIRE in a second round,
-        which says which and by whom."""
-        q = self.quorum
-        set_nx = q.gather(("SET", keys[0], args[0], "NX", "PX", args[1]))
-        replies = [r if r is None or isinstance(r, Exception) else [1] for r in set_nx]
-        refused = [i for i, r in enumerate(replies) if r is None]
-        if refused:
-            again = q.run(scripts.ACQUIRE, keys, args, [q.nodes[i] for i in refused])
-            for i, reply in zip(refused, again):
-                replies[i] = reply
-        return replies
 
     def _let_go(self, key: str, owner: str, rated: RatedRound | None, replies: list[Any]) -> None:
         """Free what an attempt that did not stand may hold; a rated one also takes back

@@ -104,6 +104,32 @@ class Quorum:
             script, self.nodes if nodes is None else nodes, keys, args, timeout or self.node_timeout
         )
 
+    def set_first(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        value: str,
+        ttl_ms: int,
+        won: Any,
+    ) -> list[Any]:
+        """:meth:`run` for a script whose first step, on a free key, is ``SET
+        KEYS[1] value NX PX ttl_ms`` and whose reply then is ``won``: on
+        :attr:`plain` nodes that step goes as the bare command, without the
+        script's cost on the node, and only a node that refuses it (the key is
+        taken, or already holds ``value``: a re-sent call) runs the script, in a
+        second round, to say by whom or to treat it as its own."""
+        if not self.plain:
+            return self.run(script, keys, args)
+        first = self.gather(("SET", keys[0], value, "NX", "PX", ttl_ms))
+        replies = [r if r is None or isinstance(r, Exception) else won for r in first]
+        refused = [i for i, r in enumerate(replies) if r is None]
+        if refused:
+            again = self.run(script, keys, args, [self.nodes[i] for i in refused])
+            for i, reply in zip(refused, again):
+                replies[i] = reply
+        return replies
+
     def send(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
         """Write ``script`` to every node without waiting for the replies (deletions only);
         the indexes of the nodes it was not sent to (see :func:`.rounds.send_script`)."""
