@@ -304,18 +304,23 @@ def test_claim_that_lost_the_majority_is_withdrawn(redis_nodes5):
 # -- contention leaves nothing behind ----------------------------------------------
 
 
-def test_failed_contended_acquire_leaves_no_key(redis_nodes5):
-    """Grants on a minority (3, 4) are withdrawn; their fence values moved on, no more."""
+@pytest.mark.parametrize("fence", [True, False], ids=["fenced", "bare-set-nx"])
+def test_failed_contended_acquire_leaves_no_key(redis_nodes5, fence):
+    """Grants on a minority (3, 4) are withdrawn; their fence values moved on, no more
+    (a lazy acquire, a bare SET NX where the nodes grant it, moves none)."""
     rl = Redlock(redis_nodes5.urls)
     lock_key, fence_key = rl.keys(NAME)
     for i in range(3):
         with redis_nodes5[i].client() as client:
             client.set(lock_key, "holder|-|h|1|x", px=10_000)
-    result = rl.try_acquire(NAME, ttl=10)
+    result = rl.try_acquire(NAME, ttl=10, fence=fence)
     assert result == Holder("holder|-|h|1|x", pytest.approx(10, abs=0.5))
-    assert rl.acquire(NAME, ttl=10) is None
+    assert rl.acquire(NAME, ttl=10, fence=fence) is None
     assert node_values(redis_nodes5, lock_key) == ["holder|-|h|1|x"] * 3 + [None] * 2
     fences = node_values(redis_nodes5, fence_key)
+    if not fence:
+        assert fences == [None] * 5
+        return
     assert fences[:3] == [None] * 3 and fences[3] is not None and fences[4] is not None
     assert {i: k for i, k in lock_keys(redis_nodes5, rl).items() if i >= 3} == {
         3: [fence_key],
@@ -407,18 +412,6 @@ def test_an_acquire_with_no_fence_to_move_is_a_bare_set_nx(redis_nodes3):
     assert fenced.acquire(NAME, ttl=10) is None
     # refused: ACQUIRE says who holds it, then the failed attempt's release
     assert _calls(redis_nodes3, "evalsha") == [n + 2 for n in scripts]
-
-
-def test_a_bare_set_nx_refused_by_a_majority_reports_the_holder_and_leaves_no_key(redis_nodes5):
-    rl = Redlock(redis_nodes5.urls)
-    lock_key, fence_key = rl.keys(NAME)
-    for i in range(3):
-        with redis_nodes5[i].client() as client:
-            client.set(lock_key, "holder|-|h|1|x", px=10_000)
-    result = rl.try_acquire(NAME, ttl=10, fence=False)
-    assert result == Holder("holder|-|h|1|x", pytest.approx(10, abs=0.5))
-    assert node_values(redis_nodes5, lock_key) == ["holder|-|h|1|x"] * 3 + [None] * 2
-    assert node_values(redis_nodes5, fence_key) == [None] * 5  # no fence value moved anywhere
 
 
 def test_a_bare_set_nx_re_sent_where_the_key_is_mine_is_granted_and_refreshed(redis_nodes3):
