@@ -13,7 +13,8 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
   per argument, the fencing token passed in (``adapters.locked_task``, the same
   task the harness's ``--celery-candidate adapters:celery_task`` registers);
 * ``redlock-3-lazy``: the same on 3 nodes, but ``run`` does not take the token,
-  so it is never issued: the acquire moves no fence value;
+  so it is never issued: the acquire moves no fence value, and is a bare
+  ``SET NX PX`` on each node (no script) unless a node refuses it;
 * ``redlock-3-enqueue``: ``redlock-3`` with ``lock_enqueue="until_finished"``:
   ``apply_async`` claims the key on the 3 nodes before publishing, the worker
   takes the lock under the claim and drops it at the end (distinct arguments,
