@@ -115,7 +115,9 @@ def test_ten_per_second_across_two_workers(two_workers: WorkerHandle, topology: 
     wait_for(lambda: len(two_workers.records(probe_run, "start")) == 10, 10, "probes")
     probes = {r["id"]: r["start"] for r in two_workers.records(probe_run, "start")}
     lateness = sorted(probes[i] - sent[i] for i in sent)
-    assert lateness[-1] < 0.5, lateness
+    # A rated start waiting in the pool would hold a child for up to the 20 s of the
+    # schedule; a probe waits only for a free child (0.63 s seen with both cores busy).
+    assert lateness[-1] < 1.5, lateness
     time.sleep(0.2)
     assert len(two_workers.records(run, "start")) == 200  # nothing ran twice
 
