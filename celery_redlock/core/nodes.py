@@ -113,7 +113,7 @@ class Node:
         # loopback); list.pop and list.append are atomic, so threads may share it.
         self._idle: list[Any] = []
         # Idle connection -> replies it still owes: commands sent without
-        # waiting (:func:`~celery_redlock.core.rounds.send_script`), whose
+        # waiting (:func:`~celery_redlock.core.unwaited.send_script`), whose
         # replies the next round on it reads first and sets aside.
         self._owed: dict[Any, int] = {}
         self._generation = _generation

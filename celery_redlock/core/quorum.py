@@ -20,8 +20,9 @@ from typing import Any, Callable
 from .cluster import LockNode, node_for
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .nodes import NodeSpec
-from .rounds import gather, run_script, send_script
+from .rounds import gather, run_script
 from .scripts import Script
+from .unwaited import send_script
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]
 
@@ -132,7 +133,7 @@ class Quorum:
 
     def send(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
         """Write ``script`` to every node without waiting for the replies (deletions only);
-        the indexes of the nodes it was not sent to (see :func:`.rounds.send_script`)."""
+        the indexes of the nodes it was not sent to (see :func:`.unwaited.send_script`)."""
         return send_script(script, self.nodes, keys, args)
 
     def gather(self, command: tuple, nodes: Sequence[LockNode] | None = None) -> list[Any]:

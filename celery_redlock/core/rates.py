@@ -85,7 +85,7 @@ from .cluster import check_together
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .quorum import Quorum
-from .rounds import NotReplicated
+from .replicas import NotReplicated
 from .windows import Window, check_rate, parse_rate
 
 __all__ = [

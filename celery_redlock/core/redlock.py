@@ -31,7 +31,9 @@ its own:
 * :mod:`.quorum`: the nodes, one scatter-gather round, quorum and validity;
   under it the nodes themselves: :mod:`.nodes` (a node, its idle connections
   and circuit breaker), :mod:`.urls` (``redis://`` ... ``sentinel://``),
-  :mod:`.rounds` (one round, scripts with ``WAIT``), :mod:`.opening` and
+  :mod:`.rounds` (one round; a script's round), :mod:`.replicas` (the
+  ``WAIT`` behind a write with ``min_replicas``), :mod:`.unwaited` (a
+  deletion whose reply is read later), :mod:`.opening` and
   :mod:`.connect` (new connections and sentinels asked in the background),
   :mod:`.wire` (RESP on the sockets: redis-py's private names, only there);
 * :mod:`.lease`: acquire, extend and release of a name's lock key;

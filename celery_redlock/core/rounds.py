@@ -9,7 +9,7 @@ never more. The bytes are exchanged by :mod:`~celery_redlock.core.wire`
 opened by :mod:`~celery_redlock.core.opening`.
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
-scripts a lease or a claim rests on (:data:`CONFIRMED`) in the same round.
+scripts a lease or a claim rests on in the same round (:mod:`.replicas`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from redis.exceptions import AskError, NoScriptError, RedisError
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .nodes import Node
 from .opening import Opening, connect_within
+from .replicas import confirmed, wait_after
 from .scripts import Script
 from .wire import (
     LAST_LOOK,
@@ -36,13 +37,12 @@ from .wire import (
     Command,
     as_redis_error,
     host_error,
-    pack,
     read,
     start,
     step,
 )
 
-__all__ = ["CONFIRMED", "MAX_OWED", "NotReplicated", "gather", "run_script", "send_script"]
+__all__ = ["gather", "run_script"]
 
 logger = logging.getLogger("celery_redlock.redlock")
 
@@ -218,91 +218,12 @@ def _log_late(call: Call) -> None:
         )
 
 
-#: Replies a connection may owe before :func:`send_script` waits on it instead.
-MAX_OWED = 8
-
-
-def send_script(
-    script: Script, nodes: Sequence[LockNode], keys: Sequence[str], args: Sequence[Any]
-) -> list[int]:
-    """Write a script to every node and return without waiting for the replies.
-
-    For deletions only: the connection goes back idle owing the reply, and
-    the next round on it reads that first and sets it aside (an error there
-    is logged; the key is then left to its TTL, as after any release a node
-    did not answer). Sent as ``EVAL`` with the text, so a node that lost its
-    script cache runs it all the same.
-
-    Returns the indexes of the nodes it was not sent to (not a lean node, no
-    idle connection, a write that failed or did not go out whole): the caller
-    runs an ordinary round on those.
-    """
-    wire = pack(("EVAL", script.text, len(keys), *keys, *args))
-    missed = []
-    for i, node in enumerate(nodes):
-        # a Redis Cluster routes by slot and follows redirects: an ordinary round
-        if not isinstance(node, Node):
-            missed.append(i)
-            continue
-        conn = node.idle_connection() if node.lean else None
-        if conn is None:
-            missed.append(i)
-            continue
-        call = Call(i, node, conn, True, wire)
-        if call.skip >= MAX_OWED:  # read what it owes in an ordinary round first
-            node.put_back(conn, call.skip)
-            missed.append(i)
-            continue
-        if start(call) is not None:  # the connection is discarded already
-            missed.append(i)
-        elif call.out:  # half written: this connection can never be read right again
-            node.discard(conn)
-            missed.append(i)
-        else:
-            node.put_back(conn, call.skip + 1)
-    return missed
-
-
 def _closed_by_server(reply: Any) -> bool:
     # An idle connection the server closed meanwhile (a restart, a client
     # timeout) fails at once on reuse, not by timing out.
     return isinstance(reply, redis.exceptions.ConnectionError) and not isinstance(
         reply, redis.exceptions.TimeoutError
     )
-
-
-#: The scripts whose writes a lease or a claim rests on: a grant, a renewal, a
-#: fence write, a beat slot or enqueue claim, a debounce or throttle schedule.
-#: On nodes with ``min_replicas``, each is followed by ``WAIT``. Deletions are
-#: not: one a failover loses only leaves a key to its TTL.
-CONFIRMED = frozenset(
-    {
-        "acquire",
-        "acquire_rated",
-        "acquire_permit_rated",
-        "extend",
-        "fence",
-        "claim",
-        "claim_next",
-        "debounce",
-        "throttle",
-        "rate",
-    }
-)
-
-
-class NotReplicated(RedisError):
-    """A node's write that its replicas did not confirm in time: it does not count.
-
-    Attributes:
-        reply: the node's reply to the script, which stands only on the primary.
-        confirmed: how many replicas confirmed it.
-    """
-
-    def __init__(self, message: str, reply: Any = None, confirmed: int = 0):
-        super().__init__(message)
-        self.reply = reply
-        self.confirmed = confirmed
 
 
 def run_script(
@@ -318,18 +239,12 @@ def run_script(
     gets EVAL in a second round, with a timeout of its own: a hung node must
     not use up the time of a node that merely restarted.
 
-    A script in :data:`CONFIRMED`, sent to nodes with ``min_replicas``, is
-    followed on the same connection by ``WAIT min_replicas ms``, written in
-    the same packet: the round costs no extra trip. ``ms`` is half the round's
-    timeout, so that a server answers a shortfall while the round still
-    waits (a server notices a WAIT timed out at its next tick, every
-    ``1000 / hz`` ms), and the error says so. A node whose ``WAIT`` counts
-    fewer replicas answers with a :class:`NotReplicated` error instead of its
-    reply, so it counts as a node that did not answer.
+    On nodes with ``min_replicas``, a write a lease or a claim rests on is
+    followed by ``WAIT`` in the same packet (:func:`.replicas.wait_after`);
+    a node whose replicas fall short answers with a ``NotReplicated`` error,
+    so it counts as a node that did not answer.
     """
-    wait = None
-    if nodes and nodes[0].min_replicas and script.name in CONFIRMED:
-        wait = ("WAIT", nodes[0].min_replicas, max(1, int(timeout * 500)))
+    wait = wait_after(script, nodes, timeout)
     if any(node.cluster for node in nodes):
         return _spread_script(script, nodes, keys, args, timeout, wait)
     return _masters_script(script, nodes, keys, args, timeout, wait)  # type: ignore[arg-type]
@@ -356,24 +271,8 @@ def _masters_script(
         for i, reply in zip(missing, resent):
             replies[i] = reply
     if wait is not None:
-        replies = [_confirmed(node, reply) for node, reply in zip(nodes, replies)]
+        replies = [confirmed(node, reply) for node, reply in zip(nodes, replies)]
     return replies
-
-
-def _confirmed(node: LockNode, reply: Any) -> Any:
-    """A script's reply, if ``WAIT`` (pipelined after it) counted enough replicas."""
-    if not isinstance(reply, tuple):
-        return reply  # an error: the node did not answer, or the script failed
-    reply, acked = reply
-    if isinstance(acked, int) and acked >= node.min_replicas:
-        return reply
-    if isinstance(acked, Exception):
-        return NotReplicated(f"{node.name}: WAIT failed: {acked}", reply)
-    return NotReplicated(
-        f"{node.name}: {acked} of {node.min_replicas} replicas confirmed the write in time",
-        reply,
-        acked,
-    )
 
 
 # -- nodes that are clusters -------------------------------------------------------------------
@@ -515,7 +414,7 @@ def _send(script: Script, parts: Sequence[Part], timeout: float, wait: tuple | N
         ):
             replies[k] = reply
     if wait is not None:
-        replies = [_confirmed(part.shard, reply) for part, reply in zip(parts, replies)]
+        replies = [confirmed(part.shard, reply) for part, reply in zip(parts, replies)]
     return replies
 
 
