@@ -23,29 +23,22 @@ from .exceptions import (
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
 from .quorum import DRIFT_FLOOR
-from .rates import (
-    RateKey,
-    RateSlot,
-    RateView,
-    Window,
-    check_rate,
-    parse_rate,
-    peek_rate,
-    reserve_rates,
-    resolve_rate,
-)
+from .rates import peek_rate, reserve_rates
 from .records import (
     OWNER_SEP,
     STARTED_MARK,
     Claim,
     Finished,
     Holder,
+    RateSlot,
+    RateView,
     Schedule,
     TooEarly,
     full_jitter,
     make_owner,
 )
 from .redlock import Redlock
+from .windows import RateKey, Window, check_rate, parse_rate, resolve_rate
 
 __all__ = [
     "DRIFT_FLOOR",

@@ -78,7 +78,7 @@ class Claims:
         if replace:
             replies = q.run(scripts.CLAIM_NEXT, (key,), args)
         else:  # a free name's claim is a bare SET NX: a new claim, none taken over
-            replies = q.set_first(scripts.CLAIM_NEXT, (key,), args, claimant, args[1], [1, None, 0])
+            replies = q.set_first(scripts.CLAIM_NEXT, (key,), args, [1, None, 0])
         ours = [r for r in replies if isinstance(r, list) and r[0] == 1]
         if q.has_quorum(len(ours)):
             # Only a previous claimant a quorum agrees on was taken over: a node

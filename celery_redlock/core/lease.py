@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -39,13 +38,23 @@ from .exceptions import LockLost, QuorumUnavailable
 from .fencing import Fencing, candidate
 from .keyspace import KeySpace
 from .quorum import Quorum
-from .records import OWNER_SEP, Claim, Finished, Holder, TooEarly, agree, claimant_of, full_jitter
-from .values import ms, text
+from .records import (
+    OWNER_SEP,
+    Claim,
+    Finished,
+    Holder,
+    TooEarly,
+    full_jitter,
+    in_the_way,
+    stopped_early,
+)
+from .values import ms
 
 if TYPE_CHECKING:
-    from .rates import RatedRound, RateSlot
+    from .rates import RatedRound
+    from .records import RateSlot
 
-__all__ = ["Client", "Lease", "Leases", "gate_flags", "in_the_way", "stopped_early"]
+__all__ = ["Client", "Lease", "Leases", "gate_flags"]
 
 logger = logging.getLogger("celery_redlock.redlock")
 
@@ -202,39 +211,6 @@ def gate_flags(receipts: bool, claim: str | None, own_claim: bool) -> str:
     return flags + "s" if claim and own_claim else flags
 
 
-def in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
-    """What stopped an acquire: the holder a node reported (with the claimant it saw
-    beside it), the holder of another name held together (``also=``), or the claim
-    naming another id."""
-    held = [r for r in replies if isinstance(r, list) and r[0] == 0]
-    full = [r for r in replies if isinstance(r, list) and r[0] == 5]
-    if held or (task_id is None and not full):
-        holder = agree([(text(r[1]), int(r[2])) for r in held])
-        claimants = [claimant_of(r[3]) for r in held if len(r) > 3 and r[3]]
-        if claimants:
-            holder = holder._replace(claimant=Counter(claimants).most_common(1)[0][0])
-        return holder
-    if full:  # my name had a permit, another name held together had none
-        return agree([(text(r[2]), int(r[3])) for r in full])
-    claimed = agree(
-        [(claimant_of(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 3]
-    )
-    return Claim(claimed.owner, claimed.remaining)
-
-
-def stopped_early(
-    replies: Sequence[Any], task_id: str | None, needed: int
-) -> Finished | TooEarly | None:
-    """A receipt (one node is proof: it is only written after the fact), or a grant less
-    than a throttle period ago on a quorum: the attempt is over, nothing is held."""
-    if task_id is not None and any(isinstance(r, list) and r[0] == 2 for r in replies):
-        return Finished(task_id)
-    early = [int(r[1]) for r in replies if isinstance(r, list) and r[0] == 4]
-    if len(early) >= needed:
-        return TooEarly(max(early) / 1000.0)
-    return None
-
-
 class Leases:
     """The lease's operations on a plain lock (one key per name)."""
 
@@ -268,7 +244,8 @@ class Leases:
         # A lazy lease moves no fence value: its token is issued on the first read.
         fencing = self.fencing.arg if fence else ""
         args: tuple[Any, ...] = (owner, ms(ttl), fencing, time.time_ns() // 1000)
-        if task_id is not None and (receipts or claim or throttle):
+        gated = task_id is not None and bool(receipts or claim or throttle)
+        if gated and task_id is not None:  # (the second test narrows the type)
             flags = gate_flags(receipts, claim, own_claim)
             keys += (space.receipt_key(name, task_id), space.claim_key(name))
             args += (task_id, flags)
@@ -277,8 +254,8 @@ class Leases:
                 now_ms = time.time_ns() // 1_000_000
                 args = args[:-1] + (flags + "t", ms(throttle), now_ms, slot or "")
         start = q.clock()
-        if rated is None and not fencing and len(keys) == 2:  # no fence value, no gate
-            replies = q.set_first(scripts.ACQUIRE, keys, args, owner, args[1], [1])
+        if rated is None and not fencing and not gated:  # the script would only SET NX
+            replies = q.set_first(scripts.ACQUIRE, keys, args, [1])
         elif rated is None:
             replies = q.run(scripts.ACQUIRE, keys, args)
         else:

@@ -80,12 +80,13 @@ from typing import TYPE_CHECKING, Any
 from . import scripts, settings
 from .cluster import check_together
 from .fencing import candidate
-from .lease import Lease, Leases, gate_flags, in_the_way, stopped_early
-from .records import Claim, Finished, Holder, TooEarly
+from .lease import Lease, Leases, gate_flags
+from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
 from .values import checked, ms
 
 if TYPE_CHECKING:
-    from .rates import RatedRound, RateSlot
+    from .rates import RatedRound
+    from .records import RateSlot
 
 __all__ = ["Permits"]
 

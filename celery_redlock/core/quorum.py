@@ -106,23 +106,17 @@ class Quorum:
         )
 
     def set_first(
-        self,
-        script: Script,
-        keys: Sequence[str],
-        args: Sequence[Any],
-        value: str,
-        ttl_ms: int,
-        won: Any,
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], won: Any
     ) -> list[Any]:
-        """:meth:`run` for a script whose first step, on a free key, is ``SET
-        KEYS[1] value NX PX ttl_ms`` and whose reply then is ``won``: on
-        :attr:`plain` nodes that step goes as the bare command, without the
-        script's cost on the node, and only a node that refuses it (the key is
-        taken, or already holds ``value``: a re-sent call) runs the script, in a
-        second round, to say by whom or to treat it as its own."""
+        """:meth:`run` for a script whose first step, on a free key, is ``SET KEYS[1]
+        ARGV[1] NX PX ARGV[2]`` and whose reply then is ``won``: on :attr:`plain`
+        nodes that step goes as the bare command, without the script's cost on
+        the node, and only a node that refuses it (the key is taken, or already
+        holds ``ARGV[1]``: a re-sent call) runs the script, in a second round,
+        to say by whom or to treat it as its own."""
         if not self.plain:
             return self.run(script, keys, args)
-        first = self.gather(("SET", keys[0], value, "NX", "PX", ttl_ms))
+        first = self.gather(("SET", keys[0], args[0], "NX", "PX", args[1]))
         replies = [r if r is None or isinstance(r, Exception) else won for r in first]
         refused = [i for i, r in enumerate(replies) if r is None]
         if refused:

@@ -76,7 +76,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -85,73 +85,22 @@ from .cluster import check_together
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .quorum import Quorum
+from .records import NEAR, RateSlot, RateView
 from .replicas import NotReplicated
-from .windows import Window, check_rate, parse_rate
+from .windows import RateKey, checked_burst, checked_rate
 
-__all__ = [
-    "NEAR",
-    "RateKey",
-    "RatedRound",
-    "RateSlot",
-    "RateView",
-    "Rates",
-    "Window",
-    "check_rate",
-    "parse_rate",
-    "peek_rate",
-    "reserve_rates",
-    "resolve_rate",
-]
+__all__ = ["RatedRound", "Rates", "peek_rate", "reserve_rates"]
 
 logger = logging.getLogger("celery_redlock.redlock")
 
 #: Rounds a reservation spends while concurrent callers split the nodes between them.
 ROUNDS = 5
-#: A booked instant at most this many seconds ahead is due now: a rated grant sleeps it out.
-NEAR = 0.005
 #: The reply of a rated acquire whose grant was booked for later and let go.
 LATER = 7
 #: The most starts a key's sorted set of recorded starts keeps.
 MAX_STARTS = 10_000
 #: Longest pause, in seconds, before a reservation asks again after a split.
 SPLIT_PAUSE = 0.005
-
-
-class RateKey(NamedTuple):
-    """One key's windows and burst, booked together with the other keys of a reservation.
-
-    ``starts``: the sorted set where rated grants record their starts (see
-    :class:`RatedRound`); '' for a key booked on its own (:meth:`Rates.rate`).
-    """
-
-    key: str
-    windows: tuple[Window, ...]
-    burst: int = 1
-    starts: str = ""
-
-
-class RateSlot(NamedTuple):
-    """What a reservation got.
-
-    ``reserved``: the start at ``start_at`` (epoch seconds, the client's clock)
-    is booked on a quorum; ``wait`` is the seconds from the call to it (0: start
-    now). Not ``reserved``: concurrent callers split the nodes for every round;
-    nothing was granted, ask again (``start_at`` is the latest instant seen).
-    """
-
-    start_at: float
-    wait: float
-    reserved: bool = True
-
-    @property
-    def now(self) -> bool:
-        """Reserved, and due now."""
-        return self.reserved and self.wait <= 0
-
-    @property
-    def due(self) -> bool:
-        """Reserved, and due within :data:`NEAR`: the start sleeps out the rest."""
-        return self.reserved and self.wait <= NEAR
 
 
 class RatedRound:
@@ -257,24 +206,6 @@ class RatedRound:
         self.answers, self.unconfirmed = [], []
 
 
-def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
-    """The windows of a checked rate; a callable is called with the arguments
-    (its None or empty result: no rate for this call).
-
-    Raises:
-        ConfigurationError: the callable returned something that is not a rate.
-    """
-    if not callable(rate):
-        return rate or ()
-    value = rate(*args, **kwargs)
-    if value is None:
-        return ()
-    try:
-        return parse_rate(value)
-    except ValueError as exc:
-        raise ConfigurationError(f"the rate callable returned {value!r}: {exc}") from None
-
-
 # -- reserving ----------------------------------------------------------------
 
 
@@ -298,26 +229,6 @@ def _epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RateView(NamedTuple):
-    """A rated key as a quorum sees it (:meth:`Rates.peek`)."""
-
-    key: str
-    #: Per window: (window, its latest TAT in epoch seconds or None: the window is
-    #: booked up to that instant, and admits a start again once it comes).
-    windows: tuple[tuple[Window, float | None], ...]
-    #: The first instant a new start would get (epoch seconds; with burst 1).
-    next_start: float
-    #: Nodes that answered.
-    answered: int
-    #: The recorded starts of the longest period, oldest first (epoch seconds,
-    #: the starting clients' clocks): every start a node that answered recorded.
-    starts: tuple[float, ...] = ()
-
-    def started(self, period: float, now: float) -> int:
-        """How many recorded starts fall in the window of ``period`` seconds up to ``now``."""
-        return sum(1 for t in self.starts if now - period < t <= now)
-
-
 class Rates:
     """The rate reservations of a client (see :meth:`Redlock.rate`)."""
 
@@ -339,8 +250,8 @@ class Rates:
         space = self.keyspace
         return RateKey(
             space.coalesce_key(name, "rate"),
-            _checked(rate),
-            _burst(burst),
+            checked_rate(rate),
+            checked_burst(burst),
             space.coalesce_key(name, "starts"),
         )
 
@@ -458,7 +369,7 @@ class Rates:
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
-        windows = _checked(rate)
+        windows = checked_rate(rate)
         full_key = key or self.keyspace.coalesce_key(name, "rate")
         q = self.quorum
         replies = q.gather(("HGETALL", full_key))
@@ -488,21 +399,6 @@ def peek_rate(
 ) -> RateView:
     """:meth:`Rates.peek` on ``redlock``'s nodes (read-only)."""
     return redlock._rates.peek(name, rate, now=now, key=key)
-
-
-def _checked(rate: Any) -> tuple[Window, ...]:
-    if isinstance(rate, tuple) and rate and all(isinstance(w, Window) for w in rate):
-        return rate
-    try:
-        return parse_rate(rate)
-    except ValueError as exc:
-        raise ConfigurationError(f"rate {exc}, got {rate!r}") from None
-
-
-def _burst(burst: Any) -> int:
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-        raise ConfigurationError(f"burst must be a whole number >= 1, got {burst!r}")
-    return burst
 
 
 def _starts_key(rate_key: str) -> str:
@@ -551,10 +447,6 @@ def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:
 
 def _answer(reply: Any) -> bool:
     return isinstance(reply, list) and bool(reply) and int(reply[0]) == 1
-
-
-#: For type checkers: what a rate callable looks like.
-RateCallable = Callable[..., Any]
 
 
 def _ms(seconds: float) -> int:

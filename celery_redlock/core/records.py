@@ -13,26 +13,35 @@ import random
 import secrets
 import socket
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
 from .values import text
+from .windows import Window
 
 __all__ = [
+    "NEAR",
     "OWNER_SEP",
     "STARTED_MARK",
     "Claim",
     "Finished",
     "Holder",
+    "RateSlot",
+    "RateView",
     "Schedule",
     "TooEarly",
     "agree",
     "claimant_of",
     "full_jitter",
+    "in_the_way",
     "make_owner",
+    "stopped_early",
 ]
 
 #: Owner value separator; the first field is the task id (or "-").
 OWNER_SEP = "|"
+#: A booked instant at most this many seconds ahead is due now: a rated grant sleeps it out.
+NEAR = 0.005
 #: A claim whose run started is marked ``~<id>`` for the rest of its TTL (see ``scripts``).
 STARTED_MARK = "~"
 
@@ -160,3 +169,80 @@ def claimant_of(value: Any) -> str | None:
     """A claim value as an id: a started mark (``~id``) names the run that started."""
     found = text(value)
     return found[1:] if found and found.startswith(STARTED_MARK) else found
+
+
+def in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
+    """What stopped an acquire: the holder a node reported (with the claimant it saw
+    beside it), the holder of another name held together (``also=``), or the claim
+    naming another id."""
+    held = [r for r in replies if isinstance(r, list) and r[0] == 0]
+    full = [r for r in replies if isinstance(r, list) and r[0] == 5]
+    if held or (task_id is None and not full):
+        holder = agree([(text(r[1]), int(r[2])) for r in held])
+        claimants = [claimant_of(r[3]) for r in held if len(r) > 3 and r[3]]
+        if claimants:
+            holder = holder._replace(claimant=Counter(claimants).most_common(1)[0][0])
+        return holder
+    if full:  # my name had a permit, another name held together had none
+        return agree([(text(r[2]), int(r[3])) for r in full])
+    claimed = agree(
+        [(claimant_of(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 3]
+    )
+    return Claim(claimed.owner, claimed.remaining)
+
+
+def stopped_early(
+    replies: Sequence[Any], task_id: str | None, needed: int
+) -> Finished | TooEarly | None:
+    """A receipt (one node is proof: it is only written after the fact), or a grant less
+    than a throttle period ago on a quorum: the attempt is over, nothing is held."""
+    if task_id is not None and any(isinstance(r, list) and r[0] == 2 for r in replies):
+        return Finished(task_id)
+    early = [int(r[1]) for r in replies if isinstance(r, list) and r[0] == 4]
+    if len(early) >= needed:
+        return TooEarly(max(early) / 1000.0)
+    return None
+
+
+class RateSlot(NamedTuple):
+    """What a reservation got.
+
+    ``reserved``: the start at ``start_at`` (epoch seconds, the client's clock)
+    is booked on a quorum; ``wait`` is the seconds from the call to it (0: start
+    now). Not ``reserved``: concurrent callers split the nodes for every round;
+    nothing was granted, ask again (``start_at`` is the latest instant seen).
+    """
+
+    start_at: float
+    wait: float
+    reserved: bool = True
+
+    @property
+    def now(self) -> bool:
+        """Reserved, and due now."""
+        return self.reserved and self.wait <= 0
+
+    @property
+    def due(self) -> bool:
+        """Reserved, and due within :data:`NEAR`: the start sleeps out the rest."""
+        return self.reserved and self.wait <= NEAR
+
+
+class RateView(NamedTuple):
+    """A rated key as a quorum sees it (:meth:`Rates.peek`)."""
+
+    key: str
+    #: Per window: (window, its latest TAT in epoch seconds or None: the window is
+    #: booked up to that instant, and admits a start again once it comes).
+    windows: tuple[tuple[Window, float | None], ...]
+    #: The first instant a new start would get (epoch seconds; with burst 1).
+    next_start: float
+    #: Nodes that answered.
+    answered: int
+    #: The recorded starts of the longest period, oldest first (epoch seconds,
+    #: the starting clients' clocks): every start a node that answered recorded.
+    starts: tuple[float, ...] = ()
+
+    def started(self, period: float, now: float) -> int:
+        """How many recorded starts fall in the window of ``period`` seconds up to ``now``."""
+        return sum(1 for t in self.starts if now - period < t <= now)

@@ -76,9 +76,10 @@ from .lease import Lease, Leases
 from .nodes import Node, NodeSpec
 from .permits import Permits
 from .quorum import Quorum
-from .rates import RatedRound, RateKey, Rates, RateSlot
-from .records import Claim, Finished, Holder, TooEarly, make_owner
+from .rates import RatedRound, Rates
+from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
 from .values import checked, positive
+from .windows import RateKey
 
 __all__ = ["Redlock"]
 

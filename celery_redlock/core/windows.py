@@ -1,7 +1,7 @@
 """Rate windows: ``"10/s"``, ``(count, seconds)`` and several at once, parsed and checked.
 
-The ``redlock_rate`` setting checks its values here; :mod:`.rates` books starts
-against the windows.
+The ``redlock_rate`` setting checks its values here, and a :class:`RateKey`
+names a key's windows and burst; :mod:`.rates` books starts against them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,17 @@ import math
 import re
 from typing import Any, NamedTuple
 
-__all__ = ["Window", "check_rate", "parse_rate"]
+from .exceptions import ConfigurationError
+
+__all__ = [
+    "RateKey",
+    "Window",
+    "check_rate",
+    "checked_burst",
+    "checked_rate",
+    "parse_rate",
+    "resolve_rate",
+]
 
 
 def _number(value: Any) -> bool:
@@ -113,3 +123,51 @@ def _seconds_text(seconds: float) -> str:
     if seconds == 1.0:
         return "s"
     return f"{seconds:g}s"
+
+
+class RateKey(NamedTuple):
+    """One key's windows and burst, booked together with the other keys of a reservation.
+
+    ``starts``: the sorted set where rated grants record their starts (see
+    :class:`RatedRound`); '' for a key booked on its own (:meth:`Rates.rate`).
+    """
+
+    key: str
+    windows: tuple[Window, ...]
+    burst: int = 1
+    starts: str = ""
+
+
+def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
+    """The windows of a checked rate; a callable is called with the arguments
+    (its None or empty result: no rate for this call).
+
+    Raises:
+        ConfigurationError: the callable returned something that is not a rate.
+    """
+    if not callable(rate):
+        return rate or ()
+    value = rate(*args, **kwargs)
+    if value is None:
+        return ()
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise ConfigurationError(f"the rate callable returned {value!r}: {exc}") from None
+
+
+def checked_rate(rate: Any) -> tuple[Window, ...]:
+    """The windows of ``rate`` (windows already, or anything :func:`parse_rate` takes)."""
+    if isinstance(rate, tuple) and rate and all(isinstance(w, Window) for w in rate):
+        return rate
+    try:
+        return parse_rate(rate)
+    except ValueError as exc:
+        raise ConfigurationError(f"rate {exc}, got {rate!r}") from None
+
+
+def checked_burst(burst: Any) -> int:
+    """``burst``, a whole number of starts at least 1."""
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ConfigurationError(f"burst must be a whole number >= 1, got {burst!r}")
+    return burst
