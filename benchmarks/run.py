@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
 """Entry point for ``tox -e bench``: the lock benchmark (``locks.py``), the
-enqueue benchmark (``enqueue.py``), then the Celery task benchmark
-(``celery_tasks.py``).
+enqueue benchmark (``enqueue.py``), a locked task call's CPU (``task_cpu.py``),
+then the Celery task benchmark (``celery_tasks.py``).
 
 ::
 
-    python benchmarks/run.py                        # all three, full (about 8 min)
-    python benchmarks/run.py --quick                # all three, smoke runs (about 2 min)
+    python benchmarks/run.py                        # all four, full (about 9 min)
+    python benchmarks/run.py --quick                # all four, smoke runs (about 2 min)
     python benchmarks/run.py --json out.json        # out.locks.json, out.enqueue.json, ...
     python benchmarks/run.py --only celery --pools solo:1 --n 500   # one, with its own options
     tox -e bench -- --quick
 
 Running all, only the options they share are accepted: ``--quick``,
-``--reps``, ``--json PATH``, ``--md PATH`` (``.locks``, ``.enqueue`` and
-``.celery`` are put before the extension) and ``--strict`` (exit status 1 if
-any has a failed target). With ``--only locks``, ``--only enqueue`` or ``--only
-celery`` every other argument goes to that script. See ``benchmarks/README.rst``.
+``--reps``, ``--json PATH``, ``--md PATH`` (``.locks``, ``.enqueue``,
+``.task_cpu`` and ``.celery`` are put before the extension) and ``--strict``
+(exit status 1 if any has a failed target). With ``--only NAME`` every other
+argument goes to that script. See ``benchmarks/README.rst``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import celery_tasks  # noqa: E402  (benchmarks/celery_tasks.py, next to this file)
 import enqueue  # noqa: E402  (benchmarks/enqueue.py, next to this file)
 import locks  # noqa: E402  (benchmarks/locks.py, next to this file)
+import task_cpu  # noqa: E402  (benchmarks/task_cpu.py, next to this file)
 
-BENCHES = {"locks": locks.main, "enqueue": enqueue.main, "celery": celery_tasks.main}
+BENCHES = {
+    "locks": locks.main,
+    "enqueue": enqueue.main,
+    "task_cpu": task_cpu.main,
+    "celery": celery_tasks.main,
+}
 
 
 def _suffixed(path: str, name: str) -> str:
@@ -67,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         return BENCHES[a.only](_without_only(argv))
     if rest:
-        ap.error(
-            f"{' '.join(rest)}: options of one benchmark only; use --only locks|enqueue|celery"
-        )
+        ap.error(f"{' '.join(rest)}: options of one benchmark only; use --only {'|'.join(BENCHES)}")
     status = 0
     for name, bench_main in BENCHES.items():
         args: list[str] = []
