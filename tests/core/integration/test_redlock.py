@@ -20,6 +20,17 @@ from tests.support.recorded_grants import grant_loop
 pytestmark = pytest.mark.integration
 
 NAME = "job"
+# Every node here is healthy, so no test in this file is about a round's
+# timeout. The library's 50 ms default is shorter than a stall of the test
+# process on a loaded machine (a garbage collection, two busy cores): a round
+# that misses every reply would fail a test about something else.
+HEALTHY_NODE_TIMEOUT = 2.0
+
+
+def healthy(urls, **options) -> Redlock:
+    """A ``Redlock`` on healthy nodes: the options given, a generous node timeout."""
+    options.setdefault("node_timeout", HEALTHY_NODE_TIMEOUT)
+    return Redlock(urls, **options)
 
 
 @pytest.fixture(
@@ -52,13 +63,6 @@ def node_values(nodes, key: str) -> list:
 # -- mutual exclusion -------------------------------------------------------------
 
 
-# Nine threads in three processes share two cores (and, in a loaded run, busy
-# loops): a thread can wait longer than the default 50 ms for the GIL and miss
-# its own replies. The nodes are healthy here, so the round's timeout is not
-# what these tests are about.
-CONTEND_NODE_TIMEOUT = 2.0
-
-
 def contend(urls, recorder_url, name, target, seconds, start=None, per_worker_names=False, index=0):
     """The shared grant loop, with every worker starting together (``start``) and,
     for the control run, each locking its own name."""
@@ -67,7 +71,7 @@ def contend(urls, recorder_url, name, target, seconds, start=None, per_worker_na
     if per_worker_names:
         name = f"{name}-{index}"
     grant_loop(
-        urls, recorder_url, name, target, seconds, hold=0.0005, node_timeout=CONTEND_NODE_TIMEOUT
+        urls, recorder_url, name, target, seconds, hold=0.0005, node_timeout=HEALTHY_NODE_TIMEOUT
     )
 
 
@@ -126,7 +130,7 @@ def test_mutual_exclusion_across_threads_and_processes(nodes, recorder):
     pids = {w.split(":")[0] for w in who}
     assert str(os.getpid()) in pids and len(pids) == 3, "every process must have held the lock"
     assert all(b > a for a, b in zip(tokens, tokens[1:])), "tokens must grow in grant order"
-    assert lock_keys(nodes, Redlock(nodes.urls))[0] == [Redlock(nodes.urls).keys(NAME)[1]]
+    assert lock_keys(nodes, healthy(nodes.urls))[0] == [healthy(nodes.urls).keys(NAME)[1]]
 
 
 def _process_main(n_threads, urls, recorder_url, name, target, seconds, start):
@@ -153,7 +157,7 @@ def test_the_overlap_detector_sees_overlaps_without_a_common_lock(redis_nodes3, 
 
 
 def test_blocking_acquire_with_timeout_returns_none_in_about_the_timeout(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     held = rl.acquire(NAME, ttl=10)
     assert held is not None
     start = time.monotonic()
@@ -164,7 +168,7 @@ def test_blocking_acquire_with_timeout_returns_none_in_about_the_timeout(nodes):
 
 
 def test_blocking_acquire_gets_the_lock_once_released(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     held = rl.acquire(NAME, ttl=10)
     timer = threading.Timer(0.2, rl.release, (held,))
     timer.start()
@@ -177,7 +181,7 @@ def test_blocking_acquire_gets_the_lock_once_released(nodes):
 
 
 def test_lock_context_manager_raises_lock_contended_naming_the_holder(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     owner = make_owner("task-123")
     held = rl.acquire(NAME, ttl=10, owner=owner)
     assert held is not None
@@ -192,7 +196,7 @@ def test_lock_context_manager_raises_lock_contended_naming_the_holder(nodes):
 
 
 def test_lock_context_manager_releases_on_exit_even_on_error(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     lock_key, fence_key = rl.keys(NAME)
     with rl.lock(NAME, ttl=10) as lease:
         assert isinstance(lease, Lease) and not lease.lost
@@ -209,7 +213,7 @@ def test_lock_context_manager_releases_on_exit_even_on_error(nodes):
 
 
 def test_holder(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     assert rl.holder(NAME) == Holder(None, None)
     owner = make_owner("task-9", retries=2)
     lease = rl.acquire(NAME, ttl=10, owner=owner)
@@ -221,7 +225,7 @@ def test_holder(nodes):
 
 
 def test_holder_needs_a_majority_to_agree(redis_nodes5):
-    rl = Redlock(redis_nodes5.urls)
+    rl = healthy(redis_nodes5.urls)
     lock_key, _ = rl.keys(NAME)
     for i, owner in enumerate(["a|-|h|1|x", "a|-|h|1|x", "b|-|h|2|y", "b|-|h|2|y"]):
         with redis_nodes5[i].client() as client:
@@ -237,7 +241,7 @@ def test_holder_needs_a_majority_to_agree(redis_nodes5):
 
 
 def test_release_frees_only_my_own_value(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     lease = rl.acquire(NAME, ttl=10)
     lock_key, _ = rl.keys(NAME)
     with nodes[0].client() as client:
@@ -251,8 +255,8 @@ def test_release_not_waited_for_frees_every_node_and_is_never_read_as_a_later_re
     """``release(wait=False)`` returns once the release is written: another client sees
     the key gone from every node right after, and the next rounds on the same
     connections set the owed replies aside, so each grant reads its own reply."""
-    rl = Redlock(nodes.urls)
-    other = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
+    other = healthy(nodes.urls)
     gone = [None] * len(nodes)
     tokens = []
     for i in range(20):
@@ -276,7 +280,7 @@ def test_release_not_waited_for_frees_every_node_and_is_never_read_as_a_later_re
 
 
 def test_release_owned_by_frees_a_task_lock_whatever_its_random_part(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     lock_key, _ = rl.keys(NAME)
     rl.acquire(NAME, ttl=10, owner=make_owner("task-7", retries=0))
     assert rl.release_owned_by(NAME, "task-70") == 0  # a prefix of the id is not the id
@@ -290,7 +294,7 @@ def test_release_owned_by_frees_a_task_lock_whatever_its_random_part(nodes):
 
 
 def test_claim(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     assert rl.claim("beat:tick:1700000000", "beat-a", ttl=60) is True
     assert rl.claim("beat:tick:1700000000", "beat-b", ttl=60) is False
     assert rl.claim("beat:tick:1700000000", "beat-a", ttl=60) is True  # re-sent: still mine
@@ -302,7 +306,7 @@ def test_claim(nodes):
 
 
 def test_claim_that_lost_the_majority_is_withdrawn(redis_nodes5):
-    rl = Redlock(redis_nodes5.urls)
+    rl = healthy(redis_nodes5.urls)
     for i in range(3):
         with redis_nodes5[i].client() as client:
             client.set("redlock:slot", "other", px=60_000)
@@ -317,7 +321,7 @@ def test_claim_that_lost_the_majority_is_withdrawn(redis_nodes5):
 def test_failed_contended_acquire_leaves_no_key(redis_nodes5, fence):
     """Grants on a minority (3, 4) are withdrawn; their fence values moved on, no more
     (a lazy acquire, a bare SET NX where the nodes grant it, moves none)."""
-    rl = Redlock(redis_nodes5.urls)
+    rl = healthy(redis_nodes5.urls)
     lock_key, fence_key = rl.keys(NAME)
     for i in range(3):
         with redis_nodes5[i].client() as client:
@@ -338,7 +342,7 @@ def test_failed_contended_acquire_leaves_no_key(redis_nodes5, fence):
 
 
 def test_split_vote_leaves_no_key_and_no_holder(redis_nodes5):
-    rl = Redlock(redis_nodes5.urls)
+    rl = healthy(redis_nodes5.urls)
     lock_key, _ = rl.keys(NAME)
     for i, owner in enumerate(["a", "a", "b", "b"]):
         with redis_nodes5[i].client() as client:
@@ -351,8 +355,8 @@ def test_split_vote_leaves_no_key_and_no_holder(redis_nodes5):
 
 
 def test_tokens_grow_across_clients_and_the_fence_is_kept(nodes):
-    a = Redlock(nodes.urls, fence_retention=3600)
-    b = Redlock(nodes.urls, fence_retention=3600)
+    a = healthy(nodes.urls, fence_retention=3600)
+    b = healthy(nodes.urls, fence_retention=3600)
     tokens = []
     for i in range(20):
         client = (a, b)[i % 2]
@@ -372,14 +376,14 @@ def test_tokens_grow_across_clients_and_the_fence_is_kept(nodes):
 
 
 def test_fencing_off_gives_no_token_and_writes_no_fence(nodes):
-    rl = Redlock(nodes.urls, fencing=False)
+    rl = healthy(nodes.urls, fencing=False)
     lease = rl.acquire(NAME, ttl=10)
     assert lease is not None and lease.fencing_token is None
     assert lock_keys(nodes, rl) == {i: [rl.keys(NAME)[0]] for i in range(len(nodes))}
 
 
 def test_extend_sets_the_ttl_on_every_node(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     lease = rl.acquire(NAME, ttl=2)
     assert rl.extend(lease, ttl=30) is True
     for node in nodes:
@@ -393,12 +397,12 @@ def test_extend_sets_the_ttl_on_every_node(nodes):
 
 
 def test_acquire_is_idempotent_for_the_same_owner(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     owner = make_owner()
     first = rl.acquire(NAME, ttl=10, owner=owner)
     again = rl.acquire(NAME, ttl=10, owner=owner)  # a re-sent acquire: the same grant
     assert again is not None and again.fencing_token == first.fencing_token
-    assert Redlock(nodes.urls).acquire(NAME, ttl=10) is None
+    assert healthy(nodes.urls).acquire(NAME, ttl=10) is None
 
 
 def _calls(nodes, command: str) -> list[int]:
@@ -410,14 +414,14 @@ def _calls(nodes, command: str) -> list[int]:
 
 
 def test_an_acquire_with_no_fence_to_move_is_a_bare_set_nx(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls)
+    rl = healthy(redis_nodes3.urls)
     sets, scripts = _calls(redis_nodes3, "set"), _calls(redis_nodes3, "evalsha")
     lease = rl.acquire(NAME, ttl=10, fence=False)
     assert lease is not None
     assert _calls(redis_nodes3, "set") == [n + 1 for n in sets]
     assert _calls(redis_nodes3, "evalsha") == scripts  # no script ran on any node
     assert node_values(redis_nodes3, lease.key) == [lease.owner] * 3
-    fenced = Redlock(redis_nodes3.urls, fencing=False)  # fencing off: the same bare round
+    fenced = healthy(redis_nodes3.urls, fencing=False)  # fencing off: the same bare round
     assert fenced.acquire(NAME, ttl=10) is None
     # refused: ACQUIRE says who holds it, then the failed attempt's release
     assert _calls(redis_nodes3, "evalsha") == [n + 2 for n in scripts]
@@ -426,7 +430,7 @@ def test_an_acquire_with_no_fence_to_move_is_a_bare_set_nx(redis_nodes3):
 def test_a_bare_set_nx_re_sent_where_the_key_is_mine_is_granted_and_refreshed(redis_nodes3):
     """A node whose SET NX reply was lost already holds my value: the re-sent acquire
     finds it mine there (the script's second round) and sets its TTL again."""
-    rl = Redlock(redis_nodes3.urls)
+    rl = healthy(redis_nodes3.urls)
     owner = make_owner()
     lock_key, _ = rl.keys(NAME)
     with redis_nodes3[0].client() as client:
@@ -437,11 +441,11 @@ def test_a_bare_set_nx_re_sent_where_the_key_is_mine_is_granted_and_refreshed(re
     with redis_nodes3[0].client() as client:
         assert client.pttl(lock_key) > 9_000
     assert rl.acquire(NAME, ttl=10, owner=owner, fence=False) is not None  # all three mine
-    assert Redlock(redis_nodes3.urls).acquire(NAME, ttl=10, fence=False) is None
+    assert healthy(redis_nodes3.urls).acquire(NAME, ttl=10, fence=False) is None
 
 
 def test_lost_script_cache_falls_back_to_eval(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     rl.release(rl.acquire(NAME, ttl=10))
     evals_before = []
     for node in nodes:
@@ -463,7 +467,7 @@ def test_lost_script_cache_falls_back_to_eval(nodes):
 
 
 def test_quorum_unavailable_is_not_raised_for_contention(nodes):
-    rl = Redlock(nodes.urls)
+    rl = healthy(nodes.urls)
     rl.acquire(NAME, ttl=10)
     try:
         assert rl.acquire(NAME, ttl=10) is None
@@ -483,7 +487,7 @@ def test_eager_and_lazy_grants_from_two_threads_issue_increasing_tokens(nodes):
     per_thread = 150
 
     def work(index: int) -> None:
-        rl = Redlock(nodes.urls)
+        rl = healthy(nodes.urls)
         try:
             for i in range(per_thread):
                 eager = (i + index) % 2 == 0
@@ -520,7 +524,7 @@ def test_eager_and_lazy_grants_from_two_threads_issue_increasing_tokens(nodes):
     assert not missing, missing[:3]
     assert len(issued) + unread[0] == 2 * per_thread and unread[0] > 0
     assert all(y > x for x, y in zip(issued, issued[1:]))
-    _, fence_key = Redlock(nodes.urls).keys(NAME)
+    _, fence_key = healthy(nodes.urls).keys(NAME)
     # the last token is on a quorum; unread grants and withdrawn attempts may have moved on
     at_least = [int(v) >= issued[-1] for v in node_values(nodes, fence_key)]
-    assert at_least.count(True) >= Redlock(nodes.urls).quorum
+    assert at_least.count(True) >= healthy(nodes.urls).quorum
