@@ -14,7 +14,8 @@ import time
 import pytest
 
 from celery_redlock.exceptions import ConfigurationError
-from celery_redlock.redlock import Claim, Holder, Lease, Redlock, TooEarly, make_owner
+from celery_redlock.redlock import Claim, Holder, Lease, TooEarly, make_owner
+from tests.support.healthy import healthy
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def keys_on(nodes, prefix: str = "redlock") -> set[str]:
 
 
 def test_limit_one_is_the_plain_lock_with_the_same_keys(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     lease = rl.acquire(NAME, ttl=5, limit=1)
     assert lease.key == rl.keys(NAME)[0] and lease.permit == 0
     assert rl.permit_keys(NAME, 1) == [rl.keys(NAME)[0]]
@@ -38,7 +39,7 @@ def test_limit_one_is_the_plain_lock_with_the_same_keys(nodes3):
 
 
 def test_k_permits_then_contention_then_a_freed_permit_is_taken_again(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     leases = [rl.acquire(NAME, ttl=5, limit=3) for _ in range(3)]
     assert all(isinstance(lease, Lease) for lease in leases)
     assert sorted(lease.permit for lease in leases) == [0, 1, 2]
@@ -58,7 +59,7 @@ def test_k_permits_then_contention_then_a_freed_permit_is_taken_again(nodes3):
 
 
 def test_a_copy_of_a_task_id_holding_a_permit_is_contention(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     first = rl.try_acquire(
         NAME, ttl=5, limit=3, owner=make_owner("t-1", 0), task_id="t-1", receipts=True
     )
@@ -75,7 +76,7 @@ def test_a_copy_of_a_task_id_holding_a_permit_is_contention(nodes3):
 
 
 def test_claims_and_throttle_work_with_permits(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     assert rl.claim_next(NAME, "t-9", ttl=30).claimant == "t-9"
     other = rl.try_acquire(NAME, ttl=5, limit=3, task_id="t-1", claim="check")
     assert isinstance(other, Claim) and other.claimant == "t-9"
@@ -92,7 +93,7 @@ def test_claims_and_throttle_work_with_permits(nodes3):
 
 
 def test_release_owned_by_frees_a_permit_whatever_its_index(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     a = rl.acquire(NAME, ttl=30, limit=3, owner=make_owner("task-a", 0))
     b = rl.acquire(NAME, ttl=30, limit=3, owner=make_owner("task-b", 0))
     c = rl.acquire(NAME, ttl=30, limit=3, owner=make_owner("task-c", 0))
@@ -107,14 +108,14 @@ def test_release_owned_by_frees_a_permit_whatever_its_index(nodes3):
 
 
 def test_limit_must_be_a_whole_number_of_at_least_one(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigurationError, match="limit"):
             rl.try_acquire(NAME, ttl=5, limit=bad)
 
 
 def test_fencing_off_grants_permits_without_tokens(nodes3):
-    rl = Redlock(nodes3.urls, fencing=False)
+    rl = healthy(nodes3.urls, fencing=False)
     leases = [rl.acquire(NAME, ttl=5, limit=2) for _ in range(2)]
     assert [lease.permit for lease in leases] == [0, 1]
     assert [lease.fencing_token for lease in leases] == [None, None]
@@ -134,7 +135,7 @@ def test_concurrent_holders_never_exceed_the_limit_and_tokens_stay_distinct(requ
     errors: list[BaseException] = []
 
     def loop():
-        rl = Redlock(nodes.urls)
+        rl = healthy(nodes.urls)
         nonlocal inside, peak
         end = time.monotonic() + seconds
         try:
@@ -178,7 +179,7 @@ def test_concurrent_holders_never_exceed_the_limit_and_tokens_stay_distinct(requ
 
 
 def test_a_key_and_a_named_limit_are_taken_together_or_not_at_all(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     api = (("payment-api:{pay}", 2),)
     a = rl.acquire("order-1:{pay}", ttl=5, also=api)
     b = rl.acquire("order-2:{pay}", ttl=5, also=api)
@@ -213,7 +214,7 @@ def test_keys_and_a_named_limit_taken_together_never_deadlock(nodes3):
 
     def loop(i):
         nonlocal api_inside, peak_api
-        rl = Redlock(nodes3.urls)
+        rl = healthy(nodes3.urls)
         key = f"order-{i % 3}:{{pay}}"
         end = time.monotonic() + 2.0
         try:
@@ -256,7 +257,7 @@ def test_keys_and_a_named_limit_taken_together_never_deadlock(nodes3):
 
 
 def test_names_across_slots_are_refused_together_on_a_cluster_node(redis_clusters3):
-    rl = Redlock(redis_clusters3.urls)
+    rl = healthy(redis_clusters3.urls)
     with pytest.raises(ConfigurationError, match=r"also: .*different hash slots.*Redis Cluster"):
         rl.acquire("order-1", ttl=5, also=(("payment-api", 2),))
     assert keys_on(redis_clusters3) == set()  # refused before any round

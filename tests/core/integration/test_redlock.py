@@ -14,23 +14,13 @@ import pytest
 
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
+from tests.support.healthy import HEALTHY_NODE_TIMEOUT, healthy
 from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 
 pytestmark = pytest.mark.integration
 
 NAME = "job"
-# Every node here is healthy, so no test in this file is about a round's
-# timeout. The library's 50 ms default is shorter than a stall of the test
-# process on a loaded machine (a garbage collection, two busy cores): a round
-# that misses every reply would fail a test about something else.
-HEALTHY_NODE_TIMEOUT = 2.0
-
-
-def healthy(urls, **options) -> Redlock:
-    """A ``Redlock`` on healthy nodes: the options given, a generous node timeout."""
-    options.setdefault("node_timeout", HEALTHY_NODE_TIMEOUT)
-    return Redlock(urls, **options)
 
 
 @pytest.fixture(
