@@ -244,17 +244,17 @@ class Leases:
         # A lazy lease moves no fence value: its token is issued on the first read.
         fencing = self.fencing.arg if fence else ""
         args: tuple[Any, ...] = (owner, ms(ttl), fencing, time.time_ns() // 1000)
-        gated = task_id is not None and bool(receipts or claim or throttle)
-        if gated and task_id is not None:  # (the second test narrows the type)
+        gate_id = task_id if receipts or claim or throttle else None  # the id the gates check
+        if gate_id is not None:
             flags = gate_flags(receipts, claim, own_claim)
-            keys += (space.receipt_key(name, task_id), space.claim_key(name))
-            args += (task_id, flags)
+            keys += (space.receipt_key(name, gate_id), space.claim_key(name))
+            args += (gate_id, flags)
             if throttle:
                 keys += (space.coalesce_key(name, "throttle"),)
                 now_ms = time.time_ns() // 1_000_000
                 args = args[:-1] + (flags + "t", ms(throttle), now_ms, slot or "")
         start = q.clock()
-        if rated is None and not fencing and not gated:  # the script would only SET NX
+        if rated is None and not fencing and gate_id is None:  # the script would only SET NX
             replies = q.set_first(scripts.ACQUIRE, keys, args, [1])
         elif rated is None:
             replies = q.run(scripts.ACQUIRE, keys, args)

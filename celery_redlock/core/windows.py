@@ -129,7 +129,7 @@ class RateKey(NamedTuple):
     """One key's windows and burst, booked together with the other keys of a reservation.
 
     ``starts``: the sorted set where rated grants record their starts (see
-    :class:`RatedRound`); '' for a key booked on its own (:meth:`Rates.rate`).
+    :class:`.rates.RatedRound`); '' for a key booked on its own (:meth:`.rates.Rates.rate`).
     """
 
     key: str
