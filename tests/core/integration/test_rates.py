@@ -24,6 +24,7 @@ from celery_redlock.core import (
     peek_rate,
     reserve_rates,
 )
+from tests.support.healthy import healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -198,7 +199,7 @@ def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
     start adds to its run lock is one lock round."""
     from celery_redlock.core import rounds as _nodes
 
-    rl = Redlock(redis_nodes3.urls)
+    rl = healthy(redis_nodes3.urls)
     rl.rate("rounds", "100/s")  # the script is loaded: each round below is one EVALSHA
     rounds = []
     real = _nodes.gather
@@ -225,7 +226,7 @@ def test_a_rated_start_due_now_is_one_acquire_round(redis_nodes3, monkeypatch):
     costs the run lock's round and nothing more (the release aside)."""
     from celery_redlock.core import rounds as _nodes
 
-    rl = Redlock(redis_nodes3.urls)
+    rl = healthy(redis_nodes3.urls)
     api = rated_key(rl, "api-1r", "1000/s")
     rl.release(rl.try_acquire("warm", ttl=5, rates=[api]))  # scripts loaded
     sent = []
@@ -250,7 +251,7 @@ def test_rated_starts_are_spaced_and_recorded(nodes3):
     """Starts booked for later hold nothing and record nothing; the ones that run are
     recorded once each, on every node that granted them. (A rate on a Redis Cluster
     node shares the locks' hash tag: one call takes keys of one slot.)"""
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     api = rated_key(rl, "{rec}:api", "5/s")
     results = [rl.try_acquire(f"{{rec}}:{i}", ttl=5, rates=[api]) for i in range(4)]
     assert isinstance(results[0], Lease)
@@ -271,7 +272,7 @@ def test_rated_starts_are_spaced_and_recorded(nodes3):
 
 
 def test_a_contended_start_books_nothing(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     api = rated_key(rl, "{busy}:api", "1/s")
     held = rl.try_acquire("busy", ttl=5)
     assert isinstance(held, Lease)
@@ -286,7 +287,7 @@ def test_a_contended_start_books_nothing(nodes3):
 
 
 def test_a_rated_permit_books_in_its_round(nodes3):
-    rl = Redlock(nodes3.urls)
+    rl = healthy(nodes3.urls)
     api = rated_key(rl, "{pool}:api", "2/s")
     first = rl.try_acquire("pool", ttl=5, limit=3, rates=[api])
     second = rl.try_acquire("pool", ttl=5, limit=3, rates=[api])

@@ -13,6 +13,7 @@ import pytest
 
 from celery_redlock.exceptions import QuorumUnavailable
 from celery_redlock.redlock import Claim, Finished, Holder, Lease, Redlock, TooEarly, make_owner
+from tests.support.healthy import healthy
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,7 @@ NAME = "report:{abc}"
 
 @pytest.fixture
 def rl(nodes3):
-    client = Redlock(nodes3.urls, key_prefix="crl-claims")
+    client = healthy(nodes3.urls, key_prefix="crl-claims")
     yield client
     for node in nodes3:
         with node.client() as c:
@@ -64,7 +65,7 @@ def test_claim_is_taken_kept_and_renewed(rl, nodes3):
 
 
 def test_a_free_names_claim_is_a_bare_set_nx(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, key_prefix="crl-bare")
+    rl = healthy(redis_nodes3.urls, key_prefix="crl-bare")
 
     def scripts_run() -> list[int]:
         out = []
@@ -111,7 +112,7 @@ def test_concurrent_claims_elect_one_claimant(rl, nodes3):
     # node timeout a starved thread can miss a reply to its own claim, lose,
     # and still be named by a thread that saw it on a majority a moment
     # before. What is tested here is the election, not that timeout.
-    rl = Redlock(nodes3.urls, key_prefix="crl-claims", node_timeout=2)  # the fixture cleans up
+    rl = healthy(nodes3.urls, key_prefix="crl-claims")  # the fixture cleans up
     winners: list[str] = []
     barrier = threading.Barrier(8)
 
