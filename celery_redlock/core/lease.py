@@ -260,7 +260,8 @@ class Leases:
             replies = q.run(scripts.ACQUIRE, keys, args)
         else:
             replies = rated.run(scripts.ACQUIRE_RATED, keys, args, owner, (key,))
-        stop = stopped_early(replies, task_id, q.needed)
+        # Only the gates answer "finished" or "too early".
+        stop = None if gate_id is None else stopped_early(replies, task_id, q.needed)
         if stop is not None:
             self._let_go(key, owner, rated, replies)
             return stop
@@ -321,13 +322,12 @@ class Leases:
     def retry(
         self,
         attempt: Callable[[], object],
-        blocking: bool,
         timeout: float | None,
         retry_delay: float,
         retry_delay_max: float,
     ) -> Lease | None:
-        """``attempt()`` until it returns a lease, with backoff while ``blocking``
-        (see :meth:`Redlock.acquire`)."""
+        """``attempt()`` until it returns a lease, with backoff; None after ``timeout``
+        seconds (see :meth:`Redlock.acquire` with ``blocking``)."""
         q = self.quorum
         start = q.clock()
         tries = 0
@@ -335,13 +335,11 @@ class Leases:
             try:
                 result = attempt()
             except QuorumUnavailable:
-                if not blocking or (timeout is not None and q.clock() - start >= timeout):
+                if timeout is not None and q.clock() - start >= timeout:
                     raise
                 result = None
             if isinstance(result, Lease):
                 return result
-            if not blocking:
-                return None
             delay = full_jitter(tries, retry_delay, retry_delay_max, q.rng)
             if timeout is not None:
                 left = timeout - (q.clock() - start)

@@ -59,7 +59,7 @@ class Node:
     cluster = False
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "_owed", "_generation",
+        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "owed", "_generation",
         "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
@@ -112,10 +112,11 @@ class Node:
         # checkout (its lock and bookkeeping cost more than the round trip on
         # loopback); list.pop and list.append are atomic, so threads may share it.
         self._idle: list[Any] = []
-        # Idle connection -> replies it still owes: commands sent without
-        # waiting (:func:`~celery_redlock.core.unwaited.send_script`), whose
-        # replies the next round on it reads first and sets aside.
-        self._owed: dict[Any, int] = {}
+        #: Idle connection -> replies it still owes: commands sent without
+        #: waiting (:func:`~celery_redlock.core.unwaited.send_script`). The
+        #: round that takes the connection pops its count and reads those
+        #: replies first (:class:`~celery_redlock.core.wire.Call`).
+        self.owed: dict[Any, int] = {}
         self._generation = _generation
         self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
         self._probing = False
@@ -130,7 +131,7 @@ class Node:
             return None
 
     def _forget_parent(self) -> None:
-        self._idle, self._owed = [], {}
+        self._idle, self.owed = [], {}
         self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
         self._generation = _generation
 
@@ -177,16 +178,12 @@ class Node:
     def put_back(self, conn: Any, owed: int = 0) -> None:
         """Make ``conn`` idle again; ``owed``: replies still on their way on it."""
         if owed:
-            self._owed[conn] = owed  # before it is idle: whoever takes it reads them first
+            self.owed[conn] = owed  # before it is idle: whoever takes it reads them first
         self._idle.append(conn)
-
-    def owed_by(self, conn: Any) -> int:
-        """How many replies ``conn`` owes (and forget it: the caller now reads them)."""
-        return self._owed.pop(conn, 0) if self._owed else 0
 
     def discard(self, conn: Any) -> None:
         """Close a connection that may hold an unread or half-read reply: it is never reused."""
-        self._owed.pop(conn, None)
+        self.owed.pop(conn, None)
         try:
             conn.disconnect()
         except (RedisError, OSError):

@@ -375,15 +375,14 @@ class Redlock:
         if timeout is not None:
             checked("timeout", settings.check_non_negative, timeout)
         positive("ttl", ttl)
-        return self._leases.retry(
-            lambda: self.try_acquire(
-                name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also
-            ),
-            blocking,
-            timeout,
-            retry_delay,
-            retry_delay_max,
-        )
+
+        def attempt() -> object:
+            return self.try_acquire(name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also)
+
+        if not blocking:
+            once = attempt()
+            return once if isinstance(once, Lease) else None
+        return self._leases.retry(attempt, timeout, retry_delay, retry_delay_max)
 
     @contextmanager
     def lock(self, name: str, *, ttl: float, timeout: float | None = None) -> Iterator[Lease]:

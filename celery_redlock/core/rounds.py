@@ -85,10 +85,19 @@ def gather(
         With ``then``, a node's item is the pair of replies, or the first
         reply alone when that is an error.
     """
-    if any(node.cluster for node in nodes):
+    if _some_cluster(nodes):
         return spread_command(nodes, args, timeout, then)
     command = Command(args) if then is None else Command(args, then)
     return gather_each(nodes, [command] * len(nodes), timeout)  # type: ignore[arg-type]
+
+
+def _some_cluster(nodes: Sequence[LockNode]) -> bool:
+    """True when a node is a Redis Cluster (a loop: every round asks, and ``any``
+    over a generator costs more than the question)."""
+    for node in nodes:
+        if node.cluster:
+            return True
+    return False
 
 
 def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: float) -> list[Any]:
@@ -189,7 +198,7 @@ def _collect(
                 poller.unregister(fd)
                 if call.late:
                     _log_late(call)
-                if call.reused and _closed_by_server(reply):
+                if call.reused and isinstance(reply, Exception) and _closed_by_server(reply):
                     if opening is None:
                         opening = Opening(commands, timeout)
                         wake = opening.wake
@@ -245,7 +254,7 @@ def run_script(
     so it counts as a node that did not answer.
     """
     wait = wait_after(script, nodes, timeout)
-    if any(node.cluster for node in nodes):
+    if _some_cluster(nodes):
         return _spread_script(script, nodes, keys, args, timeout, wait)
     return _masters_script(script, nodes, keys, args, timeout, wait)  # type: ignore[arg-type]
 

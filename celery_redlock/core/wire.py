@@ -88,8 +88,8 @@ class Command:
 
     def __init__(self, *parts: Sequence[Any]):
         self.parts = parts
-        self.wire = b"".join(pack(part) for part in parts)
         self.count = len(parts)
+        self.wire = pack(parts[0]) if self.count == 1 else b"".join(map(pack, parts))
         self._packed: Any = None
 
     def packed(self, conn: Any) -> Any:
@@ -114,9 +114,10 @@ class Call:
         self.fd = -1
         self.count = count  # replies expected: more than 1 when commands are pipelined
         # Replies the connection owed before this command (sent without waiting,
-        # see Node.owed_by): read first and set aside; ``late`` keeps their errors.
-        self.skip = node.owed_by(conn) if reused else 0
-        self.late: list[Any] = []
+        # see Node.owed): read first and set aside; ``late`` keeps their errors.
+        owed = node.owed
+        self.skip = owed.pop(conn, 0) if reused and owed else 0
+        self.late: tuple[Any, ...] = ()
 
     def renew(self) -> None:
         """Go on with a new connection, not yet connected (the server closed the reused one)."""
@@ -172,7 +173,7 @@ def step(call: Call) -> Any:
             call.buf, pos = call.buf[pos:], 0
             call.skip -= 1
             if isinstance(late, Exception):
-                call.late.append(late)
+                call.late += (late,)
         reply, pos = parse(call.buf, pos)
         if call.count > 1:
             got = [reply]
