@@ -46,6 +46,7 @@ from .records import (
     TooEarly,
     full_jitter,
     in_the_way,
+    split,
     stopped_early,
 )
 from .values import ms
@@ -54,7 +55,11 @@ if TYPE_CHECKING:
     from .rates import RatedRound
     from .records import RateSlot
 
-__all__ = ["Client", "Lease", "Leases", "gate_flags"]
+__all__ = ["SPLIT_RETRIES", "Client", "Lease", "Leases", "gate_flags"]
+
+#: Attempts made again when contenders split the nodes and nobody holds a quorum
+#: (the Redlock algorithm's "retry after a random delay").
+SPLIT_RETRIES = 2
 
 logger = logging.getLogger("celery_redlock.redlock")
 
@@ -235,9 +240,15 @@ class Leases:
         throttle: float | None,
         slot: str | None,
         rated: RatedRound | None = None,
+        splits: int = SPLIT_RETRIES,
     ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
         """One attempt on a plain lock (see :meth:`Redlock.try_acquire`); ``rated``
-        books a rated start in the same round (see :class:`.rates.RatedRound`)."""
+        books a rated start in the same round (see :class:`.rates.RatedRound`).
+
+        An attempt that no gate and no rate applies to, and that fails with
+        nobody holding a quorum (concurrent contenders split the nodes), is made
+        again after a random pause, up to ``splits`` times: reported as held,
+        a split would have every contender drop its work while none runs."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
         keys: tuple[str, ...] = (key, fence_key)
@@ -280,6 +291,12 @@ class Leases:
                 return lease
         self._let_go(key, owner, rated, replies)
         q.check(replies)
+        if splits and rated is None and gate_id is None and split(replies, q.needed):
+            q.sleep(q.rng() * q.node_timeout)  # out of step with the other contenders
+            return self.try_acquire(
+                name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
+                rated, splits - 1,
+            )  # fmt: skip
         return in_the_way(replies, task_id)
 
     def _let_go(self, key: str, owner: str, rated: RatedRound | None, replies: list[Any]) -> None:

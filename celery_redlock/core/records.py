@@ -35,6 +35,7 @@ __all__ = [
     "full_jitter",
     "in_the_way",
     "make_owner",
+    "split",
     "stopped_early",
 ]
 
@@ -189,6 +190,13 @@ def in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
         [(claimant_of(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 3]
     )
     return Claim(claimed.owner, claimed.remaining)
+
+
+def split(replies: Sequence[Any], needed: int) -> bool:
+    """A failed attempt that met other owners, none of them on ``needed`` nodes:
+    contenders split the nodes (and each let go). Nobody holds the name."""
+    held = Counter(r[1] for r in replies if isinstance(r, list) and r[0] == 0)
+    return bool(held) and max(held.values()) < needed
 
 
 def stopped_early(

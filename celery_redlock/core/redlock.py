@@ -259,6 +259,10 @@ class Redlock:
     ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
         """One attempt: the :class:`Lease`, or what is in the way.
 
+        On a plain lock with no gate and no rate, an attempt that contenders
+        split (nobody holds a quorum) is made again after a random pause of up
+        to ``node_timeout``, twice at most, before it counts as contended.
+
         With ``limit`` K > 1 the lease is one of K permits of the name (see
         :mod:`.permits`); the :class:`Holder` returned when all are held is the
         one whose permit frees first. ``also``: other ``(name, limit)`` pairs
