@@ -20,9 +20,14 @@ pytestmark = pytest.mark.integration
 NAME = "split"
 
 
-def hold(node, key: str, owner: str) -> None:
-    with node.client() as client:
-        client.set(key, owner, px=30_000)
+X, Y = "x|0|other|1", "y|0|other|2"
+
+
+def hold(nodes, key: str, *owners: str) -> None:
+    """The contenders' keys: ``owners[i]`` on node i."""
+    for node, owner in zip(nodes, owners):
+        with node.client() as client:
+            client.set(key, owner, px=30_000)
 
 
 def let_go(nodes, key: str) -> None:
@@ -31,63 +36,55 @@ def let_go(nodes, key: str) -> None:
             client.delete(key)
 
 
-def test_a_split_is_tried_again_and_won_once_the_contenders_let_go(redis_nodes3):
-    pauses: list[float] = []
+@pytest.fixture
+def pauses() -> list[float]:
+    return []
 
+
+@pytest.fixture
+def rl(redis_nodes3, pauses):
+    return healthy(redis_nodes3.urls, sleep=pauses.append)
+
+
+@pytest.fixture
+def key(rl, redis_nodes3):
+    key = rl.keys(NAME)[0]
+    yield key
+    let_go(redis_nodes3, key)
+
+
+def test_a_split_is_tried_again_and_won_once_the_contenders_let_go(redis_nodes3, key, pauses):
     def pause(seconds: float) -> None:  # meanwhile, the other two contenders let go
         pauses.append(seconds)
         let_go(redis_nodes3, key)
 
     rl = healthy(redis_nodes3.urls, sleep=pause)
-    key = rl.keys(NAME)[0]
-    hold(redis_nodes3[0], key, "x|0|other|1")
-    hold(redis_nodes3[1], key, "y|0|other|2")
+    hold(redis_nodes3, key, X, Y)
     lease = rl.try_acquire(NAME, ttl=10)
     assert isinstance(lease, Lease), lease
     assert len(pauses) == 1 and 0 <= pauses[0] <= rl.node_timeout
     rl.release(lease)
 
 
-def test_a_split_that_lasts_is_reported_after_the_retries(redis_nodes3):
-    pauses: list[float] = []
-    rl = healthy(redis_nodes3.urls, sleep=pauses.append)
-    key = rl.keys(NAME)[0]
-    hold(redis_nodes3[0], key, "x|0|other|1")
-    hold(redis_nodes3[1], key, "y|0|other|2")
-    try:
-        held = rl.try_acquire(NAME, ttl=10)
-        assert isinstance(held, Holder) and held.owner in ("x|0|other|1", "y|0|other|2")
-        assert len(pauses) == SPLIT_RETRIES
-        with redis_nodes3[2].client() as client:  # each attempt let its node go
-            assert client.exists(key) == 0
-    finally:
-        let_go(redis_nodes3, key)
+def test_a_split_that_lasts_is_reported_after_the_retries(redis_nodes3, rl, key, pauses):
+    hold(redis_nodes3, key, X, Y)
+    held = rl.try_acquire(NAME, ttl=10)
+    assert isinstance(held, Holder) and held.owner in (X, Y)
+    assert len(pauses) == SPLIT_RETRIES
+    with redis_nodes3[2].client() as client:  # each attempt let its node go
+        assert client.exists(key) == 0
 
 
-def test_a_holder_on_a_quorum_is_reported_at_once(redis_nodes3):
-    pauses: list[float] = []
-    rl = healthy(redis_nodes3.urls, sleep=pauses.append)
-    key = rl.keys(NAME)[0]
-    hold(redis_nodes3[0], key, "x|0|other|1")
-    hold(redis_nodes3[1], key, "x|0|other|1")
-    try:
-        held = rl.try_acquire(NAME, ttl=10)
-        assert isinstance(held, Holder) and held.owner == "x|0|other|1"
-        assert pauses == []  # a real holder: no second attempt
-    finally:
-        let_go(redis_nodes3, key)
+def test_a_holder_on_a_quorum_is_reported_at_once(redis_nodes3, rl, key, pauses):
+    hold(redis_nodes3, key, X, X)
+    held = rl.try_acquire(NAME, ttl=10)
+    assert isinstance(held, Holder) and held.owner == X
+    assert pauses == []  # a real holder: no second attempt
 
 
-def test_a_gated_attempt_is_not_tried_again(redis_nodes3):
+def test_a_gated_attempt_is_not_tried_again(redis_nodes3, rl, key, pauses):
     """Claims, receipts and throttles keep their one round: the callers that use them
     decide themselves what a contended start means."""
-    pauses: list[float] = []
-    rl = healthy(redis_nodes3.urls, sleep=pauses.append)
-    key = rl.keys(NAME)[0]
-    hold(redis_nodes3[0], key, "x|0|other|1")
-    hold(redis_nodes3[1], key, "y|0|other|2")
-    try:
-        held = rl.try_acquire(NAME, ttl=10, task_id="t1", receipts=True)
-        assert isinstance(held, Holder) and pauses == []
-    finally:
-        let_go(redis_nodes3, key)
+    hold(redis_nodes3, key, X, Y)
+    held = rl.try_acquire(NAME, ttl=10, task_id="t1", receipts=True)
+    assert isinstance(held, Holder) and pauses == []
