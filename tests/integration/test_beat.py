@@ -424,7 +424,12 @@ def test_a_minority_of_nodes_down_or_hung_changes_nothing(rig):
     # backlog) may wait out a node timeout on each round, so on a loaded host
     # a slot can go out most of a second late: completeness is checked up to
     # 1.5 s before the stop, which leaves the last slot after the resume.
-    every1 = assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.5))
+    # While node 2 hangs, every claim waits out the node timeout: both beats' interval
+    # ticks run late alike, and like a lone beat's (see assert_each_slot_once) they
+    # can cross a cell boundary and skip that cell. The cells of the hang, and the
+    # one after the resume, may be missing; no slot may go out twice anywhere.
+    hung = frozenset(float(s) for s in range(math.ceil(t0 + 7.5), math.floor(t0 + 9.0) + 2))
+    every1 = assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.5), excused=hung)
     assert_each_slot_once(msgs, "aligned-2s", 2, (t1, stopped - 1.5))
     assert not first.errors() and not second.errors()
     assert "quorum unavailable" not in first.log + second.log
