@@ -20,10 +20,19 @@ Choosing the arguments (``lock_on``):
   ``"order.customer.id"`` is ``order["customer"]["id"]``, and ``"items.0.sku"`` is
   ``items[0]["sku"]``. If ``run`` takes ``**kwargs``, a selector may also name a
   key of it.
+* a mapping from selectors to functions: those parameters, each value passed
+  through its function before hashing. ``lock_on={"order_id": int}`` makes
+  ``"7"`` and ``7`` one key (the key of ``lock_on="order_id"`` with ``7``).
 * ``[]``: no arguments, so there is one lock per lock name. The task never runs
   twice at the same time, whatever its arguments.
-* a callable: it gets the task's arguments (``f(*args, **kwargs)``) and returns
-  the value to lock on, e.g. ``lock_on=lambda user, **_: user["id"]``.
+* a callable: it gets the task's arguments and returns the value to lock on,
+  e.g. ``lock_on=lambda order_id, **_: int(order_id)``. A callable whose
+  parameters are all parameters of ``run`` (and takes no ``*args``) gets them
+  **by name**, however the caller passed them: the arguments the call gave,
+  and, for a parameter it needs without a default of its own, ``run``'s
+  default; without ``**kwargs`` it gets only the parameters it names. Any
+  other callable (``*args``, or a parameter ``run`` does not have) is called
+  as ``f(*args, **kwargs)``, with the arguments as the caller passed them.
 
 Rules:
 
@@ -42,8 +51,12 @@ Rules:
   else is a :class:`~celery_redlock.exceptions.LockKeyError` naming the task, the
   argument and its type. Choose identifying arguments with ``lock_on`` to avoid
   that.
-* A selector whose first step is not a parameter of ``run`` fails when the task
-  binds, with :class:`~celery_redlock.conf.ImproperlyConfigured`. A path that
+* Types count: ``7``, ``7.0``, ``Decimal("7")`` and ``"7"`` are four keys. Where
+  callers disagree on a type (a web request gives strings), convert it in
+  ``lock_on``: ``{"order_id": int}`` or ``lambda order_id, **_: int(order_id)``.
+* A selector whose first step is not a parameter of ``run``, or a mapping value
+  that is not callable, fails when the task binds, with
+  :class:`~celery_redlock.conf.ImproperlyConfigured`. A path that
   is missing at run time (absent key, short list, a ``None`` in the way) is a
   ``LockKeyError``. When a path may be absent, use a callable.
 * With ``lock_on=None``, adding a parameter to ``run`` changes every key, so old
@@ -73,7 +86,11 @@ __all__ = ["DIGEST_LENGTH", "KeyBuilder", "LockOn", "digest"]
 #: and fence key.
 DIGEST_LENGTH = 32
 
-LockOn = Union[None, str, Sequence[str], Callable[..., Any]]
+LockOn = Union[None, str, Sequence[str], Mapping[str, Callable[[Any], Any]], Callable[..., Any]]
+
+# How a callable takes the arguments by name: the names it takes (None: all, it
+# has **kwargs), and (name, run's default) for the parameters it needs run's default of.
+_ByName = tuple[Union[frozenset, None], tuple[tuple[str, Any], ...]]
 
 _UNSTEPPABLE = (str, bytes, bytearray)
 _INDEX = re.compile(r"\d+")
@@ -177,17 +194,24 @@ class KeyBuilder:
             (p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
         )
         self._pick = lock_on if callable(lock_on) else None
+        self._by_name = None if self._pick is None else self._by_name_of(self._pick, params)
         self._selectors: tuple | None = None
+        self._convert: dict[str, Callable[[Any], Any]] = {}
         if self._pick is not None:
             fields: Sequence[str] = [""]
         elif lock_on is None:
             fields = [name for name in params if name != self._token]
         else:
-            names = [lock_on] if isinstance(lock_on, str) else lock_on
+            if isinstance(lock_on, Mapping):
+                self._convert = self._converters(lock_on)
+                names: Any = list(lock_on)
+            else:
+                names = [lock_on] if isinstance(lock_on, str) else lock_on
             if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
                 raise ImproperlyConfigured(
                     f"task {self.task_name!r}: lock_on must be None, a parameter name, a "
-                    f"list of them or a callable, got {type(lock_on).__name__}"
+                    f"list of them, a mapping of them to functions or a callable, got "
+                    f"{type(lock_on).__name__}"
                 )
             self._selectors = tuple(self._parse(name, params) for name in names)
             fields = names
@@ -222,6 +246,47 @@ class KeyBuilder:
         steps = tuple((s, int(s) if _INDEX.fullmatch(s) else None) for s in rest)
         return selector, head, steps, head not in params
 
+    def _converters(self, lock_on: Mapping) -> dict[str, Callable[[Any], Any]]:
+        for name, convert in lock_on.items():
+            if not isinstance(name, str):
+                raise ImproperlyConfigured(
+                    f"task {self.task_name!r}: lock_on maps {name!r}, which is not a "
+                    f"parameter name: map names to functions, e.g. {{'order_id': int}}"
+                )
+            if not callable(convert):
+                raise ImproperlyConfigured(
+                    f"task {self.task_name!r}: lock_on maps {name!r} to {convert!r}, which "
+                    f"is not callable: map it to the function applied to its value, e.g. "
+                    f"{{{name!r}: int}}"
+                )
+        return dict(lock_on)
+
+    def _by_name_of(
+        self, pick: Callable[..., Any], params: Mapping[str, inspect.Parameter]
+    ) -> _ByName | None:
+        """(names it takes, or None for all; run's defaults it needs) when ``pick`` takes
+        run's arguments by name; None when it is called as ``pick(*args, **kwargs)``."""
+        try:
+            own = inspect.signature(pick).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        named = {n: p for n, p in params.items() if n != self._token and n != self._varkw}
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        takes_all = False
+        for p in own:
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                takes_all = True
+            elif p.kind not in kinds or p.name not in named:
+                return None
+        fill = tuple(
+            (p.name, named[p.name].default)
+            for p in own
+            if p.kind in kinds
+            and p.default is inspect.Parameter.empty
+            and named[p.name].default is not inspect.Parameter.empty
+        )
+        return None if takes_all else frozenset(p.name for p in own), fill
+
     def build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """Return the lock key for one call: ``f"{lock_name}:{{{digest}}}"``.
 
@@ -230,27 +295,100 @@ class KeyBuilder:
                 missing, or a selected value has no canonical form.
         """
         if self._pick is not None:
-            if self._token is not None and self._token in kwargs:
-                kwargs = {k: v for k, v in kwargs.items() if k != self._token}
-            try:
-                value = self._pick(*args, **kwargs)
-            except Exception as exc:
-                raise LockKeyError(
-                    f"task {self.task_name!r}: lock_on callable raised {type(exc).__name__}: {exc}"
-                ) from exc
-            return self._finish({"": value}, "the value returned by lock_on")
-
+            if self._by_name is not None:
+                return self._picked((), self._named(args, kwargs))
+            return self._picked(args, kwargs)
         arguments = self._bind(args, kwargs)  # a fresh dict: safe to change
         if self._selectors is None:
             if self._token is not None:
                 arguments.pop(self._token, None)
             return self._finish(arguments, "argument")
-        return self._finish(
-            {s[0]: self._resolve(arguments, *s) for s in self._selectors}, "selector"
-        )
+        values = {s[0]: self._resolve(arguments, *s) for s in self._selectors}
+        return self._finish(self._converted(values) if self._convert else values, "selector")
 
-    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """``signature.bind(*args, **kwargs)`` with defaults applied: ``{name: value}`` in order."""
+    def build_selected(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """Return the lock key from the ``lock_on`` arguments alone, for the tools.
+
+        ``args`` are the selectors' values in ``lock_on`` order and ``kwargs`` name
+        selectors (``{"order.customer.id": 7}``); a mapping's functions apply to
+        them. A callable gets ``f(*args, **kwargs)``: its own parameters. With
+        ``lock_on=None`` this is :meth:`build`: every parameter is selected.
+
+        Raises:
+            LockKeyError: the values do not fit the selectors, a function raised, or
+                a value has no canonical form.
+        """
+        if self._pick is not None:
+            return self._picked(args, kwargs)
+        if self._selectors is None:
+            return self.build(args, kwargs)
+        names = list(dict.fromkeys(s[0] for s in self._selectors))
+        listed = ", ".join(names) or "none"
+        if len(args) > len(names):
+            raise LockKeyError(
+                f"task {self.task_name!r}: {len(args)} values given, lock_on selects "
+                f"{len(names)}: {listed}"
+            )
+        values = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names or name in values:
+                what = "given twice" if name in values else "not a lock_on selector"
+                raise LockKeyError(
+                    f"task {self.task_name!r}: {name!r} is {what} (lock_on: {listed})"
+                )
+            values[name] = value
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise LockKeyError(
+                f"task {self.task_name!r}: no value for lock_on {', '.join(map(repr, missing))}"
+            )
+        return self._finish(self._converted(values), "selector")
+
+    def _converted(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` with the mapping's functions applied (in place)."""
+        for name, convert in self._convert.items():
+            try:
+                values[name] = convert(values[name])
+            except Exception as exc:
+                raise LockKeyError(
+                    f"task {self.task_name!r}: lock_on[{name!r}] raised "
+                    f"{type(exc).__name__} on a {type(values[name]).__name__}: {exc}"
+                ) from exc
+        return values
+
+    def _picked(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The key of the callable's value for ``f(*args, **kwargs)``, the token left out."""
+        assert self._pick is not None
+        if self._token is not None and self._token in kwargs:
+            kwargs = {k: v for k, v in kwargs.items() if k != self._token}
+        try:
+            value = self._pick(*args, **kwargs)
+        except Exception as exc:
+            raise LockKeyError(
+                f"task {self.task_name!r}: lock_on callable raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return self._finish({"": value}, "the value returned by lock_on")
+
+    def _named(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, for a callable that takes them so (no token)."""
+        assert self._by_name is not None
+        takes, fill = self._by_name
+        named = self._bind(args, kwargs, defaults=False)
+        if self._token is not None:
+            named.pop(self._token, None)
+        if self._varkw is not None and self._varkw in named:
+            named.update(named.pop(self._varkw))
+        if takes is not None:
+            named = {k: v for k, v in named.items() if k in takes}
+        for name, default in fill:
+            named.setdefault(name, default)
+        return named
+
+    def _bind(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], defaults: bool = True
+    ) -> dict[str, Any]:
+        """``signature.bind(*args, **kwargs)``, with defaults applied unless told not:
+        ``{name: value}`` in order."""
         if self._simple and len(args) <= len(self._positional):
             # Named parameters only: bind by hand, several times faster than inspect.
             arguments = dict(zip(self._positional, args))
@@ -261,7 +399,7 @@ class KeyBuilder:
                     used += 1
                 elif default is inspect.Parameter.empty:
                     break  # missing: let inspect word the error
-                else:
+                elif defaults:
                     arguments[name] = default
             else:
                 if used == len(kwargs):  # else unknown, or given twice
@@ -272,7 +410,8 @@ class KeyBuilder:
             raise LockKeyError(
                 f"task {self.task_name!r}: arguments do not match run: {exc}"
             ) from exc
-        bound.apply_defaults()
+        if defaults:
+            bound.apply_defaults()
         return bound.arguments
 
     def _resolve(

@@ -224,6 +224,114 @@ def test_callable_errors_become_lock_key_errors():
         kb(lock_on=lambda *a, **k: object()).build((1,), {})
 
 
+def test_types_make_different_keys():
+    """The trap the keys page warns about: four spellings of one order, four keys."""
+    b = kb(lock_on="account_id")
+    assert len({b.build((v,), {}) for v in (7, 7.0, Decimal("7"), "7")}) == 4
+
+
+def test_mapping_converts_before_hashing():
+    b = kb(lock_on={"account_id": int})
+    keys = {
+        b.build(("7",), {}),
+        b.build((7, 20), {}),
+        b.build((), {"account_id": "7", "amount": 5}),
+        b.build((7.0,), {"currency": "USD"}),
+    }
+    # One key, and it is the key of lock_on="account_id" with the int.
+    assert keys == {kb(lock_on="account_id").build((7,), {})}
+    assert b.build(("8",), {}) != b.build(("7",), {})
+
+
+def test_mapping_takes_dotted_paths_and_several_parameters():
+    b = kb(process, {"order.customer.id": int, "note": str.lower})
+    assert b.build(({"customer": {"id": "7"}},), {"note": "VIP"}) == b.build(
+        ({"customer": {"id": 7}}, ()), {"note": "vip"}
+    )
+    plain = kb(process, ["order.customer.id", "note"])
+    assert b.build(({"customer": {"id": "7"}},), {"note": "X"}) == plain.build(
+        ({"customer": {"id": 7}},), {"note": "x"}
+    )
+
+
+def test_bad_mapping_fails_at_bind_naming_the_parameter():
+    with pytest.raises(ConfigurationError, match=r"'order_id' does not start with a parameter"):
+        kb(lock_on={"order_id": int}, task_name="shop.charge")
+    with pytest.raises(ConfigurationError, match=r"shop.charge.*maps 'account_id' to 'int'.*not"):
+        kb(lock_on={"account_id": "int"}, task_name="shop.charge")
+    with pytest.raises(ConfigurationError, match=r"maps 1, which is not a parameter name"):
+        kb(lock_on={1: int})
+    with pytest.raises(ConfigurationError, match="fencing-token"):
+        kb(lock_on={"fencing_token": int})
+
+
+def test_mapping_function_errors_name_the_selector():
+    with pytest.raises(LockKeyError, match=r"lock_on\['account_id'\] raised ValueError on a str"):
+        kb(lock_on={"account_id": int}).build(("seven",), {})
+
+
+def test_callable_gets_the_arguments_by_name_however_they_were_passed():
+    b = kb(lock_on=lambda account_id, **_: int(account_id))
+    key = b.build(("7", 20), {"currency": "USD"})  # amount by position
+    assert key == b.build((), {"amount": 1, "account_id": 7}) == b.build((7,), {})
+    assert key == "charge:{" + digest({"": 7}) + "}"
+    # Without **kwargs it gets only the parameters it names.
+    assert kb(lock_on=lambda account_id: account_id).build((7, 20), {}) == key
+    # A parameter it needs gets run's default when the call left it out; its own
+    # default stays its own.
+    needs = kb(lock_on=lambda account_id, amount, **_: [account_id, amount])
+    assert needs.build((7,), {}) == needs.build((7, 10), {})
+    own = kb(lock_on=lambda account_id, amount=0, **_: [account_id, amount])
+    assert own.build((7,), {}) == needs.build((7, 0), {})
+
+
+def test_callable_by_name_takes_var_keyword_entries_and_never_the_token():
+    seen = []
+
+    def pick(tenant, **options):
+        seen.append(options)
+        return tenant
+
+    kb(flexible, pick).build(("t",), {"region": "eu"})
+    assert seen[-1] == {"region": "eu"}
+    kb(lock_on=lambda **k: seen.append(k)).build((7,), {"fencing_token": 3})
+    assert seen[-1] == {"account_id": 7}
+
+
+def test_other_callables_get_the_arguments_as_passed():
+    """*args, or a parameter run does not have: called as f(*args, **kwargs), as before."""
+    assert kb(lock_on=lambda x, **_: x).build((7,), {}) == kb(
+        lock_on=lambda account_id, **_: 7
+    ).build((1,), {})
+    seen = []
+    kb(lock_on=lambda *a, **k: seen.append((a, k))).build((7, 20), {"currency": "USD"})
+    assert seen == [((7, 20), {"currency": "USD"})]
+    assert kb(lock_on=int).build(("7",), {}) == kb(lock_on=lambda account_id: 7).build((1,), {})
+
+
+def test_build_selected_takes_the_lock_on_arguments_alone():
+    whole = kb(lock_on=["currency", "account_id"])
+    expected = whole.build((7, 20), {"currency": "USD"})
+    assert whole.build_selected(("USD", 7), {}) == expected  # in lock_on order
+    assert whole.build_selected(("USD",), {"account_id": 7}) == expected
+    assert whole.build_selected((), {"account_id": 7, "currency": "USD"}) == expected
+    for args, kwargs, match in [
+        ((1, 2, 3), {}, r"3 values given, lock_on selects 2: currency, account_id"),
+        (("USD",), {"currency": "EUR"}, "'currency' is given twice"),
+        (("USD",), {"amount": 1}, "'amount' is not a lock_on selector"),
+        (("USD",), {}, "no value for lock_on 'account_id'"),
+    ]:
+        with pytest.raises(LockKeyError, match=match):
+            whole.build_selected(args, kwargs)
+    mapped = kb(process, {"order.customer.id": int})
+    assert mapped.build_selected(("7",), {}) == mapped.build(({"customer": {"id": 7}},), {})
+    assert mapped.build_selected((), {"order.customer.id": 7}) == mapped.build_selected(("7",), {})
+    picked = kb(lock_on=lambda account_id, **_: int(account_id))
+    assert picked.build_selected(("7",), {}) == picked.build((7, 20), {})
+    assert kb(lock_on=[]).build_selected((), {}) == kb(lock_on=[]).build((1,), {})
+    assert kb().build_selected((7,), {}) == kb().build((7,), {})
+
+
 def test_tuple_and_list_agree_as_after_json_round_trip():
     b = kb(process)
     order, items = {"ids": (1, (2, 3))}, ({"a": (1, 2)},)
