@@ -79,8 +79,9 @@ class LockedTask(Task):
     ``app.conf`` (see :mod:`celery_redlock.conf`).
     """
 
-    #: Which arguments make the key: parameter names, dotted paths, a callable,
-    #: or ``()`` for one lock per lock name. None: all arguments.
+    #: Which arguments make the key: parameter names, dotted paths, a mapping of
+    #: them to functions applied first (``{"order_id": int}``), a callable, or
+    #: ``()`` for one lock per lock name. None: all arguments.
     lock_on: Any = None
     #: Name of the lock (default: the task name). Tasks sharing one exclude each other.
     lock_name: str | None = None

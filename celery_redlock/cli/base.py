@@ -82,14 +82,16 @@ LOCK = (
         "--args",
         "args_",
         type=JSON_ARRAY,
-        help="The task's positional arguments as a JSON array.",
+        help="The task's positional arguments as a JSON array: the whole call, or the "
+        "lock_on arguments alone, in lock_on order.",
     ),
     option(
         "Lock Options",
         "--kwargs",
         "kwargs_",
         type=JSON_OBJECT,
-        help="The task's keyword arguments as a JSON object.",
+        help="The task's keyword arguments as a JSON object: the whole call's, or the "
+        "lock_on arguments alone, by name.",
     ),
     option(
         "Lock Options",

@@ -163,7 +163,7 @@ def release(
     writes. (The nodes' clock floor would keep tokens growing anyway; the fence
     key does not depend on clocks.)
     """
-    _, settings, name = lock_target(app, **options)
+    _, settings, name, _ = lock_target(app, **options)
     if claim:
         _release_claim(echo, settings, name, task_id, force, timeout)
         return

@@ -34,9 +34,10 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
 
     The lock is TASK's for the arguments given with --args/--kwargs (the key
     is computed exactly as the worker computes it), or --name. TASK must be a
-    LockedTask of the app.
+    LockedTask of the app. The arguments may be the whole call or the lock_on
+    arguments alone (--args in lock_on order, or --kwargs by name).
     """
-    label, settings, name = lock_target(app, **options)
+    label, settings, name, call = lock_target(app, **options)
     with connect(settings, timeout) as (client, _):
         key, fence_key = client.keys(name)
         lock = key_report(client, key, fence_key)
@@ -45,8 +46,8 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
             key_report(client, k, skip=dict(lock.down))
             for k in client.permit_keys(name, settings.limit)[1:]
         ]
-        args, kwargs = options.get("args_"), options.get("kwargs_")
-        rate_rows, rate = rates.status(client, settings, name, args, kwargs)
+        # A rate callable needs the whole call, not the lock_on arguments alone.
+        rate_rows, rate = rates.status(client, settings, name, *(call or (None, None)))
     holder, problem = lock.holder, lock.outage()
     if as_json:
         out: dict[str, Any] = {

@@ -408,7 +408,8 @@ WORKER_SETTINGS: tuple[Setting, ...] = (
 #: Task options that are not settings (no ``app.conf`` key): name -> meaning.
 #: Their checks live where they are used (the key builder at bind time).
 TASK_OPTIONS: dict[str, str] = {
-    "lock_on": "Which arguments make the key: parameter names, dotted paths, a callable, or ().",
+    "lock_on": "Which arguments make the key: parameter names, dotted paths, a mapping of "
+    "them to functions applied first, a callable, or ().",
     "lock_name": "Name of the lock (default: the task name).",
     "lock_token_arg": "Keyword the fencing token is passed as, when run declares it.",
     "lock_also": "Named limits held together with the task's own key: {name: limit}, or "

@@ -236,6 +236,41 @@ def test_status_without_a_quorum_exits_2(app, redis_nodes3):
     assert data["held"] is False and "error" in data
 
 
+def test_status_and_release_take_the_lock_on_arguments_alone(app, redis_nodes3):
+    """An operator knows the order id, not the amount: ``charge(order_id, amount)``."""
+
+    @app.task(base=LockedTask, shared=False, name="cli.charge", lock_on={"order_id": int})
+    def charge(order_id: int, amount: int) -> None:
+        return None
+
+    @app.task(base=LockedTask, shared=False, name="cli.pair", lock_on=("amount", "order_id"))
+    def pair(order_id: int, amount: int) -> None:
+        return None
+
+    plan = plan_of(app.tasks["cli.charge"])
+    # Held as the worker keys the call charge("7", 100): a string, as a web form sends it.
+    lease = plan.redlock.acquire(
+        plan.keys.build(["7", 100], {}), ttl=60, owner=make_owner("task-aaa", 0)
+    )
+    for given in (["--args", "[7]"], ["--kwargs", '{"order_id": "7"}'], ["--args", "[7, 5]"]):
+        result = invoke(app, "status", "cli.charge", *given)
+        assert result.exit_code == 0, (given, result.output)
+        assert lease.key in result.output and "Holder:       task task-aaa" in result.output
+
+    # Arguments that fit the whole call and the lock_on order with different keys.
+    result = invoke(app, "status", "cli.pair", "--args", "[1, 2]")
+    assert result.exit_code == 1
+    assert "fit both the whole call of cli.pair and its lock_on arguments" in result.output
+    assert invoke(app, "status", "cli.pair", "--kwargs", '{"order_id": 1}').exit_code == 1
+    result = invoke(app, "status", "cli.pair", "--kwargs", '{"order_id": 1, "amount": 2}')
+    assert result.exit_code == 0, result.output
+
+    result = invoke(app, "release", "cli.charge", "--args", "[7]", "--task-id", "task-aaa")
+    assert result.exit_code == 0, result.output
+    assert "on 3 of 3 nodes (held by task task-aaa)" in result.output
+    assert redis_nodes3.keys("redlock:lock:*") == {0: [], 1: [], 2: []}
+
+
 def test_unknown_task_lists_the_locked_tasks(app):
     result = invoke(app, "status", "no.such.task")
     assert result.exit_code == 1
@@ -252,6 +287,8 @@ def test_arguments_that_do_not_fit_are_a_clear_error(app):
     assert (
         "cannot build the lock key" in result.output
         and "arguments do not match run" in result.output
+        and "nor are they the lock_on arguments alone" in result.output
+        and "4 values given, lock_on selects 1: account_id" in result.output
     )
     assert invoke(app, "status").exit_code == 2  # click usage error: no lock named
     assert invoke(app, "status", "--name", "x", "--args", "[1]").exit_code == 2
