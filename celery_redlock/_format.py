@@ -21,6 +21,7 @@ __all__ = [
     "setting_text",
     "slot_number",
     "slot_time",
+    "spare_text",
     "table",
     "ttl_text",
     "view_cells",
@@ -138,6 +139,13 @@ def printable(value: str) -> str:
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def spare_text(answered: int, quorum: int) -> str:
+    """How many more node failures a quorum of ``answered`` nodes survives, in words."""
+    spare = answered - quorum
+    more = plural(spare, "more node failure") if spare else "no further node failure"
+    return f"the quorum tolerates {more}"
 
 
 def ms_text(seconds: float) -> str:

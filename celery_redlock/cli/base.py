@@ -20,10 +20,12 @@ from ..exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, Re
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "EX_DEGRADED",
     "EX_UNAVAILABLE",
     "LIMIT",
     "LOCK",
     "TASK",
+    "Degraded",
     "Unavailable",
     "command",
     "option",
@@ -34,6 +36,8 @@ __all__ = [
 DEFAULT_TIMEOUT = 0.5
 #: Exit code when fewer than a quorum of nodes answered.
 EX_UNAVAILABLE = 2
+#: Exit code of ``nodes`` when a node is down but a quorum answered.
+EX_DEGRADED = 3
 
 
 class Unavailable(click.ClickException):
@@ -42,12 +46,19 @@ class Unavailable(click.ClickException):
     exit_code = EX_UNAVAILABLE
 
 
+class Degraded(click.ClickException):
+    """A node did not answer, but a quorum did: locks work, with less to spare."""
+
+    exit_code = EX_DEGRADED
+
+
 @click.group(name="redlock")
 def redlock() -> None:
     """Inspect and clear celery_redlock locks and beat claims.
 
     Exit codes: 0 done, 1 bad input or nothing done, 2 fewer than a quorum of
-    the Redis lock nodes answered.
+    the Redis lock nodes answered, 3 (nodes only) a node is down but a quorum
+    answered.
     """
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import conf
-from .._format import ms_text, nodes_text, outage, table
+from .._format import ms_text, nodes_text, outage, spare_text, table
 from .._health import findings, node_row
 from .._reading import connect
-from .base import TASK, Unavailable, command
+from .base import TASK, Degraded, Unavailable, command
 from .targets import target_settings
 
 __all__ = ["nodes"]
@@ -22,8 +22,11 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     can break a lock: a maxmemory-policy other than noeviction (volatile-*
     policies evict exactly the keys with a TTL, that is every lock), a replica
     instead of a master, fewer replicas than redlock_min_replicas, two URLs
-    reaching one server, no AOF. Exits with 2 when fewer than a quorum of the
-    nodes answer.
+    reaching one server, no AOF.
+
+    A health check: exits with 0 when every node answers, 3 when a node is
+    down but a quorum answers (locks work, with fewer failures to spare), 2
+    when fewer than a quorum answer (no lock can be taken).
     """
     label, settings = target_settings(app, task)
     with connect(settings, timeout) as (client, notes):
@@ -47,8 +50,13 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     # A cluster with a shard down counts as a node down: that shard's keys have no answer there.
     down = list({info.lock_node: info.error for info in infos if info.error is not None}.items())
     answered = total - len(down)
-    reachable = "reachable" if answered >= quorum else "UNREACHABLE"
-    echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed)")
     problem = outage(down, total, quorum)
+    spare = spare_text(answered, quorum)
+    reachable = "UNREACHABLE" if problem else "reachable"
+    degraded = f"; DEGRADED: {spare}" if down and not problem else ""
+    echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed){degraded}")
     if problem:
         raise Unavailable(problem)
+    if down:
+        names = "; ".join(f"{name} ({error})" for name, error in down)
+        raise Degraded(f"{answered} of {total} Redis nodes answered, {spare}; down: {names}")

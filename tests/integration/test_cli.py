@@ -114,7 +114,7 @@ def test_nodes_a_hung_node_costs_one_timeout(app, redis_nodes3):
     redis_nodes3.pause(0)
     started = time.monotonic()
     result = invoke(app, "nodes", "--timeout", "0.2")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output  # down, yet a quorum answered
     assert time.monotonic() - started < 2
     assert f"DOWN    {redis_nodes3.urls[0]}" in result.output
 
@@ -567,15 +567,31 @@ def celery_cli(*args: str, nodes: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_entry_point_through_celery(redis_nodes3):
+    """``redlock nodes`` as a health check, through Celery's own main: 0 all up,
+    3 one of three down (a quorum answers), 2 two of three down."""
     proc = celery_cli("redlock", "nodes", nodes=redis_nodes3.urls)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for url in redis_nodes3.urls:
         assert url in proc.stdout
-    assert "Quorum: reachable (3 of 3 nodes answered, 2 needed)" in proc.stdout
+    assert "Quorum: reachable (3 of 3 nodes answered, 2 needed)\n" in proc.stdout
+    assert proc.stderr == ""
 
-    redis_nodes3.kill(0)
+    redis_nodes3.kill(0)  # SIGKILL by its pid: the port refuses connections
+    proc = celery_cli("redlock", "nodes", nodes=redis_nodes3.urls)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert (
+        "Quorum: reachable (2 of 3 nodes answered, 2 needed); DEGRADED: the quorum tolerates "
+        "no further node failure" in proc.stdout
+    )
+    assert "Traceback" not in proc.stderr
+    assert (
+        f"2 of 3 Redis nodes answered, the quorum tolerates no further node failure; "
+        f"down: {redis_nodes3.urls[0]} (" in proc.stderr
+    )
+
     redis_nodes3.kill(1)
     proc = celery_cli("redlock", "nodes", nodes=redis_nodes3.urls)
     assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Quorum: UNREACHABLE (1 of 3 nodes answered, 2 needed)\n" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert redis_nodes3.urls[0] in proc.stderr and redis_nodes3.urls[1] in proc.stderr
