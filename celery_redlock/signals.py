@@ -22,7 +22,10 @@ In the worker's main process, where the pool reports children that died:
 In the worker's main process, once the worker is ready:
 
 * ``worker_ready``: one INFO line naming the lock nodes; a single node (the
-  broker's Redis when ``redlock_nodes`` is not set) is said to be one.
+  broker's Redis when ``redlock_nodes`` is not set) is said to be one. Each
+  node is then asked once (a PING, :data:`START_CHECK_TIMEOUT` to connect and
+  answer): the nodes that do not answer are named in a WARNING, with how many
+  more failures the quorum now tolerates.
 
 With ``redlock_metrics_port`` set, in the worker's main process:
 
@@ -56,7 +59,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
 from . import conf, metrics
-from ._format import nodes_text
+from ._format import nodes_text, spare_text
 from .core import heartbeat
 from .enqueue import withdraw
 from .headers import CLAIM, header
@@ -71,6 +74,10 @@ logger = logging.getLogger("celery_redlock.signals")
 lock_lost = Signal(name="lock_lost")
 
 _installed: weakref.WeakSet = weakref.WeakSet()
+
+#: Seconds each lock node gets, connecting included, to answer the worker's
+#: start-up check: well above a node timeout, so a busy host is no false alarm.
+START_CHECK_TIMEOUT = 1.0
 
 
 def install(app: Any) -> None:
@@ -158,20 +165,51 @@ def _announce_nodes(app: Any, sender: Any = None, **_: Any) -> None:
     if not hasattr(sender, "app") or sender.app is not app:
         return
     try:
-        seen: dict[tuple[str, ...], tuple[int, bool]] = {}
+        seen: dict[tuple[str, ...], tuple[int, bool, conf.LockSettings]] = {}
         for task in list(app.tasks.values()):
             plan = plan_of(task)
             if plan is None:
                 continue
             redlock = plan.redlock
             names = tuple(node.name for node in redlock.nodes)
-            from_broker = seen.get(names, (0, False))[1] or conf.nodes_from_broker(app, task)
-            seen[names] = (redlock.quorum, from_broker)
+            from_broker = (names in seen and seen[names][1]) or conf.nodes_from_broker(app, task)
+            seen[names] = (redlock.quorum, from_broker, plan.resolved)
     except Exception as exc:  # noqa: BLE001 - a receiver must not raise
         logger.warning("celery_redlock: cannot resolve the lock nodes: %s", exc)
         return
-    for names, (quorum, from_broker) in seen.items():
+    for names, (quorum, from_broker, settings) in seen.items():
         logger.info("%s", nodes_text(names, quorum, from_broker))
+        try:
+            _warn_unanswered(settings)
+        except Exception as exc:  # noqa: BLE001 - a receiver must not raise
+            logger.warning("celery_redlock: cannot check the lock nodes: %s", exc)
+
+
+def _warn_unanswered(settings: conf.LockSettings) -> None:
+    """One WARNING naming the nodes that do not answer now, and what that leaves."""
+    from ._reading import connect  # it imports the task module, which imports this one
+
+    with connect(settings, START_CHECK_TIMEOUT) as (client, _):
+        infos = client.node_info()
+        quorum, total = client.quorum, len(client.nodes)
+    # A cluster with a shard down counts as a node down, as in ``celery redlock nodes``.
+    down = {info.lock_node: info.error for info in infos if info.error is not None}
+    if not down:
+        return
+    answered = total - len(down)
+    leaves = (
+        spare_text(answered, quorum)
+        if answered >= quorum
+        else f"{quorum} needed: no lock can be taken until more answer"
+    )
+    logger.warning(
+        "lock node%s not answering at start: %s; %d of %d answered, %s",
+        "s" if len(down) > 1 else "",
+        "; ".join(f"{name} ({error})" for name, error in down.items()),
+        answered,
+        total,
+        leaves,
+    )
 
 
 def _stop_metrics(**_: Any) -> None:

@@ -2,6 +2,8 @@
 
 * At start, one line names the lock nodes; without ``redlock_nodes`` it says
   that the broker's Redis is the one node (once per worker, not per child).
+  A node that does not answer then is named in a WARNING, with how many more
+  failures the quorum tolerates.
 * During an outage of the lock nodes: one WARNING when it starts, with each
   node's error, a short line per attempt, and one INFO line when it ends.
 """
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from celery_redlock.testing import free_port
 from tests.support import harness, lockapp
 from tests.support.harness import Topology, WorkerHandle, wait_for
 
@@ -47,6 +50,21 @@ def quorum_worker(topology, tmp_path_factory, pytestconfig) -> Iterator[WorkerHa
     yield from _worker(topology, tmp_path_factory, pytestconfig, "outage", 13)
 
 
+@pytest.fixture(scope="module")
+def nowhere() -> str:
+    """A node URL, with a password, on a loopback port where nothing listens."""
+    return f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+
+
+@pytest.fixture(scope="module")
+def missing_node_worker(
+    topology, tmp_path_factory, pytestconfig, nowhere
+) -> Iterator[WorkerHandle]:
+    """A prefork worker (-c 2) on two quorum nodes and ``nowhere``."""
+    nodes = ",".join([*topology.quorum.urls[:2], nowhere])
+    yield from _worker(topology, tmp_path_factory, pytestconfig, "missing", 7, CRL_NODES=nodes)
+
+
 def _log(worker: WorkerHandle) -> str:
     assert worker.process is not None
     with open(worker.process.logfile, errors="replace") as f:
@@ -70,6 +88,30 @@ def test_a_worker_on_three_nodes_names_them_and_the_quorum(quorum_worker: Worker
     said = f"lock nodes: {', '.join(quorum_worker.topology.quorum.urls)} (quorum 2 of 3)"
     wait_for(lambda: said in _log(quorum_worker), 10, "the lock nodes line")
     assert "ONE node" not in _log(quorum_worker)
+
+
+def test_a_worker_starting_with_a_node_that_does_not_answer_warns_once(
+    missing_node_worker: WorkerHandle, nowhere: str
+):
+    masked = nowhere.replace("s3cret", "***")
+    said = f"lock node not answering at start: {masked} ("
+    wait_for(lambda: said in _log(missing_node_worker), 20, "the start warning")
+    lines = [line for line in _log(missing_node_worker).splitlines() if said in line]
+    assert len(lines) == 1, lines  # the main process says it, not each pool child
+    assert "WARNING/MainProcess" in lines[0], lines
+    assert lines[0].endswith("; 2 of 3 answered, the quorum tolerates no further node failure"), (
+        lines
+    )
+    assert "s3cret" not in _log(missing_node_worker)
+    # It still locks, on the two nodes that answer.
+    result = missing_node_worker.task("slow").apply_async(("missing", harness.new_run()))
+    assert result.get(timeout=20)["token"] > 0
+
+
+def test_a_worker_whose_nodes_all_answer_does_not_warn(quorum_worker: WorkerHandle):
+    said = "lock nodes: "
+    wait_for(lambda: said in _log(quorum_worker), 10, "the lock nodes line")
+    assert "not answering at start" not in _log(quorum_worker)
 
 
 def test_an_outage_is_said_once_when_it_starts_and_once_when_it_ends(
