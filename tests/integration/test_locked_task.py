@@ -224,6 +224,30 @@ def test_different_lock_on_values_run_in_parallel(worker: WorkerHandle, run: str
     assert latest_start < earliest_end, "executions of different keys should overlap in time"
 
 
+def test_a_lock_on_mapping_makes_a_string_and_an_int_one_key(
+    prefork_worker: WorkerHandle, run: str
+):
+    """``lock_on={"order_id": int}``: ``"7"`` (from a web form) and ``7`` contend;
+    with ``lock_on=("key",)`` the same two values are two locks and run side by side."""
+    order = uuid.uuid4().int % 10**12
+    by_order, slow = prefork_worker.task("by_order"), prefork_worker.task("slow")
+    first = by_order.apply_async((str(order), run), {"duration": 2.0})
+    wait_for(lambda: prefork_worker.records(run, phase="start"), 20, "the first start")
+    second = by_order.apply_async((order, run), {"duration": 0.0})
+    with pytest.raises(TaskRevokedError, match=first.id):
+        second.get(timeout=20)
+    first.get(timeout=20)
+    assert [r["id"] for r in prefork_worker.records(run)] == [first.id]
+
+    apart = f"{run}-apart"
+    results = [slow.apply_async((key, apart), {"duration": 1.5}) for key in (str(order), order)]
+    for result in results:
+        result.get(timeout=20)
+    ran = prefork_worker.records(apart)
+    assert len(ran) == 2 and len({r["lease_key"] for r in ran}) == 2
+    assert max(r["start"] for r in ran) < min(r["end"] for r in ran)
+
+
 def test_the_release_is_not_waited_for_yet_lands_before_the_next_run(
     worker: WorkerHandle, run: str, topology: Topology
 ):

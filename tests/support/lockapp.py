@@ -216,6 +216,11 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def slow(self, key, run, duration=1.0, fencing_token=None):
         return body(self, key, run, duration, fencing_token)
 
+    @task(name="lockapp.by_order", lock_on={"order_id": int})
+    def by_order(self, order_id, run, duration=1.0, fencing_token=None):
+        """Locked per order, whatever type the order id comes in."""
+        return body(self, str(order_id), run, duration, fencing_token)
+
     @task(name="lockapp.slow_retry", lock_on_duplicate="retry", max_retries=0)
     def slow_retry(self, key, run, duration=0.25, fencing_token=None):
         return body(self, key, run, duration, fencing_token)
