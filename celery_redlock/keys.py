@@ -270,8 +270,12 @@ class KeyBuilder:
             own = inspect.signature(pick).parameters.values()
         except (TypeError, ValueError):
             return None
-        named = {n: p for n, p in params.items() if n != self._token and n != self._varkw}
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        named = {
+            n: p
+            for n, p in params.items()
+            if n != self._token and (p.kind in kinds or p.kind is inspect.Parameter.POSITIONAL_ONLY)
+        }
         takes_all = False
         for p in own:
             if p.kind is inspect.Parameter.VAR_KEYWORD:

@@ -303,6 +303,10 @@ def test_other_callables_get_the_arguments_as_passed():
     assert kb(lock_on=lambda x, **_: x).build((7,), {}) == kb(
         lock_on=lambda account_id, **_: 7
     ).build((1,), {})
+    # run's *rest is no name to take: the callable is called as before.
+    assert kb(spread, lambda first, rest: rest).build((0, "a"), {}) == kb(
+        spread, lambda first, **_: "a"
+    ).build((0,), {})
     seen = []
     kb(lock_on=lambda *a, **k: seen.append((a, k))).build((7, 20), {"currency": "USD"})
     assert seen == [((7, 20), {"currency": "USD"})]
