@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 import weakref
 from typing import Any
 
@@ -60,7 +61,7 @@ from celery.utils.dispatch import Signal
 
 from . import conf, metrics
 from ._format import nodes_text, spare_text
-from .core import heartbeat
+from .core import Redlock, heartbeat
 from .enqueue import withdraw
 from .headers import CLAIM, header
 from .plan import plan_of
@@ -187,11 +188,15 @@ def _announce_nodes(app: Any, sender: Any = None, **_: Any) -> None:
 
 def _warn_unanswered(settings: conf.LockSettings) -> None:
     """One WARNING naming the nodes that do not answer now, and what that leaves."""
-    from ._reading import connect  # it imports the task module, which imports this one
-
-    with connect(settings, START_CHECK_TIMEOUT) as (client, _):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the plan's own client gave its warnings
+        options = {**settings.redlock_options(), "node_timeout": START_CHECK_TIMEOUT}
+        client = Redlock(settings.node_list, **options)
+    try:
         infos = client.node_info()
         quorum, total = client.quorum, len(client.nodes)
+    finally:
+        client.close()
     # A cluster with a shard down counts as a node down, as in ``celery redlock nodes``.
     down = {info.lock_node: info.error for info in infos if info.error is not None}
     if not down:
