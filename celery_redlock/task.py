@@ -63,7 +63,7 @@ from celery.exceptions import Retry
 
 from . import enqueue, metrics, policies, signals, tracing
 from .core import Lease, heartbeat
-from .django import LockedTaskType
+from .django.base import LockedTaskType
 from .exceptions import LockLost
 from .plan import LockPlan, build_plan, plan_of, set_plan
 

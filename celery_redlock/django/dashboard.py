@@ -23,7 +23,6 @@ import threading
 from typing import Any, Callable
 
 from django.conf import settings
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
@@ -93,13 +92,16 @@ class _View:
     """The Django view: checks the user, then hands the request to the dashboard app."""
 
     def __init__(self, celery_app: Any, actions: bool, allow: Callable, options: tuple) -> None:
-        self.celery_app, self.actions, self.allow, self.options = celery_app, actions, allow, options
+        self.celery_app, self.actions, self.allow = celery_app, actions, allow
+        self.options = options
         self._app: _HostedDashboard | None = None
         self._lock = threading.Lock()
 
     def __call__(self, request: HttpRequest, rest: str = "") -> HttpResponse:
-        user = request.user  # type: ignore[attr-defined] # set by AuthenticationMiddleware
+        user = request.user  # set by AuthenticationMiddleware
         if not user.is_authenticated:
+            from django.contrib.auth.views import redirect_to_login  # needs the apps ready
+
             return redirect_to_login(request.get_full_path())
         if not self.allow(user):
             raise PermissionDenied("the lock dashboard is for staff")

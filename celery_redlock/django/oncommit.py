@@ -45,9 +45,7 @@ class OnCommit:
         """``delay()`` once the transaction commits."""
         self.apply_async_on_commit(args, kwargs)
 
-    def apply_async_on_commit(
-        self, args: Any = None, kwargs: Any = None, **options: Any
-    ) -> None:
+    def apply_async_on_commit(self, args: Any = None, kwargs: Any = None, **options: Any) -> None:
         """``apply_async()`` once the transaction commits, claim included."""
         task: Any = self
         task._refuse_if_unbound()

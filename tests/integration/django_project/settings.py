@@ -1,6 +1,7 @@
 """Settings from the environment: ``CRL_DJANGO_DB`` (a PostgreSQL database on
 127.0.0.1:5432, user postgres) or ``CRL_DJANGO_SQLITE`` (a file), and the
-topology's ``CRL_BROKER_URL``, ``CRL_BACKEND_URL``, ``CRL_NODES``, ``CRL_PREFIX``."""
+topology's ``CRL_BROKER_URL``, ``CRL_BACKEND_URL`` (default: django-celery-results'
+``django-db``), ``CRL_NODES``, ``CRL_PREFIX``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
+    "django_celery_results",
+    "django_celery_beat",
     "tests.integration.django_project.shop",
 ]
 MIDDLEWARE = [
@@ -44,7 +47,7 @@ else:
     }
 
 CELERY_BROKER_URL = os.environ.get("CRL_BROKER_URL", "memory://")
-CELERY_RESULT_BACKEND = os.environ.get("CRL_BACKEND_URL")
-CELERY_REDLOCK_NODES = os.environ.get("CRL_NODES", "").split(",") if os.environ.get("CRL_NODES") else None
+CELERY_RESULT_BACKEND = os.environ.get("CRL_BACKEND_URL", "django-db")
+CELERY_REDLOCK_NODES = os.environ["CRL_NODES"].split(",") if os.environ.get("CRL_NODES") else None
 CELERY_REDLOCK_KEY_PREFIX = os.environ.get("CRL_PREFIX", "redlock")
 CELERY_REDLOCK_NODE_TIMEOUT = 0.5
