@@ -29,7 +29,7 @@ from django.middleware.csrf import get_token
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_protect
 
-from ..web.app import DashboardApp, _Reply
+from ..web.app import DashboardApp
 
 __all__ = ["dashboard_urls", "is_staff"]
 
@@ -83,9 +83,6 @@ class _HostedDashboard(DashboardApp):
 
     def _require_action(self, environ: dict) -> None:
         """Nothing more: the view let only allowed users in, and csrf_protect checked the POST."""
-
-    def _login(self, environ: dict) -> tuple[str, bytes, list]:
-        raise _Reply("400 Bad Request", "log in to the site")
 
 
 class _View:

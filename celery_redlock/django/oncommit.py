@@ -29,6 +29,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ..enqueue import in_canvas
 from ..exceptions import AlreadyEnqueued
 from ..headers import SUPERSEDED_BY
 from ..plan import plan_of
@@ -50,7 +51,8 @@ class OnCommit:
         task: Any = self
         task._refuse_if_unbound()
         plan = plan_of(task)
-        if plan is None or not plan.claims:
+        if plan is None or not plan.claims or in_canvas(options):
+            # No claim to take at commit (a canvas member publishes without one)
             super().apply_async_on_commit(args, kwargs, **options)  # type: ignore[misc]
             return
         key = plan.keys.build(args or (), kwargs or {})

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from celery import signals
 
+from celery_redlock import result_of
 from celery_redlock.plan import plan_of
 from tests.support import harness, postgres
 from tests.support.harness import Topology
@@ -147,10 +148,13 @@ def test_the_claim_is_taken_at_commit_and_two_calls_publish_one_message(pg_worke
     with transaction.atomic():
         report = Report.objects.create()
         rebuild_report.delay_on_commit(report.pk)
-        rebuild_report.apply_async_on_commit((report.pk,))
+        rebuild_report.apply_async_on_commit((report.pk,), task_id=f"left-out-{report.pk}")
         assert claimant(rebuild_report, report.pk) is None
         assert published == []
     assert [message["task"] for message in published] == [rebuild_report.name]
+    left_out = rebuild_report.AsyncResult(f"left-out-{report.pk}")
+    assert left_out.state == "REVOKED"
+    assert result_of(left_out).id == published[0]["id"]
     assert published[0]["redlock_claim"] == plan_of(rebuild_report).keys.build((report.pk,), {})
     # The worker found the row the transaction created, and ran once.
     wait_for(lambda: Report.objects.get(pk=report.pk).builds == 1, 60, "the build")
