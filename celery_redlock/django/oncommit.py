@@ -4,7 +4,7 @@ Publishing waits for the transaction to commit, as with Celery's ``DjangoTask``:
 a rolled-back transaction publishes nothing. With claims (``lock_enqueue``,
 ``lock_debounce``, ``lock_throttle``) the whole ``apply_async`` waits, claim
 included, so a rolled-back transaction leaves no claim either, and the calls of
-one key in one transaction publish once, at commit:
+one task and key in one transaction publish once, at commit:
 
 * the first call's message under ``lock_enqueue`` with ``lock_on_enqueued``
   ``return`` or ``raise``, and under ``lock_throttle`` without trailing runs
@@ -62,7 +62,7 @@ class OnCommit:
             or settings.debounce is not None
             or (settings.throttle is not None and bool(settings.throttle_trailing))
         )
-        pending = _pending(key)
+        pending = _pending(task, key)
         if pending is not None:
             pending.join(args, kwargs, options)
         else:
@@ -70,7 +70,7 @@ class OnCommit:
 
 
 class _Publish:
-    """The on-commit calls of one key at one savepoint level: one publish at commit."""
+    """The on-commit calls of one task and key at one savepoint level: one publish at commit."""
 
     def __init__(
         self, task: Any, key: str, newest_wins: bool, args: Any, kwargs: Any, options: dict
@@ -107,8 +107,9 @@ class _Publish:
                 self.task.backend.mark_as_revoked(task_id, SUPERSEDED_BY + published)
 
 
-def _pending(key: str) -> _Publish | None:
-    """The call of ``key`` this transaction will publish at commit, at this savepoint level.
+def _pending(task: Any, key: str) -> _Publish | None:
+    """The call of ``task`` and ``key`` this transaction publishes at commit, at this
+    savepoint level (tasks sharing a lock name meet at commit, through the claim).
 
     Read from what ``transaction.on_commit`` keeps: each callback with the savepoints
     open when it was registered. A call joins a callback registered under the same
@@ -120,6 +121,11 @@ def _pending(key: str) -> _Publish | None:
     savepoints = set(connection.savepoint_ids)
     for entry in connection.run_on_commit:
         call = entry[1]
-        if isinstance(call, _Publish) and call.key == key and entry[0] == savepoints:
+        if (
+            isinstance(call, _Publish)
+            and call.task is task
+            and call.key == key
+            and entry[0] == savepoints
+        ):
             return call
     return None
