@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from celery import signals
+from celery import _state, signals
 
 from celery_redlock import result_of
 from celery_redlock.plan import plan_of
@@ -38,9 +39,18 @@ class RolledBack(Exception):
     """Raised in an ``atomic()`` block to roll it back."""
 
 
+@dataclass
+class Project:
+    """The project set up in this process: its Celery app, and how a worker runs it."""
+
+    app: Any
+    env: dict[str, str]
+    pg_missing: str | None  # why the on-commit tests cannot run, if they cannot
+
+
 @pytest.fixture(scope="module")
-def project(topology: Topology, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Django set up on the project, its tables created; yields the project's Celery app."""
+def project(topology: Topology, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    """Django set up on the project, its tables created."""
     django = pytest.importorskip("django")
     why = postgres.unreachable()
     env = dict(topology.env(0, 1), DJANGO_SETTINGS_MODULE=f"{PROJECT}.settings")
@@ -48,6 +58,7 @@ def project(topology: Topology, tmp_path_factory: pytest.TempPathFactory) -> Ite
         env.update(db)
         saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)
+        default_app = _state.default_app  # Celery's Django fixup makes the project's the default
         try:
             django.setup()
             from django.core.management import call_command
@@ -57,14 +68,14 @@ def project(topology: Topology, tmp_path_factory: pytest.TempPathFactory) -> Ite
             for name, value in saved.items():
                 os.environ.pop(name) if value is None else os.environ.update({name: value})
         call_command("migrate", run_syncdb=True, verbosity=0)
-        celery_app.conf.env, celery_app.conf.pg_missing = env, why
         topology.apps.append(celery_app)
         try:
-            yield celery_app
+            yield Project(celery_app, env, why)
         finally:
             from django.db import connections
 
             connections.close_all()
+            _state.set_default_app(default_app)
 
 
 @contextlib.contextmanager
@@ -79,13 +90,13 @@ def _database(pg_missing: str | None, tmp: pytest.TempPathFactory) -> Iterator[d
 
 @pytest.fixture(scope="module")
 def pg_worker(
-    project: Any, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
-) -> Iterator[Any]:
+    project: Project, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[Project]:
     """A prefork worker of the project on its PostgreSQL database."""
-    postgres.require(project.conf.pg_missing)
+    postgres.require(project.pg_missing)
     harness.WORKER_LOGS.register(pytestconfig)
     logdir = str(tmp_path_factory.mktemp("django-worker"))
-    proc = harness.PreforkWorker("django", project.conf.env, logdir, app=PROJECT).start()
+    proc = harness.PreforkWorker("django", project.env, logdir, app=PROJECT).start()
     try:
         yield project
     finally:
@@ -197,7 +208,7 @@ def test_the_fenced_orm_update_runs_on_commit(pg_worker):
 
 
 @pytest.fixture
-def users(project: Any) -> dict[str, Any]:
+def users(project: Project) -> dict[str, Any]:
     from django.contrib.auth.models import User
 
     User.objects.filter(username__in=["staff", "clerk"]).delete()
