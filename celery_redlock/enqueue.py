@@ -55,7 +55,7 @@ from .exceptions import AlreadyEnqueued, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY
 from .plan import LockPlan
 
-__all__ = ["publish", "result_of", "run_eagerly", "superseded_by", "withdraw"]
+__all__ = ["in_canvas", "publish", "result_of", "run_eagerly", "superseded_by", "withdraw"]
 
 logger = logging.getLogger("celery_redlock.enqueue")
 
@@ -318,6 +318,11 @@ def result_of(result: Any) -> Any:
     REVOKED states (any backend, unless the task has ``ignore_result``).
     """
     return superseded_by(result) or result
+
+
+def in_canvas(options: dict[str, Any]) -> bool:
+    """Whether a call's options make it part of a canvas: published without a claim."""
+    return any(options.get(option) for option in _CANVAS)
 
 
 def _is_republish(headers: dict, options: dict) -> bool:

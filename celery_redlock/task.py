@@ -63,6 +63,7 @@ from celery.exceptions import Retry
 
 from . import enqueue, metrics, policies, signals, tracing
 from .core import Lease, heartbeat
+from .django.base import LockedTaskType
 from .exceptions import LockLost
 from .plan import LockPlan, build_plan, plan_of, set_plan
 
@@ -71,12 +72,13 @@ __all__ = ["LockPlan", "LockedTask", "current_lease"]
 logger = logging.getLogger("celery_redlock.task")
 
 
-class LockedTask(Task):
+class LockedTask(Task, metaclass=LockedTaskType):
     """Base class for tasks that must not run concurrently for the same key.
 
     Options are task attributes (or ``@app.task(...)`` keywords); each
     ``lock_*`` option left as None takes the ``redlock_*`` setting of
-    ``app.conf`` (see :mod:`celery_redlock.conf`).
+    ``app.conf`` (see :mod:`celery_redlock.conf`). In a Django project it is a
+    ``DjangoTask`` too (see :mod:`celery_redlock.django`).
     """
 
     #: Which arguments make the key: parameter names, dotted paths, a mapping of

@@ -48,7 +48,15 @@ def test_the_manual_examples_run(tmp_path: Path):
     sphinx_build("doctest", tmp_path)
     report = (tmp_path / "output.txt").read_text()
     with_examples = {p.stem for p in DOCS.glob("*.rst") if ".. testcode::" in p.read_text()}
-    assert {"locking", "contention", "fencing", "enqueue", "bursts", "limits"} <= with_examples
+    assert {
+        "locking",
+        "contention",
+        "fencing",
+        "enqueue",
+        "bursts",
+        "limits",
+        "django",
+    } <= with_examples
     ran = set(re.findall(r"^Document: (\S+)$", report, re.MULTILINE))
     assert with_examples <= ran, with_examples - ran
     assert re.search(r"^\s+0 failures in tests$", report, re.MULTILINE), report

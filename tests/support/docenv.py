@@ -50,3 +50,42 @@ def stop() -> None:
     if _stack is not None:
         stack, _stack = _stack, None
         stack.close()
+
+
+def django(nodes: RedisNodes) -> None:
+    """Set up Django on the tests' project (tests/integration/django_project) for the
+    Django page, on a SQLite file, with django-celery-results as the result backend.
+
+    Its examples import ``shop`` (the project's app) under the name a project gives
+    it, and write ``proj.settings``: ``DJANGO_SETTINGS_MODULE`` already names the
+    tests' settings. :func:`stop` unsets it, and forgets the page's ``@shared_task``
+    tasks, so that the apps of later pages are neither Django apps nor get them.
+    """
+    import importlib
+    import sys
+    import tempfile
+
+    from celery import _state
+
+    assert _stack is not None, "start() first"
+    project = "tests.integration.django_project"
+    folder = _stack.enter_context(tempfile.TemporaryDirectory())
+    env = {
+        "DJANGO_SETTINGS_MODULE": f"{project}.settings",
+        "CRL_DJANGO_SQLITE": os.path.join(folder, "db.sqlite3"),
+        "CRL_BROKER_URL": os.environ["BROKER_URL"],
+        "CRL_NODES": ",".join(nodes.urls),
+    }
+    for name, value in env.items():
+        os.environ[name] = value
+        _stack.callback(os.environ.pop, name, None)
+    finalizers = set(_state._on_app_finalizers)
+    _stack.callback(_state._on_app_finalizers.intersection_update, finalizers)
+
+    import django as django_package
+    from django.core.management import call_command
+
+    django_package.setup()
+    for name in ("shop", "shop.models"):
+        sys.modules[name] = importlib.import_module(f"{project}.{name}")
+    call_command("migrate", run_syncdb=True, verbosity=0)

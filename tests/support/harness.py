@@ -109,6 +109,7 @@ class PreforkWorker:
         logdir: where the log file and the readiness marker go.
         queues: queues to consume.
         concurrency: pool size.
+        app: the module ``celery -A`` names.
     """
 
     def __init__(
@@ -118,8 +119,10 @@ class PreforkWorker:
         logdir: str,
         queues: Sequence[str] = ("celery",),
         concurrency: int = 4,
+        app: str = APP_MODULE,
     ) -> None:
         self.name = name
+        self.app = app
         # A node name of its own: two test sessions sharing one RabbitMQ must not
         # claim the same exclusive pidbox queue.
         self.node = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -146,7 +149,7 @@ class PreforkWorker:
         env = dict(os.environ, **self.env, CRL_READY_FILE=self.ready_file)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         cmd = [
-            sys.executable, "-m", "celery", "-A", APP_MODULE, "worker",
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", "prefork", "-c", str(self.concurrency),
             "--without-mingle", "--without-gossip", "--without-heartbeat",
             "-n", f"{self.node}@%h", "-Q", ",".join(self.queues), "--loglevel", "INFO",

@@ -61,9 +61,11 @@ async function api(path, options) {
 }
 
 async function post(path, data) {
+  const s = view.session || {};
   return api(path, {
     method: "POST",
-    headers: { "Content-Type": "application/json", "X-CSRF-Token": (view.session && view.session.csrf) || "" },
+    // a site hosting the dashboard (Django) names its own CSRF header
+    headers: { "Content-Type": "application/json", [s.csrf_header || "X-CSRF-Token"]: s.csrf || "" },
     body: JSON.stringify(data || {}),
   });
 }
