@@ -57,9 +57,9 @@ import hashlib
 import inspect
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
-from typing import Any, Callable, Union
+from typing import Any
 
 from kombu.utils.json import JSONEncoder as _KombuJSONEncoder
 
@@ -73,7 +73,7 @@ __all__ = ["DIGEST_LENGTH", "KeyBuilder", "LockOn", "digest"]
 #: and fence key.
 DIGEST_LENGTH = 32
 
-LockOn = Union[None, str, Sequence[str], Callable[..., Any]]
+LockOn = None | str | Sequence[str] | Callable[..., Any]
 
 _UNSTEPPABLE = (str, bytes, bytearray)
 _INDEX = re.compile(r"\d+")
