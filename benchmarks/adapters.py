@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 #: Lease TTL in seconds, as in anchors_bench.py.
 TTL = 10.0

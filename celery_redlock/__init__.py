@@ -24,7 +24,7 @@ from .exceptions import (
     RedlockError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Celery-layer names, imported on first access (PEP 562).
 _LAZY = {

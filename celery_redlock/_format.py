@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from .core import Holder, NodeView, mask_url, node_name
 from .exceptions import ConfigurationError

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from celery import states
 from kombu.utils.uuid import uuid

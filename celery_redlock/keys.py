@@ -70,9 +70,9 @@ import hashlib
 import inspect
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
-from typing import Any, Callable, Union
+from typing import Any
 
 from kombu.utils.json import JSONEncoder as _KombuJSONEncoder
 
@@ -86,11 +86,11 @@ __all__ = ["DIGEST_LENGTH", "KeyBuilder", "LockOn", "digest"]
 #: and fence key.
 DIGEST_LENGTH = 32
 
-LockOn = Union[None, str, Sequence[str], Mapping[str, Callable[[Any], Any]], Callable[..., Any]]
+LockOn = None | str | Sequence[str] | Mapping[str, Callable[[Any], Any]] | Callable[..., Any]
 
 # How a callable takes the arguments by name: the names it takes (None: all, it
 # has **kwargs), and (name, run's default) for the parameters it needs run's default of.
-_ByName = tuple[Union[frozenset, None], tuple[tuple[str, Any], ...]]
+_ByName = tuple[frozenset | None, tuple[tuple[str, Any], ...]]
 
 _UNSTEPPABLE = (str, bytes, bytearray)
 _INDEX = re.compile(r"\d+")

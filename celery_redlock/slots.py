@@ -52,8 +52,9 @@ Limits of the rule:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval

@@ -4,7 +4,8 @@ options, and the decorator that turns the library's errors into exit codes."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from celery.bin.base import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .._format import KeyReport, echo_down, glob_escape, outage, table, ttl_text
 from .._reading import key_report

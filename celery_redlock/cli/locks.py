@@ -3,7 +3,8 @@ freeing the ones left stuck."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

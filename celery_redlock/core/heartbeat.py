@@ -48,7 +48,8 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: the core stays import-light
     from .lease import Lease

@@ -14,8 +14,8 @@ node at once, with one reply (or the node's error) per node.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .cluster import LockNode, node_for
 from .exceptions import ConfigurationError, QuorumUnavailable

@@ -13,8 +13,8 @@ import random
 import secrets
 import socket
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from .values import text
 from .windows import Window

@@ -15,8 +15,8 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Iterable
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from .windows import check_rate
 

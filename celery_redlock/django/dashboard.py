@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied

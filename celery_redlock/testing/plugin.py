@@ -3,8 +3,8 @@ first node fixture of a session registers (never at import)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 

@@ -27,10 +27,10 @@ import mimetypes
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.cookies import SimpleCookie
 from importlib import resources
-from typing import Any, Callable, Union
+from typing import Any, Union
 from urllib.parse import parse_qs, urlsplit
 
 from redis.exceptions import RedisError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import socketserver
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 __all__ = ["ThreadingWSGIServer", "server"]

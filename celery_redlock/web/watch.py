@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 __all__ = ["GRACE", "Seen", "Watch"]
 
