@@ -147,7 +147,9 @@ def test_acquire_honours_the_claim(rl, nodes3):
     assert isinstance(kept, Lease)
     assert rl.claimant(NAME).claimant == "t1"  # "check" keeps it
     rl.release(kept, withdraw_claim=True)
-    assert values(nodes3, rl.claim_key(NAME)) == [None] * 3
+    # withdrawn at the end, leaving the mark of a run that started, as "take" does
+    assert values(nodes3, rl.claim_key(NAME)) == ["~t1"] * 3
+    assert rl.claimant(NAME) == Claim(None, None)
 
     rl.claim_next(NAME, "t1", ttl=30)
     taken = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take")
@@ -182,11 +184,27 @@ def test_a_replaced_message_knows_it_was_superseded(rl):
     # A new call claims over the mark.
     assert rl.claim_next(NAME, "t4", ttl=30).claimant == "t4"
     rl.withdraw_claim(NAME, "t4")
-    # A claimed message whose claim is gone altogether (lapsed) does not run either.
+    # A claimed message whose claim is gone altogether (it lapsed, or was never
+    # written on these nodes) was replaced by nobody: it runs.
     gone = rl.try_acquire(
         NAME, ttl=10, owner=make_owner("t5"), task_id="t5", claim="take", own_claim=True
     )
-    assert gone == Claim(None, None)
+    assert isinstance(gone, Lease)
+    rl.release(gone)
+    # Under "check" (until_finished) too; while a successor's end left its mark, the
+    # message it replaced still learns who ran in its place.
+    rl.claim_next(NAME, "t6", ttl=30)
+    rl.claim_next(NAME, "t7", ttl=30, replace=True)
+    done = rl.try_acquire(NAME, ttl=10, owner=make_owner("t7"), task_id="t7", claim="check")
+    assert isinstance(done, Lease)
+    rl.release(done, withdraw_claim=True)
+    replaced = rl.try_acquire(
+        NAME, ttl=10, owner=make_owner("t6"), task_id="t6", claim="check", own_claim=True
+    )
+    assert isinstance(replaced, Claim) and replaced.claimant == "t7"
+    unclaimed = rl.try_acquire(NAME, ttl=10, owner=make_owner("t8"), task_id="t8", claim="check")
+    assert isinstance(unclaimed, Lease)
+    rl.release(unclaimed)
 
 
 def test_a_holder_carries_the_claimant_seen_beside_it(rl):
