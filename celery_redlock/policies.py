@@ -83,7 +83,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, outage, rates, tracing
+from . import metrics, outage, rates, republish, tracing
 from .core import OWNER_SEP, Claim, Finished, Holder, Lease, RateSlot, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY, attempt_of, header
@@ -393,7 +393,7 @@ def _republish(
     sig = task.signature_from_request(
         request, countdown=countdown, retries=request.retries, headers=headers
     )
-    sig.apply_async()
+    republish.hold(request, sig.apply_async)  # sent once RETRY is stored
     raise Retry(reason, when=countdown, sig=sig)
 
 
