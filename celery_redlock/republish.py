@@ -23,18 +23,20 @@ If something goes wrong in between:
 * Publishing fails: the error escapes ``on_retry`` and the worker stores
   FAILURE over the RETRY, as Celery's own ``retry()`` fails (``Reject``) when
   it cannot publish: the caller sees why, nothing waits for ever.
-* Storing RETRY fails (the result backend is down): ``on_retry`` is never
-  called, and the message is sent when the execution ends (``task_postrun``),
-  so the retry is not lost; logged at WARNING.
+* Storing RETRY fails (the result backend refuses the write): ``on_retry`` is
+  never called, and the message is sent when the execution ends
+  (``task_postrun``), so the retry is not lost; logged at WARNING. Celery
+  then stores that error as FAILURE, which may land after the new
+  execution's state: the one case where the order is not kept.
 * A subclass's ``on_retry`` that does not call ``super()``: the message is
   sent on ``task_postrun`` too, a moment later.
-* The worker process dies between the store and the publish: the worker's
-  main process stores FAILURE (``WorkerLostError``) over the RETRY. With
-  ``acks_late`` the message is not acknowledged yet, so with
-  ``task_reject_on_worker_lost`` it is delivered again and runs; with early
-  acknowledgement (Celery's default) it was acknowledged on receipt and the
-  retry is lost with the process, as the message of any task whose process
-  dies is, and the FAILURE says so.
+* The worker process dies between the store and the publish: with
+  ``acks_late`` and ``task_reject_on_worker_lost`` the message was not
+  acknowledged yet and is delivered again. Otherwise the worker's main
+  process stores FAILURE (``WorkerLostError``) over the RETRY: with early
+  acknowledgement (Celery's default) the message was acknowledged on receipt
+  and the retry is lost with the process, as any such task's is, but not
+  quietly.
 """
 
 from __future__ import annotations

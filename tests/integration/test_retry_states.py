@@ -11,6 +11,7 @@ contention, its re-publish during an outage, and the body's ``self.retry()``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +22,14 @@ from celery.contrib.testing.worker import start_worker
 from celery_redlock import LockedTask, plan_of
 from celery_redlock.headers import attempt_of
 from tests.support import late_retry
-from tests.support.harness import Topology
+from tests.support.harness import Topology, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 FAST = {"lock_retry_backoff": 0.01, "lock_retry_backoff_max": 0.01}
+
+#: (task id, retries) of each execution of ``late.own_retry``, in this process.
+RAN: list[tuple[str, int]] = []
 
 
 @pytest.fixture(params=["redis", "database"])
@@ -58,6 +62,7 @@ def app(request, topology: Topology, tmp_path, run: str) -> Iterator[Celery]:
 
     @task("late.own_retry", max_retries=1)
     def own_retry(self, key):
+        RAN.append((self.request.id, self.request.retries))
         if not self.request.retries:
             raise self.retry(countdown=0)
         raise RuntimeError("ran after its own retry")
@@ -133,3 +138,38 @@ def test_the_bodys_own_retry(app, run, retried):
     gate = late_retry.watch(task_id)
     task.apply_async((run,), task_id=task_id)
     check(app, task_id, gate, "ran after its own retry", retried)
+
+
+class _Kept(logging.Handler):
+    """Keeps the records of one logger (the worker's logging setup owns the root's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append(record.getMessage())
+
+
+def test_a_retry_whose_retry_store_fails_still_runs(app, run):
+    kept, logger = _Kept(), logging.getLogger("celery_redlock.republish")
+    level = logger.level
+    logger.addHandler(kept)
+    logger.setLevel(logging.WARNING)  # the test worker logs errors only
+    try:
+        _retry_store_fails(app, run, kept)
+    finally:
+        logger.removeHandler(kept)
+        logger.setLevel(level)
+
+
+def _retry_store_fails(app: Celery, run: str, kept: _Kept) -> None:
+    task = app.tasks["late.own_retry"]
+    task_id = f"unstored-{run}"
+    gate = late_retry.watch(task_id, fail_retry=True)
+    task.apply_async((run,), task_id=task_id)
+    assert gate.terminal.wait(60)
+    wait_for(lambda: (task_id, 1) in RAN, 30, "the retried execution to run")
+    assert [r for r in RAN if r[0] == task_id] == [(task_id, 0), (task_id, 1)]
+    assert states.RETRY not in gate.states
+    assert any("RETRY was not stored" in said for said in kept.said), kept.said

@@ -32,8 +32,10 @@ __all__ = ["Gate", "LateDatabaseBackend", "LateRedisBackend", "watch"]
 class Gate:
     """What happened to one watched task id."""
 
-    def __init__(self, on_republish: Callable[[], Any] | None) -> None:
+    def __init__(self, on_republish: Callable[[], Any] | None, fail_retry: bool) -> None:
         self.on_republish = on_republish
+        #: Whether storing RETRY fails (the result backend is down for that write).
+        self.fail_retry = fail_retry
         self.publishes = 0
         #: Set when the id is published again (its first publish is the test's).
         self.republished = threading.Event()
@@ -48,9 +50,12 @@ class Gate:
 _gates: dict[str, Gate] = {}
 
 
-def watch(task_id: str, on_republish: Callable[[], Any] | None = None) -> Gate:
-    """Watch ``task_id``; ``on_republish()`` runs as it is published again, before it is sent."""
-    gate = _gates[task_id] = Gate(on_republish)
+def watch(
+    task_id: str, on_republish: Callable[[], Any] | None = None, fail_retry: bool = False
+) -> Gate:
+    """Watch ``task_id``; ``on_republish()`` runs as it is published again, before it is
+    sent; with ``fail_retry`` its RETRY store raises ``ConnectionError``."""
+    gate = _gates[task_id] = Gate(on_republish, fail_retry)
     return gate
 
 
@@ -90,6 +95,8 @@ class _Late:
             gate.held = True
             gate.terminal.wait(60)  # the new execution runs meanwhile, and ends
         try:
+            if gate is not None and gate.fail_retry:
+                raise ConnectionError("the result backend refused the RETRY (test)")
             return super().mark_as_retry(task_id, *args, **kwargs)  # type: ignore[misc]
         finally:
             if gate is not None:
