@@ -21,7 +21,11 @@ The claim lasts until the claimed execution takes the run lock
 in the system, queued or running). It is withdrawn when publishing fails, when
 a worker discards the message (revoked, expired, rejected, unknown), and when
 a worker process dies under it (see :mod:`celery_redlock.signals`); a message
-lost without a trace leaves a claim that lapses at its TTL.
+lost without a trace leaves a claim that lapses at its TTL. A message still
+queued when its claim lapses was replaced by nothing: it runs, as an unclaimed
+execution (see :mod:`celery_redlock.policies`). The ``redlock_claimed_on``
+header says where the claim was written, so a worker on other nodes says so
+at ERROR rather than dropping anything.
 
 A re-publish of the same task id (``self.retry()``, and the lock's own
 contention retries) is always published, and keeps the claim: its TTL is
@@ -53,7 +57,7 @@ from kombu.utils.uuid import uuid
 from . import metrics
 from .core import Claim, Redlock, full_jitter
 from .exceptions import AlreadyEnqueued, QuorumUnavailable
-from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY
+from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY
 from .plan import LockPlan
 
 __all__ = ["in_canvas", "publish", "result_of", "run_eagerly", "superseded_by", "withdraw"]
@@ -98,7 +102,7 @@ def publish(
             return _already(task, plan, name, claim)
         if claim.renewed:  # this very id is already claimed: its message is on its way
             return task.AsyncResult(task_id)
-        headers[CLAIM] = name
+        headers[CLAIM], headers[CLAIMED_ON] = name, plan.claimed_on
     try:
         result = send(args, kwargs, task_id=task_id, headers=headers, **options)
     except BaseException:
@@ -193,7 +197,7 @@ def _coalesce(
     options["countdown"] = max(delay, schedule.due - time.time())
     options.pop("eta", None)
     claimed = schedule.kind == "later" and settings.debounce is not None
-    headers[CLAIM] = name
+    headers[CLAIM], headers[CLAIMED_ON] = name, plan.claimed_on
     if schedule.slot is not None and settings.throttle is not None:
         headers[SLOT] = schedule.slot
     try:

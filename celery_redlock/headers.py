@@ -7,6 +7,10 @@
     The key a message was claimed for at publish (enqueue claims, debounce,
     throttle): on the worker it tells a replaced message from a bypass, and
     lets a receiver withdraw the claim of a message it discards.
+``redlock_claimed_on``
+    Where that claim was written: the producer's lock nodes and key prefix
+    (see :func:`where`). A worker that looks elsewhere cannot see the claim;
+    it says so at ERROR and runs the message as an unclaimed one.
 ``redlock_slot``
     A throttled message's slot (its planned start, in ms): the worker asks the
     nodes whether the slot is still this message's, or was taken over.
@@ -25,18 +29,22 @@ from typing import Any
 __all__ = [
     "ATTEMPT",
     "CLAIM",
+    "CLAIMED_ON",
     "RATE_AT",
     "RATE_WAITS",
     "SLOT",
     "SUPERSEDED_BY",
     "attempt_of",
     "header",
+    "where",
 ]
 
 #: Message header carrying the lock attempt number of a re-published task.
 ATTEMPT = "redlock_attempt"
 #: Message header naming the key a message was claimed for at publish.
 CLAIM = "redlock_claim"
+#: Message header saying where the claim was written (see :func:`where`).
+CLAIMED_ON = "redlock_claimed_on"
 #: Message header carrying a throttled message's slot.
 SLOT = "redlock_slot"
 #: Message header carrying a rated message's booked start (see the module docstring).
@@ -61,3 +69,22 @@ def attempt_of(request: Any) -> int:
         return int(header(request, ATTEMPT) or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def where(redlock: Any) -> str:
+    """The key prefix and lock nodes of ``redlock``, as ``prefix@node,node,...``.
+
+    Each node is spelt from its identity (host, port and database, a socket
+    path, a Sentinel service, a cluster's seeds), never from its URL: it holds
+    no password, and ``redis://h`` and ``redis://h:6379/0`` are one node.
+    """
+    nodes = sorted(_spell(node.identity) for node in redlock.nodes)
+    return f"{redlock.key_prefix}@{','.join(nodes)}"
+
+
+def _spell(part: Any) -> str:
+    if isinstance(part, (frozenset, set)):
+        return "+".join(sorted(_spell(p) for p in part))
+    if isinstance(part, tuple):
+        return ":".join(_spell(p) for p in part if p is not None)
+    return str(part)

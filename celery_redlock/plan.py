@@ -66,6 +66,11 @@ class LockPlan:
         with conf.bind_errors():
             return conf.redlock_for(self.app, self.resolved)
 
+    @functools.cached_property
+    def claimed_on(self) -> str:
+        """Where this task's claims are written (the ``redlock_claimed_on`` header)."""
+        return headers.where(self.redlock)
+
     def owner(self, request: Any) -> str:
         return make_owner(request.id, request.retries or 0)
 

@@ -51,9 +51,14 @@ With enqueue claims (``lock_enqueue``, see :mod:`celery_redlock.enqueue`):
 * The execution the key's claim names is the designated next run, never
   dropped for contention: whatever ``lock_on_duplicate`` says, it is
   re-published with backoff (its claim kept alive) until it takes the lock.
-* An execution claimed at publish whose claim now names another task was
-  replaced: it is dropped as superseded, REVOKED with a reason naming its
-  successor.
+* An execution claimed at publish whose claim now names another task (or
+  the mark another claimed run left when it started) was replaced: it is
+  dropped as superseded, REVOKED with a reason naming its successor. One
+  whose claim is gone (it lapsed at ``lock_enqueue_ttl``, or was written on
+  other nodes than this worker's) was replaced by nothing: it contends as an
+  unclaimed execution, and ``lock_on_duplicate`` decides. A message claimed
+  on other nodes or under another key prefix is said at ERROR (the
+  ``redlock_claimed_on`` header names where the producer wrote it).
 * An execution that was never claimed (``send_task`` by name, a message
   published before the claim) while the claim names another task is a
   duplicate of that task: ``lock_on_duplicate`` decides.
@@ -78,10 +83,10 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, outage, rates, tracing
+from . import metrics, outage, rates, republish, tracing
 from .core import OWNER_SEP, Claim, Finished, Holder, Lease, RateSlot, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
-from .headers import ATTEMPT, CLAIM, SLOT, SUPERSEDED_BY, attempt_of, header
+from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY, attempt_of, header
 from .plan import LockPlan
 
 __all__ = ["take"]
@@ -100,6 +105,8 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
     """
     if request is None:
         request = task.request
+    if plan.claims:
+        _check_claimed_on(task, plan, request)
     result = _attempt(task, plan, name, request)
     if isinstance(result, Lease):
         return result
@@ -121,12 +128,12 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
         result = waited  # another task holds the key now, or none: an ordinary contender
     claimant = result.claimant
     looked = plan.claim_mode(request) or header(request, SLOT)
-    if claimant != request.id and header(request, CLAIM) == name and looked:
-        # Claimed at publish, and the claim names another task now (or, past
-        # its TTL, none): it was replaced. It never runs its body.
+    if claimant not in (None, request.id) and header(request, CLAIM) == name and looked:
+        # Claimed at publish, and the claim names another task now: it was
+        # replaced, and never runs its body. A claim that is gone (lapsed, or
+        # never written on these nodes) replaced nothing: it contends below.
         metrics.count("superseded", plan.lock_name)
-        reason = f"{SUPERSEDED_BY}{claimant}" if claimant else f"its claim of {name!r} lapsed"
-        _drop(task, plan, name, result, reason=reason)
+        _drop(task, plan, name, result, reason=f"{SUPERSEDED_BY}{claimant}")
     if claimant is not None and claimant == request.id and settings.enqueue is not None:
         # The designated next run: never dropped for contention.
         if not request.is_eager:
@@ -224,6 +231,31 @@ def _attempt(
     if isinstance(result, Claim):  # the key is free, but claimed for another task
         return Holder(None, result.remaining, result.claimant)
     return result
+
+
+def _check_claimed_on(task: Any, plan: LockPlan, request: Any) -> None:
+    """A message claimed on other lock nodes (or under another key prefix) than this
+    worker's: said at ERROR, once per pair of places and process. Its claim is not
+    seen here, so it runs as an unclaimed message would; nothing is dropped for it."""
+    theirs = header(request, CLAIMED_ON)
+    if theirs is None or theirs == plan.claimed_on or (theirs, plan.claimed_on) in _told:
+        return
+    _told.add((theirs, plan.claimed_on))
+    logger.error(
+        "%s[%s]: claimed on other lock nodes than this worker's: the producer wrote its "
+        "claim on %s, this worker looks on %s. Claims are not seen here: such messages "
+        "run as unclaimed ones (lock_on_duplicate decides), and duplicates are not kept "
+        "out of the queue. Give producers and workers the same redlock_nodes and "
+        "redlock_key_prefix.",
+        task.name,
+        request.id,
+        theirs,
+        plan.claimed_on,
+    )
+
+
+#: The (producer's, worker's) places of claims said to differ (see _check_claimed_on).
+_told: set[tuple[str, str]] = set()
 
 
 def _is_copy(request: Any, holder: Holder) -> bool:
@@ -361,7 +393,7 @@ def _republish(
     sig = task.signature_from_request(
         request, countdown=countdown, retries=request.retries, headers=headers
     )
-    sig.apply_async()
+    republish.hold(request, sig.apply_async)  # sent once RETRY is stored
     raise Retry(reason, when=countdown, sig=sig)
 
 

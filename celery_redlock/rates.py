@@ -39,7 +39,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from celery.exceptions import Retry
 
-from . import metrics, outage, tracing
+from . import metrics, outage, republish, tracing
 from .core import RateKey, RateSlot, full_jitter, peek_rate, resolve_rate
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
@@ -230,7 +230,7 @@ def _republish(task: Any, request: Any, countdown: float, extra: dict, reason: s
     sig = task.signature_from_request(
         request, countdown=max(0.0, countdown), retries=request.retries, headers=headers
     )
-    sig.apply_async()
+    republish.hold(request, sig.apply_async)  # sent once RETRY is stored
     raise Retry(reason, when=countdown, sig=sig)
 
 

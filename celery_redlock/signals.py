@@ -36,6 +36,11 @@ With ``redlock_metrics_port`` set, in the worker's main process:
   and remove its directory.
   Each child tells it that it is gone on ``worker_process_shutdown``.
 
+In each worker process, after every task:
+
+* ``task_postrun``: a LockedTask's retry that ``on_retry`` did not publish
+  (storing RETRY failed) is published (see :mod:`celery_redlock.republish`).
+
 And where the worker discards a message (see :mod:`celery_redlock.enqueue`):
 
 * ``task_revoked`` (a revoked or expired message), ``task_rejected`` and
@@ -59,7 +64,7 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
-from . import conf, metrics
+from . import conf, metrics, republish
 from ._format import nodes_text, spare_text
 from .core import Redlock, heartbeat
 from .enqueue import withdraw
@@ -102,6 +107,9 @@ def install(app: Any) -> None:
     )
     celery_signals.worker_process_shutdown.connect(
         _process_shutdown, weak=False, dispatch_uid=uid + ":shutdown"
+    )
+    celery_signals.task_postrun.connect(
+        _task_postrun, weak=False, dispatch_uid="celery_redlock:republish"
     )
     celery_signals.task_failure.connect(_task_failure, weak=False, dispatch_uid=uid + ":failure")
     celery_signals.task_revoked.connect(_task_revoked, weak=False, dispatch_uid=uid + ":revoked")
@@ -228,6 +236,13 @@ def _stop_metrics(**_: Any) -> None:
         exporter.close()
     except Exception as exc:  # noqa: BLE001 - a receiver must not raise
         logger.warning("celery_redlock: closing the metrics endpoint failed: %s", exc)
+
+
+def _task_postrun(sender: Any = None, state: str | None = None, **_: Any) -> None:
+    """A retry that ``on_retry`` did not publish (see :mod:`celery_redlock.republish`)."""
+    request = getattr(sender, "request", None)
+    if request is not None:
+        republish.send_late(request, state)
 
 
 def _task_failure(

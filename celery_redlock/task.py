@@ -61,7 +61,7 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Retry
 
-from . import enqueue, metrics, policies, signals, tracing
+from . import enqueue, metrics, policies, republish, signals, tracing
 from .core import Lease, heartbeat
 from .django.base import LockedTaskType
 from .exceptions import LockLost
@@ -219,6 +219,10 @@ class LockedTask(Task, metaclass=LockedTaskType):
         """Publish, claiming the key first with ``lock_enqueue``, ``lock_debounce`` or
         ``lock_throttle`` (see :mod:`.enqueue`)."""
         self._refuse_if_unbound()
+        if republish.take_held_publish(
+            self, task_id, lambda: self.apply_async(args, kwargs, task_id=task_id, **options)
+        ):
+            return self.AsyncResult(task_id)  # self.retry(): sent once RETRY is stored
         plan = plan_of(self)
         if plan is None or not plan.claims or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
@@ -233,6 +237,21 @@ class LockedTask(Task, metaclass=LockedTaskType):
         if plan is None or plan.settings.enqueue is None:
             return super().apply(args, kwargs, task_id=task_id, **options)
         return enqueue.run_eagerly(self, plan, args, kwargs, task_id, options, super().apply)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``retry``; on a worker the new message is published only once the
+        RETRY state is stored, so it never lands over the new execution's state (see
+        :mod:`.republish`)."""
+        with republish.held(self.request):
+            return super().retry(*args, **kwargs)
+
+    def on_retry(self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        """Called by Celery right after it stored RETRY: publish the held message now.
+
+        A subclass that overrides it should call ``super().on_retry(...)`` (else the
+        message goes out when the execution ends, a moment later)."""
+        republish.send_held(self.request)
+        super().on_retry(exc, task_id, args, kwargs, einfo)
 
     def _refuse_if_unbound(self) -> None:
         """Raise the error this task failed to bind with, if it did."""

@@ -284,9 +284,10 @@ class Redlock:
           granted: that :class:`Claim` is returned. A :class:`Holder` carries
           the claimant seen beside it. With ``"take"``, a claim naming
           ``task_id`` is withdrawn where the lease is granted.
-          With ``own_claim`` (the caller was claimed at publish), a claim that
-          no longer names it, or none, stops the grant too: it was superseded,
-          or its claim lapsed (``Claim.claimant`` None).
+          With ``own_claim`` (the caller was claimed at publish), the mark
+          of another id's claimed run that started stops the grant too: that
+          run superseded the caller. No claim at all (it lapsed, or was never
+          written on these nodes) stops nothing.
         * ``throttle`` (seconds): at most one grant per period (see
           :meth:`throttle`); an earlier attempt gets :class:`TooEarly`. With
           ``slot`` (:attr:`Schedule.slot`), a slot taken over by another id

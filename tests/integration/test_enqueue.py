@@ -13,6 +13,7 @@ import multiprocessing
 import time
 
 import pytest
+import redis
 from celery import chord, group, states
 from celery.exceptions import ChordError, TaskRevokedError
 from kombu.exceptions import SerializerNotInstalled
@@ -267,6 +268,73 @@ def test_a_purged_message_leaves_a_claim_that_lapses_at_its_ttl(claims_worker, r
     later = task.apply_async((run, run))
     assert later.id != lost.id
     later.get(timeout=20)
+
+
+def _claim_keys(handle: WorkerHandle, task, args) -> list:
+    """The claim key of ``args`` on each quorum node (None where it is gone)."""
+    plan = plan_of(task)
+    key = plan.redlock.claim_key(plan.keys.build(args, {}))
+    values = []
+    for url in handle.topology.quorum.urls:
+        with redis.Redis.from_url(url) as client:
+            values.append(client.get(key))
+    return values
+
+
+def test_a_queued_message_whose_claim_lapsed_runs(claims_worker, run, hold):
+    task = claims_worker.task("once_short")  # lock_enqueue_ttl = 2 s
+    waiting = task.apply_async((run, run), queue=hold)  # nobody consumes it yet
+    wait_for(lambda: _claim_keys(claims_worker, task, (run, run)) == [None] * 3, 10, "no claim")
+    consume(claims_worker, hold)
+    try:
+        assert waiting.get(timeout=30)["token"]  # replaced by nothing: it ran
+    finally:
+        stop_consuming(claims_worker, hold)
+    assert [r["id"] for r in claims_worker.records(run)] == [waiting.id]
+
+
+def test_a_queued_message_whose_claim_names_another_task_is_superseded(claims_worker, run, hold):
+    task = claims_worker.task("once_finished")
+    waiting = task.apply_async((run, run), queue=hold)
+    plan = plan_of(task)
+    name = plan.keys.build((run, run), {})
+    other = f"other-{run}"
+    assert plan.redlock.claim_next(name, other, ttl=60, replace=True).claimant == other
+    consume(claims_worker, hold)
+    try:
+        with pytest.raises(TaskRevokedError, match=f"superseded by task {other}"):
+            waiting.get(timeout=30)
+    finally:
+        stop_consuming(claims_worker, hold)
+        plan.redlock.withdraw_claim(name, other)
+    assert claims_worker.records(run, phase=None) == []
+
+
+def test_a_producer_on_other_nodes_is_named_at_error_and_its_task_runs(claims_worker, run):
+    elsewhere = claims_worker.topology.url(14)  # the producer's one lock node
+    env = dict(claims_worker.app.producer_env, CRL_NODES=elsewhere)
+    producer = lockapp.app_from_env(env, main="elsewhere")
+    claims_worker.topology.apps.append(producer)
+    task = producer.tasks["lockapp.once_finished"]
+    ours = plan_of(claims_worker.task("once_finished")).claimed_on
+    theirs = plan_of(task).claimed_on
+    assert theirs != ours and "@" in theirs and ":14" in theirs
+    try:
+        result = task.apply_async((run, run), {"duration": 0.1})
+        assert result.get(timeout=30)["token"]  # run, not dropped
+    finally:
+        name = plan_of(task).keys.build((run, run), {})
+        plan_of(task).redlock.withdraw_claim(name, result.id)
+
+    def said() -> bool:
+        with open(claims_worker.process.logfile) as log:
+            return any(
+                "ERROR" in line and theirs in line and ours in line
+                for line in log
+                if "claimed on other lock nodes" in line
+            )
+
+    wait_for(said, 10, "the worker's ERROR naming both places")
 
 
 # -- retries, outages ------------------------------------------------------------------

@@ -113,7 +113,9 @@ return out
 # KEYS[1] lock key; ARGV[1] owner. Returns 1 if deleted, 0 if not mine.
 # Optional, in the same call: KEYS[2] receipt key, ARGV[2] its ttl in ms ('' for
 # none) records that the owner's id finished; KEYS[3] claim key, ARGV[3] an id:
-# the claim is withdrawn if it names that id.
+# the claim is withdrawn if it names that id, leaving the started mark
+# '~' .. ARGV[3] for the rest of its TTL (no claim for anyone but a message it
+# replaced, which learns so; see GATES).
 RELEASE = Script(
     "release",
     OWNS
@@ -122,7 +124,12 @@ local out = 0
 if owns(KEYS[1], ARGV[1]) then out = redis.call('DEL', KEYS[1]) end
 if ARGV[2] and ARGV[2] ~= '' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
 if ARGV[3] and ARGV[3] ~= '' and owns(KEYS[3], ARGV[3]) then
-  redis.call('DEL', KEYS[3])
+  local left = redis.call('PTTL', KEYS[3])
+  if left > 0 then
+    redis.call('SET', KEYS[3], '~' .. ARGV[3], 'PX', left)
+  else
+    redis.call('DEL', KEYS[3])
+  end
 end
 return out
 """,

@@ -78,7 +78,9 @@ end
 # ARGV[8] the client's clock in ms, ARGV[9] a throttled call's planned slot.
 # Flags: 'r' a receipt at KEYS[3] means that id already finished; 'c' a claim
 # at KEYS[4] naming another id stops the grant; 's' (the caller was claimed at
-# publish) so does a claim that no longer names it, or none; 'w' a claim
+# publish) so does the started mark of another id (it replaced the caller and
+# ran), while no claim at all (it lapsed, or was never written on this node)
+# lets the caller contend as any other execution; 'w' a claim
 # naming ARGV[5] is withdrawn on grant, leaving '~' .. ARGV[5] for the rest of
 # its TTL: the mark of a claimed run that started, which tells a message it
 # replaced that it was superseded, and counts as no claim for anyone else;
@@ -110,7 +112,7 @@ local function gate_enter()
   end
 end
 local function gate_free()
-  if (claim or own) and claim ~= ARGV[5] then return {3, claim, redis.call('PTTL', KEYS[4])} end
+  if claim and claim ~= ARGV[5] then return {3, claim, redis.call('PTTL', KEYS[4])} end
   if throttled then
     local started = tonumber(redis.call('HGET', KEYS[5], 'start'))
     local wait = started and started + tonumber(ARGV[7]) - tonumber(ARGV[8])

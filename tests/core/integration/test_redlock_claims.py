@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from unittest.mock import ANY
 
 import pytest
 
@@ -147,7 +148,9 @@ def test_acquire_honours_the_claim(rl, nodes3):
     assert isinstance(kept, Lease)
     assert rl.claimant(NAME).claimant == "t1"  # "check" keeps it
     rl.release(kept, withdraw_claim=True)
-    assert values(nodes3, rl.claim_key(NAME)) == [None] * 3
+    # withdrawn at the end, leaving the mark of a run that started, as "take" does
+    assert values(nodes3, rl.claim_key(NAME)) == ["~t1"] * 3
+    assert rl.claimant(NAME) == Claim(None, None)
 
     rl.claim_next(NAME, "t1", ttl=30)
     taken = rl.try_acquire(NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take")
@@ -158,35 +161,38 @@ def test_acquire_honours_the_claim(rl, nodes3):
     rl.release(taken)
 
 
+def _attempt(rl, task_id: str, claim: str = "take", own_claim: bool = True):
+    """An acquire by the task ``task_id``; a lease it gets is released at once."""
+    got = rl.try_acquire(
+        NAME, ttl=10, owner=make_owner(task_id), task_id=task_id, claim=claim, own_claim=own_claim
+    )
+    if isinstance(got, Lease):
+        rl.release(got, withdraw_claim=claim == "check")
+    return got
+
+
 def test_a_replaced_message_knows_it_was_superseded(rl):
     rl.claim_next(NAME, "t1", ttl=30)
     rl.claim_next(NAME, "t2", ttl=30, replace=True)
-    lost = rl.try_acquire(
-        NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take", own_claim=True
-    )
-    assert isinstance(lost, Claim) and lost.claimant == "t2"
-    runs = rl.try_acquire(
-        NAME, ttl=10, owner=make_owner("t2"), task_id="t2", claim="take", own_claim=True
-    )
-    assert isinstance(runs, Lease)
-    rl.release(runs)
+    assert _attempt(rl, "t1") == Claim("t2", ANY)
+    assert isinstance(_attempt(rl, "t2"), Lease)
     # After its successor started (the mark), it still learns who ran in its place...
-    late = rl.try_acquire(
-        NAME, ttl=10, owner=make_owner("t1"), task_id="t1", claim="take", own_claim=True
-    )
-    assert isinstance(late, Claim) and late.claimant == "t2"
+    assert _attempt(rl, "t1") == Claim("t2", ANY)
     # ...while a message that was never claimed sees no claim at all, and runs.
-    plain = rl.try_acquire(NAME, ttl=10, owner=make_owner("t3"), task_id="t3", claim="take")
-    assert isinstance(plain, Lease)
-    rl.release(plain)
+    assert isinstance(_attempt(rl, "t3", own_claim=False), Lease)
     # A new call claims over the mark.
     assert rl.claim_next(NAME, "t4", ttl=30).claimant == "t4"
     rl.withdraw_claim(NAME, "t4")
-    # A claimed message whose claim is gone altogether (lapsed) does not run either.
-    gone = rl.try_acquire(
-        NAME, ttl=10, owner=make_owner("t5"), task_id="t5", claim="take", own_claim=True
-    )
-    assert gone == Claim(None, None)
+    # A claimed message whose claim is gone altogether (it lapsed, or was never
+    # written on these nodes) was replaced by nobody: it runs.
+    assert isinstance(_attempt(rl, "t5"), Lease)
+    # Under "check" (until_finished) too; the mark a successor leaves at its end
+    # tells the message it replaced who ran in its place.
+    rl.claim_next(NAME, "t6", ttl=30)
+    rl.claim_next(NAME, "t7", ttl=30, replace=True)
+    assert isinstance(_attempt(rl, "t7", "check", own_claim=False), Lease)
+    assert _attempt(rl, "t6", "check") == Claim("t7", ANY)
+    assert isinstance(_attempt(rl, "t8", "check", own_claim=False), Lease)
 
 
 def test_a_holder_carries_the_claimant_seen_beside_it(rl):
