@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from celery import exceptions as celery_exceptions
+from celery.app.defaults import NAMESPACES, flatten
 
 from . import exceptions
 from .core import Redlock
@@ -45,6 +46,7 @@ from .settings import (
     Setting,
     by_name,
     closest,
+    misspelt_prefix,
 )
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "resolve",
     "resolve_beat",
     "resolve_worker",
+    "spelt",
 ]
 
 
@@ -89,6 +92,8 @@ def bind_errors() -> Iterator[None]:
 
 #: Every ``lock_*`` task option: the settings' attributes and the task-only options.
 TASK_ATTRS: frozenset[str] = frozenset([s.task_attr for s in SETTINGS] + list(TASK_OPTIONS))
+#: Celery's own settings: never a misspelt ``redlock_*`` key.
+CELERY_SETTINGS: frozenset[str] = frozenset(key for key, _ in flatten(NAMESPACES))
 #: Every declared ``redlock_*`` key of ``app.conf``.
 APP_SETTINGS: frozenset[str] = frozenset(s.name for s in SETTINGS + BEAT_SETTINGS + WORKER_SETTINGS)
 
@@ -120,9 +125,12 @@ def check_task_names(cls: type, owner: str) -> None:
 
 
 def check_app_names(app: Any, owner: str = "app.conf") -> None:
-    """Fail on a ``redlock_*`` key of ``app.conf`` that is not a declared setting.
+    """Fail on a ``redlock_*`` key of ``app.conf`` that is not a declared setting,
+    and on a key that names one under a misspelt prefix (``redlok_nodes``,
+    ``redis_lock_ttl``: :func:`~celery_redlock.settings.misspelt_prefix`).
 
-    Also in Django's namespaced form (``CELERY_REDLOCK_TLL``).
+    Also in Django's namespaced form (``CELERY_REDLOCK_TLL``, ``CELERY_REDLOK_NODES``).
+    Celery's own settings are never taken for a misspelling.
 
     Raises:
         ImproperlyConfigured: naming the closest declared setting, as spelt in ``app.conf``.
@@ -135,12 +143,53 @@ def check_app_names(app: Any, owner: str = "app.conf") -> None:
         elif key.startswith(upper_prefix + "REDLOCK_"):
             name, spelt_upper = key[len(upper_prefix) :].lower(), upper_prefix
         else:
+            _check_prefix(key, namespace, owner)
             continue
         if name not in APP_SETTINGS:
             raise ImproperlyConfigured(
                 f"{owner}: app.conf key {key!r} is not a celery_redlock setting"
                 + _did_you_mean(name, APP_SETTINGS, spelt_upper)
             )
+
+
+def _check_prefix(key: str, namespace: str | None, owner: str) -> None:
+    """Fail on a key that names a setting under a misspelt prefix (see check_app_names)."""
+    if namespace and key.upper().startswith(f"{namespace.upper()}_"):
+        plain, upper_prefix = key[len(namespace) + 1 :].lower(), f"{namespace}_"
+    elif namespace and not key.islower():
+        return  # not a Celery setting under this namespace (Django's own, ...)
+    else:
+        plain, upper_prefix = key.lower(), None
+    if plain in CELERY_SETTINGS:
+        return
+    meant = misspelt_prefix(plain, APP_SETTINGS)
+    if meant is not None:
+        shown = meant if upper_prefix is None else upper_prefix + meant.upper()
+        raise ImproperlyConfigured(
+            f"{owner}: app.conf key {key!r} is not a celery_redlock setting (a misspelt "
+            f"prefix); did you mean {shown!r}?"
+        )
+
+
+def spelt(app: Any, name: str) -> str:
+    """How the configuration of ``app`` spells the setting ``name``, for messages.
+
+    ``CELERY_REDLOCK_ON_DUPLICATE`` for an app configured from Django's
+    settings (``config_from_object("django.conf:settings", namespace="CELERY")``)
+    unless ``app.conf.redlock_on_duplicate`` itself was set; else
+    ``app.conf.redlock_on_duplicate``.
+    """
+    namespace = getattr(app, "namespace", None)
+    if not namespace:
+        return f"app.conf.{name}"
+    prefixed = f"{namespace}_{name}"
+    prefixed = prefixed.upper() if namespace.isupper() else prefixed
+    for mapping in getattr(app.conf, "maps", ()):
+        if prefixed in mapping:
+            return prefixed
+        if name in mapping:
+            return f"app.conf.{name}"
+    return prefixed
 
 
 def resolve_beat(app: Any, owner: str = "beat") -> dict[str, Any]:
@@ -170,7 +219,7 @@ def _resolve_app(app: Any, declared: tuple[Setting, ...], owner: str) -> dict[st
             values[setting.name] = setting.default if value is None else setting.check(value)
         except ValueError as exc:
             raise ImproperlyConfigured(
-                f"{owner}: app.conf.{setting.name} = {value!r} {exc}"
+                f"{owner}: {spelt(app, setting.name)} = {value!r} {exc}"
             ) from None
     return values
 
@@ -183,6 +232,7 @@ class LockSettings:
     nodes: tuple | None
     ttl: float
     node_timeout: float
+    connect_timeout: float
     drift_factor: float
     key_prefix: str
     fencing: bool
@@ -218,6 +268,7 @@ class LockSettings:
     def redlock_options(self) -> dict[str, Any]:
         return {
             "node_timeout": self.node_timeout,
+            "connect_timeout": self.connect_timeout,
             "drift_factor": self.drift_factor,
             "key_prefix": self.key_prefix,
             "fencing": self.fencing,
@@ -251,7 +302,7 @@ def resolve(
         source = f"{owner}.{setting.task_attr}"
         if value is None:
             value = app.conf.get(setting.name)
-            source = f"app.conf.{setting.name}"
+            source = spelt(app, setting.name)
         if value is None:
             value = setting.default
             source = f"default {setting.name}"
@@ -318,7 +369,7 @@ def nodes_from_app(app: Any, owner: str = "app.conf") -> tuple:
     if scheme == "sentinel":
         return (_sentinel_node(app, broker, owner),)
     raise ImproperlyConfigured(
-        f"{owner}: set app.conf.redlock_nodes (a list of Redis URLs); the broker "
+        f"{owner}: set {spelt(app, 'redlock_nodes')} (a list of Redis URLs); the broker "
         f"{_scheme(broker)} is not Redis, so it cannot serve as the default lock node"
     )
 
@@ -334,7 +385,7 @@ def _sentinel_node(app: Any, broker: str, owner: str) -> str:
     if not service:
         raise ImproperlyConfigured(
             f"{owner}: the broker is a Sentinel URL but broker_transport_options has no "
-            "master_name; set it, or set app.conf.redlock_nodes"
+            f"master_name; set it, or set {spelt(app, 'redlock_nodes')}"
         )
     hosts, userinfo, db = [], "", ""
     for i, url in enumerate(u.strip() for u in broker.split(";") if u.strip()):
