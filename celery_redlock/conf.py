@@ -126,11 +126,10 @@ def check_task_names(cls: type, owner: str) -> None:
 
 def check_app_names(app: Any, owner: str = "app.conf") -> None:
     """Fail on a ``redlock_*`` key of ``app.conf`` that is not a declared setting,
-    and on a key that names one under a misspelt prefix (``redlok_nodes``,
-    ``redis_lock_ttl``: :func:`~celery_redlock.settings.misspelt_prefix`).
-
-    Also in Django's namespaced form (``CELERY_REDLOCK_TLL``, ``CELERY_REDLOK_NODES``).
-    Celery's own settings are never taken for a misspelling.
+    or on a key that names one under a misspelt prefix (``redlok_nodes``,
+    ``redis_lock_ttl``: :func:`~celery_redlock.settings.misspelt_prefix`; never
+    one of Celery's own settings). Also in Django's namespaced form
+    (``CELERY_REDLOCK_TLL``, ``CELERY_REDLOK_NODES``).
 
     Raises:
         ImproperlyConfigured: naming the closest declared setting, as spelt in ``app.conf``.
@@ -138,47 +137,29 @@ def check_app_names(app: Any, owner: str = "app.conf") -> None:
     namespace = getattr(app, "namespace", None)
     upper_prefix = f"{namespace}_" if namespace else ""
     for key in sorted(k for k in app.conf.keys() if isinstance(k, str)):
-        if key.startswith("redlock_"):
+        if key.islower():
             name, spelt_upper = key, None
-        elif key.startswith(upper_prefix + "REDLOCK_"):
+        elif key.startswith(upper_prefix):
             name, spelt_upper = key[len(upper_prefix) :].lower(), upper_prefix
         else:
-            _check_prefix(key, namespace, owner)
+            continue  # outside the namespace: Django's own settings, the project's
+        if name.startswith("redlock_"):
+            if name in APP_SETTINGS:
+                continue
+            hint = _did_you_mean(name, APP_SETTINGS, spelt_upper)
+        elif name in CELERY_SETTINGS or (meant := misspelt_prefix(name, APP_SETTINGS)) is None:
             continue
-        if name not in APP_SETTINGS:
-            raise ImproperlyConfigured(
-                f"{owner}: app.conf key {key!r} is not a celery_redlock setting"
-                + _did_you_mean(name, APP_SETTINGS, spelt_upper)
-            )
-
-
-def _check_prefix(key: str, namespace: str | None, owner: str) -> None:
-    """Fail on a key that names a setting under a misspelt prefix (see check_app_names)."""
-    if namespace and key.upper().startswith(f"{namespace.upper()}_"):
-        plain, upper_prefix = key[len(namespace) + 1 :].lower(), f"{namespace}_"
-    elif namespace and not key.islower():
-        return  # not a Celery setting under this namespace (Django's own, ...)
-    else:
-        plain, upper_prefix = key.lower(), None
-    if plain in CELERY_SETTINGS:
-        return
-    meant = misspelt_prefix(plain, APP_SETTINGS)
-    if meant is not None:
-        shown = meant if upper_prefix is None else upper_prefix + meant.upper()
+        else:
+            hint = " (a misspelt prefix)" + _did_you_mean(meant, frozenset([meant]), spelt_upper)
         raise ImproperlyConfigured(
-            f"{owner}: app.conf key {key!r} is not a celery_redlock setting (a misspelt "
-            f"prefix); did you mean {shown!r}?"
+            f"{owner}: app.conf key {key!r} is not a celery_redlock setting" + hint
         )
 
 
 def spelt(app: Any, name: str) -> str:
-    """How the configuration of ``app`` spells the setting ``name``, for messages.
-
-    ``CELERY_REDLOCK_ON_DUPLICATE`` for an app configured from Django's
-    settings (``config_from_object("django.conf:settings", namespace="CELERY")``)
-    unless ``app.conf.redlock_on_duplicate`` itself was set; else
-    ``app.conf.redlock_on_duplicate``.
-    """
+    """The setting ``name`` as the configuration of ``app`` spells it, for messages:
+    ``CELERY_REDLOCK_TTL`` with Django's settings (``namespace="CELERY"``)
+    unless ``app.conf.redlock_ttl`` itself was set, else ``app.conf.redlock_ttl``."""
     namespace = getattr(app, "namespace", None)
     if not namespace:
         return f"app.conf.{name}"

@@ -4,7 +4,9 @@ Every quorum operation reaches the nodes through :func:`gather` (a plain
 command) or :func:`run_script` (a script): it writes one command to every
 node, then reads the replies against a single deadline, so the nodes work in
 parallel, no thread is created, and a hung node costs at most the deadline,
-never more. The bytes are exchanged by :mod:`~celery_redlock.core.wire`
+never more (a round that opens a connection waits for it up to the node's
+connect timeout, then gives the replies the deadline's length from there).
+The bytes are exchanged by :mod:`~celery_redlock.core.wire`
 (one ``poll`` over the sockets of the round, here), new connections are
 opened by :mod:`~celery_redlock.core.opening`.
 
@@ -57,8 +59,9 @@ def gather(
 
     Every command is written before any reply is read, so the nodes work in
     parallel; the replies are then read as they come, each read bounded by what
-    is left of the one deadline. A hung node therefore costs at most ``timeout``
-    in all, and meanwhile the replies of the others wait in socket buffers.
+    is left of the one deadline. A round that opens no connection therefore
+    lasts at most ``timeout``, whatever hangs, and meanwhile the replies of the
+    others wait in socket buffers.
 
     A node with no idle connection gets a new one, opened (connect and
     handshake) in the background within the node's connect timeout
