@@ -291,9 +291,10 @@ class ClusterNode:
         return slots
 
     def _client(self, host: str, port: int, timeout: float) -> redis.Redis:
+        connect = self.connect_timeout or timeout
         if self._options is None:
-            return client_for(self._url.replace("\0", f"{host}:{port}"), timeout)
-        options = {**self._options, "socket_timeout": timeout, "socket_connect_timeout": timeout}
+            return client_for(self._url.replace("\0", f"{host}:{port}"), timeout, connect)
+        options = {**self._options, "socket_timeout": timeout, "socket_connect_timeout": connect}
         return redis.Redis(host=host, port=port, **options)
 
     def close(self) -> None:
