@@ -107,7 +107,8 @@ def _some_cluster(nodes: Sequence[LockNode]) -> bool:
 def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: float) -> list[Any]:
     """:func:`gather` with a command of its own for each node (a shard master
     of a cluster gets the keys of its slots)."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     replies: list[Any] = [None] * len(nodes)
     opening: Opening | None = None  # the round's new connections, if it needs any
     lean: list[Call] = []
@@ -137,10 +138,12 @@ def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: flo
     for call in other:
         reply = read(call, deadline)
         if call.reused and _closed_by_server(reply):
-            # A node redis-py talks to: its new connection is opened here, within the round.
+            # A node redis-py talks to: its new connection is opened here, within
+            # the round's bound (its connect budget from the round's start).
             call.renew()
+            budget = started + connect_budget(call.node, timeout) - time.monotonic()
             try:
-                connect_within(call.conn, connect_budget(call.node, timeout))
+                connect_within(call.conn, max(budget, LAST_LOOK))
             except (RedisError, OSError) as exc:
                 call.node.discard(call.conn)
                 replies[call.i] = as_redis_error(exc)
