@@ -16,9 +16,10 @@ and checks; this module resolves them against ``app.conf`` and task attributes.
 
 Values are checked when the task binds; a bad one raises
 :class:`ImproperlyConfigured` (a :class:`~celery_redlock.ConfigurationError`
-and a Celery ``ImproperlyConfigured``) naming the task, the setting and the
-value. So does a ``lock_*`` task option or ``redlock_*`` key that is not
-declared (a misspelling), naming the closest declared one.
+and a Celery ``ImproperlyConfigured``) naming the task, the setting as the
+configuration spells it (:func:`spelt`) and the value. So does a ``lock_*``
+task option or ``redlock_*`` key that is not declared (a misspelling), or a
+key that names a setting under a misspelt prefix, naming the one meant.
 """
 
 from __future__ import annotations
