@@ -7,6 +7,8 @@ Binding builds the Redlock client but connects to nothing, so no server is neede
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 
 import pytest
@@ -195,3 +197,57 @@ def test_the_connect_timeout_reaches_every_node():
     assert task_plan.redlock.connect_timeout == 0.5
     with pytest.raises(ImproperlyConfigured, match="lock_connect_timeout = 0 must be a positive"):
         bind(plain_app(redlock_nodes=NODES), lock_connect_timeout=0)
+
+
+# -- with Django's own settings ---------------------------------------------------------------
+
+DJANGO_PROJECT = """
+import django
+from django.conf import settings
+from celery import Celery
+from celery_redlock import ImproperlyConfigured, LockedTask
+
+settings.configure(
+    INSTALLED_APPS=[],
+    CELERY_BROKER_URL="memory://",
+    CELERY_REDLOCK_NODES="redis://127.0.0.1:1/0;redis://127.0.0.1:2/0;redis://127.0.0.1:3/0",
+    **{name: value},
+)
+django.setup()
+app = Celery("proj")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+@app.task(base=LockedTask)
+def charge(order_id): ...
+
+try:
+    app.finalize()
+except ImproperlyConfigured as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize(
+    "name, value, said",
+    [
+        (
+            "CELERY_REDLOCK_ON_DUPLICATE",
+            "retri",
+            "CELERY_REDLOCK_ON_DUPLICATE = 'retri' must be one of",
+        ),
+        (
+            "CELERY_REDLOK_TTL",
+            30,
+            "'CELERY_REDLOK_TTL' is not a celery_redlock setting (a misspelt prefix); "
+            "did you mean 'CELERY_REDLOCK_TTL'?",
+        ),
+    ],
+)
+def test_a_django_project_is_told_its_own_setting(name, value, said):
+    pytest.importorskip("django")
+    script = DJANGO_PROJECT.replace("{name: value}", repr({name: value}))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout, done.stdout
