@@ -36,7 +36,7 @@ from celery import exceptions as celery_exceptions
 from celery.app.defaults import NAMESPACES, flatten
 
 from . import exceptions
-from .core import Redlock
+from .core import Redlock, mask_url
 from .settings import (
     BEAT_SETTINGS,
     EXHAUSTED,
@@ -291,7 +291,8 @@ def resolve(
         try:
             values[setting.name[len("redlock_") :]] = setting.check(value)
         except ValueError as exc:
-            raise ImproperlyConfigured(f"{owner}: {source} = {value!r} {exc}") from None
+            shown = mask_url(repr(value))  # a node URL's password stays out of the message
+            raise ImproperlyConfigured(f"{owner}: {source} = {shown} {exc}") from None
     if values["nodes"] is None and not (defer_nodes and not _has_lock_nodes(app)):
         values["nodes"] = nodes_from_app(app, owner)
     if values["heartbeat_interval"] is None:

@@ -251,3 +251,10 @@ def test_a_django_project_is_told_its_own_setting(name, value, said):
     )
     assert done.returncode == 0, done.stderr
     assert said in done.stdout, done.stdout
+
+
+def test_a_refused_node_string_keeps_its_passwords_out_of_the_message():
+    app = plain_app(redlock_nodes=["redis://:s3cret@a/0;redis://:s3cret@b/0"])
+    with pytest.raises(ImproperlyConfigured) as info:
+        bind(app)
+    assert "s3cret" not in str(info.value) and "two 'scheme://'" in str(info.value)
