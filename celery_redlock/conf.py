@@ -16,9 +16,10 @@ and checks; this module resolves them against ``app.conf`` and task attributes.
 
 Values are checked when the task binds; a bad one raises
 :class:`ImproperlyConfigured` (a :class:`~celery_redlock.ConfigurationError`
-and a Celery ``ImproperlyConfigured``) naming the task, the setting and the
-value. So does a ``lock_*`` task option or ``redlock_*`` key that is not
-declared (a misspelling), naming the closest declared one.
+and a Celery ``ImproperlyConfigured``) naming the task, the setting as the
+configuration spells it (:func:`spelt`) and the value. So does a ``lock_*``
+task option or ``redlock_*`` key that is not declared (a misspelling), or a
+key that names a setting under a misspelt prefix, naming the one meant.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from celery import exceptions as celery_exceptions
+from celery.app.defaults import NAMESPACES, flatten
 
 from . import exceptions
-from .core import Redlock
+from .core import Redlock, mask_url
 from .settings import (
     BEAT_SETTINGS,
     EXHAUSTED,
@@ -45,6 +47,7 @@ from .settings import (
     Setting,
     by_name,
     closest,
+    misspelt_prefix,
 )
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "resolve",
     "resolve_beat",
     "resolve_worker",
+    "spelt",
 ]
 
 
@@ -89,6 +93,8 @@ def bind_errors() -> Iterator[None]:
 
 #: Every ``lock_*`` task option: the settings' attributes and the task-only options.
 TASK_ATTRS: frozenset[str] = frozenset([s.task_attr for s in SETTINGS] + list(TASK_OPTIONS))
+#: Celery's own settings: never a misspelt ``redlock_*`` key.
+CELERY_SETTINGS: frozenset[str] = frozenset(key for key, _ in flatten(NAMESPACES))
 #: Every declared ``redlock_*`` key of ``app.conf``.
 APP_SETTINGS: frozenset[str] = frozenset(s.name for s in SETTINGS + BEAT_SETTINGS + WORKER_SETTINGS)
 
@@ -120,9 +126,11 @@ def check_task_names(cls: type, owner: str) -> None:
 
 
 def check_app_names(app: Any, owner: str = "app.conf") -> None:
-    """Fail on a ``redlock_*`` key of ``app.conf`` that is not a declared setting.
-
-    Also in Django's namespaced form (``CELERY_REDLOCK_TLL``).
+    """Fail on a ``redlock_*`` key of ``app.conf`` that is not a declared setting,
+    or on a key that names one under a misspelt prefix (``redlok_nodes``,
+    ``redis_lock_ttl``: :func:`~celery_redlock.settings.misspelt_prefix`; never
+    one of Celery's own settings). Also in Django's namespaced form
+    (``CELERY_REDLOCK_TLL``, ``CELERY_REDLOK_NODES``).
 
     Raises:
         ImproperlyConfigured: naming the closest declared setting, as spelt in ``app.conf``.
@@ -130,17 +138,40 @@ def check_app_names(app: Any, owner: str = "app.conf") -> None:
     namespace = getattr(app, "namespace", None)
     upper_prefix = f"{namespace}_" if namespace else ""
     for key in sorted(k for k in app.conf.keys() if isinstance(k, str)):
-        if key.startswith("redlock_"):
+        if key.islower():
             name, spelt_upper = key, None
-        elif key.startswith(upper_prefix + "REDLOCK_"):
+        elif key.startswith(upper_prefix):
             name, spelt_upper = key[len(upper_prefix) :].lower(), upper_prefix
         else:
+            continue  # outside the namespace: Django's own settings, the project's
+        if name.startswith("redlock_"):
+            if name in APP_SETTINGS:
+                continue
+            hint = _did_you_mean(name, APP_SETTINGS, spelt_upper)
+        elif name in CELERY_SETTINGS or (meant := misspelt_prefix(name, APP_SETTINGS)) is None:
             continue
-        if name not in APP_SETTINGS:
-            raise ImproperlyConfigured(
-                f"{owner}: app.conf key {key!r} is not a celery_redlock setting"
-                + _did_you_mean(name, APP_SETTINGS, spelt_upper)
-            )
+        else:
+            hint = " (a misspelt prefix)" + _did_you_mean(meant, frozenset([meant]), spelt_upper)
+        raise ImproperlyConfigured(
+            f"{owner}: app.conf key {key!r} is not a celery_redlock setting" + hint
+        )
+
+
+def spelt(app: Any, name: str) -> str:
+    """The setting ``name`` as the configuration of ``app`` spells it, for messages:
+    ``CELERY_REDLOCK_TTL`` with Django's settings (``namespace="CELERY"``)
+    unless ``app.conf.redlock_ttl`` itself was set, else ``app.conf.redlock_ttl``."""
+    namespace = getattr(app, "namespace", None)
+    if not namespace:
+        return f"app.conf.{name}"
+    prefixed = f"{namespace}_{name}"
+    prefixed = prefixed.upper() if namespace.isupper() else prefixed
+    for mapping in getattr(app.conf, "maps", ()):
+        if prefixed in mapping:
+            return prefixed
+        if name in mapping:
+            return f"app.conf.{name}"
+    return prefixed
 
 
 def resolve_beat(app: Any, owner: str = "beat") -> dict[str, Any]:
@@ -170,7 +201,7 @@ def _resolve_app(app: Any, declared: tuple[Setting, ...], owner: str) -> dict[st
             values[setting.name] = setting.default if value is None else setting.check(value)
         except ValueError as exc:
             raise ImproperlyConfigured(
-                f"{owner}: app.conf.{setting.name} = {value!r} {exc}"
+                f"{owner}: {spelt(app, setting.name)} = {value!r} {exc}"
             ) from None
     return values
 
@@ -183,6 +214,7 @@ class LockSettings:
     nodes: tuple | None
     ttl: float
     node_timeout: float
+    connect_timeout: float
     drift_factor: float
     key_prefix: str
     fencing: bool
@@ -218,6 +250,7 @@ class LockSettings:
     def redlock_options(self) -> dict[str, Any]:
         return {
             "node_timeout": self.node_timeout,
+            "connect_timeout": self.connect_timeout,
             "drift_factor": self.drift_factor,
             "key_prefix": self.key_prefix,
             "fencing": self.fencing,
@@ -251,14 +284,15 @@ def resolve(
         source = f"{owner}.{setting.task_attr}"
         if value is None:
             value = app.conf.get(setting.name)
-            source = f"app.conf.{setting.name}"
+            source = spelt(app, setting.name)
         if value is None:
             value = setting.default
             source = f"default {setting.name}"
         try:
             values[setting.name[len("redlock_") :]] = setting.check(value)
         except ValueError as exc:
-            raise ImproperlyConfigured(f"{owner}: {source} = {value!r} {exc}") from None
+            shown = mask_url(repr(value))  # a node URL's password stays out of the message
+            raise ImproperlyConfigured(f"{owner}: {source} = {shown} {exc}") from None
     if values["nodes"] is None and not (defer_nodes and not _has_lock_nodes(app)):
         values["nodes"] = nodes_from_app(app, owner)
     if values["heartbeat_interval"] is None:
@@ -318,7 +352,7 @@ def nodes_from_app(app: Any, owner: str = "app.conf") -> tuple:
     if scheme == "sentinel":
         return (_sentinel_node(app, broker, owner),)
     raise ImproperlyConfigured(
-        f"{owner}: set app.conf.redlock_nodes (a list of Redis URLs); the broker "
+        f"{owner}: set {spelt(app, 'redlock_nodes')} (a list of Redis URLs); the broker "
         f"{_scheme(broker)} is not Redis, so it cannot serve as the default lock node"
     )
 
@@ -334,7 +368,7 @@ def _sentinel_node(app: Any, broker: str, owner: str) -> str:
     if not service:
         raise ImproperlyConfigured(
             f"{owner}: the broker is a Sentinel URL but broker_transport_options has no "
-            "master_name; set it, or set app.conf.redlock_nodes"
+            f"master_name; set it, or set {spelt(app, 'redlock_nodes')}"
         )
     hosts, userinfo, db = [], "", ""
     for i, url in enumerate(u.strip() for u in broker.split(";") if u.strip()):

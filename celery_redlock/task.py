@@ -101,6 +101,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
     lock_ttl: float | None = None
     #: Setting ``redlock_node_timeout``.
     lock_node_timeout: float | None = None
+    #: Setting ``redlock_connect_timeout``.
+    lock_connect_timeout: float | None = None
     #: Setting ``redlock_drift_factor``.
     lock_drift_factor: float | None = None
     #: Setting ``redlock_key_prefix``.

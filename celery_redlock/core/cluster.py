@@ -75,14 +75,16 @@ SLOTS = 16384
 LockNode = Union[Node, "ClusterNode"]
 
 
-def node_for(spec: Any, timeout: float, min_replicas: int = 0) -> LockNode:
+def node_for(
+    spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+) -> LockNode:
     """The node that ``spec`` names: a :class:`ClusterNode` for a cluster URL or
     a ``redis.cluster.RedisCluster``, else a :class:`Node`."""
     if isinstance(spec, redis.RedisCluster) or (
         isinstance(spec, str) and urlsplit(spec).scheme in CLUSTER_SCHEMES
     ):
-        return ClusterNode(spec, timeout, min_replicas)
-    return Node(spec, timeout, min_replicas)
+        return ClusterNode(spec, timeout, min_replicas, connect_timeout)
+    return Node(spec, timeout, min_replicas, connect_timeout)
 
 
 def same_slot(keys: Sequence[str]) -> bool:
@@ -151,13 +153,21 @@ class ClusterNode:
         timeout: socket and connect timeout in seconds (a URL's shards).
         min_replicas: replicas of each **shard** master that must confirm a
             write (``WAIT`` on that master).
+        connect_timeout: a shard's connect budget (see :class:`Node`).
     """
 
     cluster = True
 
-    def __init__(self, spec: Any, timeout: float, min_replicas: int = 0):
+    def __init__(
+        self,
+        spec: Any,
+        timeout: float,
+        min_replicas: int = 0,
+        connect_timeout: float | None = None,
+    ):
         self.min_replicas = min_replicas
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self._lock = threading.Lock()
         if isinstance(spec, str):
             self._seeds, self._url = _parse(spec)
@@ -198,9 +208,11 @@ class ClusterNode:
 
     def _make_shard(self, host: str, port: int) -> Node:
         if self._options is None:
-            node = Node(self._url.replace("\0", f"{host}:{port}"), self.timeout, self.min_replicas)
+            url = self._url.replace("\0", f"{host}:{port}")
+            node = Node(url, self.timeout, self.min_replicas, self.connect_timeout)
         else:
-            node = Node(redis.Redis(host=host, port=port, **self._options), 1, self.min_replicas)
+            client = redis.Redis(host=host, port=port, **self._options)
+            node = Node(client, 1, self.min_replicas, self.connect_timeout)
         node.name = f"{self.name} shard {host}:{port}"
         return node
 
@@ -279,9 +291,10 @@ class ClusterNode:
         return slots
 
     def _client(self, host: str, port: int, timeout: float) -> redis.Redis:
+        connect = self.connect_timeout or timeout
         if self._options is None:
-            return client_for(self._url.replace("\0", f"{host}:{port}"), timeout)
-        options = {**self._options, "socket_timeout": timeout, "socket_connect_timeout": timeout}
+            return client_for(self._url.replace("\0", f"{host}:{port}"), timeout, connect)
+        options = {**self._options, "socket_timeout": timeout, "socket_connect_timeout": connect}
         return redis.Redis(host=host, port=port, **options)
 
     def close(self) -> None:

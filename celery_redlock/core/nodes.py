@@ -49,24 +49,34 @@ class Node:
             see :func:`~celery_redlock.core.urls.sentinel_options`) or a
             ``redis.Redis``. A client is used as given: its own timeouts and
             retries apply.
-        timeout: socket and connect timeout in seconds for a node built from a URL.
+        timeout: socket timeout in seconds for a node built from a URL.
         min_replicas: how many of the node's replicas must confirm a grant, a
             renewal or a fence write (``WAIT``, pipelined in the same round)
             before it counts; 0 sends no ``WAIT``.
+        connect_timeout: seconds a new connection gets to open (connect and
+            handshake), before the round's timeout starts for its reply; None:
+            the round's timeout bounds the connect too.
     """
 
     #: A Redis Cluster is a node of its own kind (:mod:`~celery_redlock.core.cluster`).
     cluster = False
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "_identity", "_idle", "owed", "_generation",
-        "_backoff", "_retry_at", "_probing",
+        "name", "pool", "lean", "min_replicas", "connect_timeout", "_identity", "_idle", "owed",
+        "_generation", "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
-    def __init__(self, spec: NodeSpec, timeout: float, min_replicas: int = 0):
+    def __init__(
+        self,
+        spec: NodeSpec,
+        timeout: float,
+        min_replicas: int = 0,
+        connect_timeout: float | None = None,
+    ):
         self.min_replicas = min_replicas
+        self.connect_timeout = connect_timeout
         if isinstance(spec, str):
-            client = client_for(spec, timeout)
+            client = client_for(spec, timeout, connect_timeout)
             self.name = mask_url(spec)
         elif isinstance(spec, redis.Redis):
             client = spec

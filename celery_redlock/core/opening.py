@@ -3,17 +3,21 @@
 :func:`~celery_redlock.core.rounds.gather` does not wait for a node's new
 connection before it sends to the others: each one is opened (connect and
 handshake) in a thread of :func:`~celery_redlock.core.connect.connector`,
-within the round's timeout of its own, and handed over to the round through a
-pipe that the round polls with its sockets (:class:`Opening`). A connection
-that connects after its round ended is kept for the next one. A node whose
-connects time out is skipped for a while but for one background probe
-(:meth:`Node.skips_connects <celery_redlock.core.nodes.Node.skips_connects>`).
+within the node's connect timeout (``redlock_connect_timeout``), and handed
+over to the round through a pipe that the round polls with its sockets
+(:class:`Opening`). The round waits for it that long, and for its reply the
+round's timeout from when it connected: a slow connect on a busy host is not
+an outage, and a round lasts at most connect timeout + round timeout. A
+connection that connects after its round ended is kept for the next one. A
+node whose connects time out is skipped for a while but for one background
+probe (:meth:`Node.skips_connects <celery_redlock.core.nodes.Node.skips_connects>`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +28,7 @@ from .connect import connector
 from .nodes import Node
 from .wire import Command, as_redis_error, set_nonblocking
 
-__all__ = ["Opening", "connect_within", "open_connection"]
+__all__ = ["Opening", "connect_budget", "connect_within", "open_connection"]
 
 #: How a round ends a connect it waited for in vain (for the circuit breaker).
 _OVERDUE = redis.exceptions.TimeoutError("connect overdue")
@@ -32,8 +36,8 @@ _OVERDUE = redis.exceptions.TimeoutError("connect overdue")
 
 class Opening:
     """The new connections of one round, each opened (connect and handshake) in
-    a background thread of :func:`connector`, all at once, each within the
-    round's timeout of its own.
+    a background thread of :func:`connector`, all at once, each within its
+    node's connect timeout (:func:`connect_budget`).
 
     A thread that connects in time hands its connection over to the round and
     wakes it through a pipe that the round polls with its sockets; one that
@@ -41,10 +45,14 @@ class Opening:
     ones. Only rounds that open connections pay for this.
     """
 
-    __slots__ = ("commands", "timeout", "lock", "live", "done", "pending", "wake", "_write_end")
+    __slots__ = (
+        "commands", "timeout", "until", "lock", "live", "done", "pending", "wake", "_write_end",
+    )  # fmt: skip
 
     def __init__(self, commands: Sequence[Command], timeout: float):
         self.commands, self.timeout = commands, timeout
+        #: When the budget of the last connect started ends: the round waits that long.
+        self.until = 0.0
         self.lock = threading.Lock()
         self.live = True
         self.done: list[tuple[int, Node, Any, RedisError | None]] = []
@@ -55,16 +63,16 @@ class Opening:
     def open(self, i: int, node: Node, replies: list[Any]) -> None:
         """Start opening a connection to ``node`` (item ``i`` of the round), or
         set its reply to an error at once if its circuit breaker skips it."""
+        allowed = connect_budget(node, self.timeout)
         skipped = node.skips_connects()
         if skipped is not None:
             if node.probe_due():
-                connector().submit(
-                    open_connection, node, node.new_connection(), self.timeout, None, -1
-                )
+                connector().submit(open_connection, node, node.new_connection(), allowed, None, -1)
             replies[i] = skipped
             return
         self.pending[i] = node
-        connector().submit(open_connection, node, node.new_connection(), self.timeout, self, i)
+        self.until = max(self.until, time.monotonic() + allowed)
+        connector().submit(open_connection, node, node.new_connection(), allowed, self, i)
 
     def finished(self, i: int, conn: Any, error: RedisError | None) -> bool:
         """From a connecting thread: hand the outcome over; False if the round has ended."""
@@ -111,9 +119,10 @@ class Opening:
                 error = redis.exceptions.TimeoutError(f"Connected to {node.name} too late")
             replies[i] = error
         for i, node in self.pending.items():
-            node.connected(_OVERDUE, self.timeout)  # the next round need not wait for it again
+            allowed = connect_budget(node, self.timeout)
+            node.connected(_OVERDUE, allowed)  # the next round need not wait for it again
             replies[i] = redis.exceptions.TimeoutError(
-                f"Timeout connecting to {node.name} within {self.timeout:g}s"
+                f"Timeout connecting to {node.name} within {allowed:g}s"
             )
 
 
@@ -136,10 +145,22 @@ def open_connection(node: Node, conn: Any, budget: float, opening: Opening | Non
             node.put_back(conn)
 
 
+def connect_budget(node: Node, timeout: float) -> float:
+    """Seconds a new connection to ``node`` gets to open, in a round of ``timeout``."""
+    return node.connect_timeout or timeout
+
+
 def connect_within(conn: Any, budget: float) -> None:
-    """Connect, handshake included, within ``budget`` seconds (or the node's shorter timeouts)."""
-    for attr in ("socket_connect_timeout", "socket_timeout"):
-        configured = getattr(conn, attr, None)
-        if configured is None or configured > budget:
-            setattr(conn, attr, budget)
-    conn.connect()
+    """Connect, handshake included, within ``budget`` seconds (or the
+    connection's shorter connect timeout: a client given as it is keeps its
+    own); the handshake's replies get that time too, later replies the
+    connection's socket timeout (no longer than ``budget``) again."""
+    limit = conn.socket_connect_timeout
+    if limit is None or limit > budget:
+        limit = budget
+    kept = conn.socket_timeout
+    conn.socket_connect_timeout = conn.socket_timeout = limit
+    try:
+        conn.connect()
+    finally:
+        conn.socket_timeout = kept if kept is not None and kept < limit else limit

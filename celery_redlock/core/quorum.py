@@ -36,6 +36,8 @@ class Quorum:
     Args:
         specs: the nodes, as URLs or ``redis.Redis`` clients.
         node_timeout: seconds each node gets to answer, per round.
+        connect_timeout: seconds a new connection gets to open, before
+            ``node_timeout`` starts for its reply; None: ``node_timeout``.
         drift_factor: clock drift allowed, as a fraction of the TTL.
         min_replicas: replicas of each node that must confirm a write.
         clock: monotonic clock, seconds.
@@ -47,6 +49,7 @@ class Quorum:
         "nodes",
         "needed",
         "node_timeout",
+        "connect_timeout",
         "drift_factor",
         "min_replicas",
         "plain",
@@ -64,8 +67,9 @@ class Quorum:
         clock: Callable[[], float],
         sleep: Callable[[float], None],
         rng: Callable[[], float],
+        connect_timeout: float | None = None,
     ):
-        self.nodes = [node_for(spec, node_timeout, min_replicas) for spec in specs]
+        self.nodes = [node_for(spec, node_timeout, min_replicas, connect_timeout) for spec in specs]
         seen: dict[tuple, LockNode] = {}
         for node in self.nodes:
             if node.identity in seen:
@@ -83,6 +87,7 @@ class Quorum:
             )
         self.needed = len(self.nodes) // 2 + 1
         self.node_timeout = float(node_timeout)
+        self.connect_timeout = float(connect_timeout or node_timeout)
         self.drift_factor = float(drift_factor)
         self.min_replicas = min_replicas
         #: Plain masters with no replica to confirm a write: a bare command's

@@ -143,6 +143,8 @@ class Redlock:
             ``redis.Redis`` clients; each must be an independent master. One
             node is allowed (a plain single-node lock).
         node_timeout: seconds each node gets to answer, per round.
+        connect_timeout: seconds a new connection to a node gets to open
+            (connect and handshake), before ``node_timeout`` starts for its reply.
         drift_factor: clock drift allowed, as a fraction of the TTL.
         key_prefix: first part of every key written.
         fencing: hand out fencing tokens (a second round trip only when the
@@ -166,6 +168,7 @@ class Redlock:
     #: How many nodes make a quorum: ``N // 2 + 1`` of all configured nodes.
     quorum: _Kept[int] = _Kept("_quorum", "needed")
     node_timeout: _Kept[float] = _Kept("_quorum")
+    connect_timeout: _Kept[float] = _Kept("_quorum")
     drift_factor: _Kept[float] = _Kept("_quorum")
     min_replicas: _Kept[int] = _Kept("_quorum")
     clock: _Kept[Callable[[], float]] = _Kept("_quorum")
@@ -180,6 +183,7 @@ class Redlock:
         nodes: Sequence[NodeSpec],
         *,
         node_timeout: float = settings.default("redlock_node_timeout"),
+        connect_timeout: float = settings.default("redlock_connect_timeout"),
         drift_factor: float = settings.default("redlock_drift_factor"),
         key_prefix: str = settings.default("redlock_key_prefix"),
         fencing: bool = settings.default("redlock_fencing"),
@@ -195,11 +199,14 @@ class Redlock:
         if not nodes:
             raise ConfigurationError("Redlock needs at least one Redis node")
         node_timeout = checked("node_timeout", settings.check_seconds, node_timeout)
+        connect_timeout = checked("connect_timeout", settings.check_seconds, connect_timeout)
         fence_retention = checked("fence_retention", settings.check_seconds, fence_retention)
         drift_factor = checked("drift_factor", settings.check_drift_factor, drift_factor)
         key_prefix = checked("key_prefix", settings.check_key_prefix, key_prefix)
         min_replicas = checked("min_replicas", settings.check_count, min_replicas)
-        self._quorum = Quorum(nodes, node_timeout, drift_factor, min_replicas, clock, sleep, rng)
+        self._quorum = Quorum(
+            nodes, node_timeout, drift_factor, min_replicas, clock, sleep, rng, connect_timeout
+        )
         self._keyspace = KeySpace(key_prefix)
         self._fencing = Fencing(self._quorum, fencing, fence_retention)
         self._leases = Leases(self, self._quorum, self._keyspace, self._fencing)

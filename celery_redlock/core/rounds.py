@@ -4,7 +4,9 @@ Every quorum operation reaches the nodes through :func:`gather` (a plain
 command) or :func:`run_script` (a script): it writes one command to every
 node, then reads the replies against a single deadline, so the nodes work in
 parallel, no thread is created, and a hung node costs at most the deadline,
-never more. The bytes are exchanged by :mod:`~celery_redlock.core.wire`
+never more (a round that opens a connection waits for it up to the node's
+connect timeout, then gives the replies the deadline's length from there).
+The bytes are exchanged by :mod:`~celery_redlock.core.wire`
 (one ``poll`` over the sockets of the round, here), new connections are
 opened by :mod:`~celery_redlock.core.opening`.
 
@@ -26,7 +28,7 @@ from redis.exceptions import AskError, NoScriptError, RedisError
 
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .nodes import Node
-from .opening import Opening, connect_within
+from .opening import Opening, connect_budget, connect_within
 from .replicas import confirmed, wait_after
 from .scripts import Script
 from .wire import (
@@ -57,15 +59,17 @@ def gather(
 
     Every command is written before any reply is read, so the nodes work in
     parallel; the replies are then read as they come, each read bounded by what
-    is left of the one deadline. A hung node therefore costs at most ``timeout``
-    in all, and meanwhile the replies of the others wait in socket buffers.
+    is left of the one deadline. A round that opens no connection therefore
+    lasts at most ``timeout``, whatever hangs, and meanwhile the replies of the
+    others wait in socket buffers.
 
     A node with no idle connection gets a new one, opened (connect and
-    handshake) in the background with a budget of ``timeout`` of its own
+    handshake) in the background within the node's connect timeout
     (:class:`~celery_redlock.core.opening.Opening`): the round does not wait
-    for it before sending to the other nodes, and a connect that finishes
-    within the round has its command sent and its reply collected in the
-    same round. A connection that connects after the round ended goes to the
+    for it before sending to the other nodes; it waits up to that connect
+    timeout for the connection, and ``timeout`` from then for the replies,
+    so a round that opens connections lasts at most connect timeout +
+    ``timeout``. A connection that connects after the round ended goes to the
     node's idle connections for the next round. A node whose connects time
     out is skipped for a while (its circuit breaker,
     :meth:`Node.skips_connects <celery_redlock.core.nodes.Node.skips_connects>`):
@@ -103,7 +107,8 @@ def _some_cluster(nodes: Sequence[LockNode]) -> bool:
 def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: float) -> list[Any]:
     """:func:`gather` with a command of its own for each node (a shard master
     of a cluster gets the keys of its slots)."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     replies: list[Any] = [None] * len(nodes)
     opening: Opening | None = None  # the round's new connections, if it needs any
     lean: list[Call] = []
@@ -129,18 +134,21 @@ def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: flo
         else:
             replies[i] = error
     if lean or opening is not None:
-        _collect(lean, other, opening, deadline, replies, commands, timeout)
+        deadline = _collect(lean, other, opening, deadline, replies, commands, timeout)
     for call in other:
         reply = read(call, deadline)
         if call.reused and _closed_by_server(reply):
-            # A node redis-py talks to: its new connection is opened here, within the round.
+            # A node redis-py talks to: its new connection is opened here, within
+            # the round's bound (its connect budget from the round's start).
             call.renew()
+            budget = started + connect_budget(call.node, timeout) - time.monotonic()
             try:
-                connect_within(call.conn, max(deadline - time.monotonic(), LAST_LOOK))
+                connect_within(call.conn, max(budget, LAST_LOOK))
             except (RedisError, OSError) as exc:
                 call.node.discard(call.conn)
                 replies[call.i] = as_redis_error(exc)
                 continue
+            deadline = max(deadline, time.monotonic() + timeout)
             reply = start(call) or read(call, deadline)
         replies[call.i] = reply
     return replies
@@ -154,11 +162,16 @@ def _collect(
     replies: list[Any],
     commands: Sequence[Command],
     timeout: float,
-) -> None:
+) -> float:
     """Finish the lean calls and the round's new connections: one poll over the
     lean sockets and the wake-up pipe of the connections being opened, until
     the deadline. A new connection that connects in time has its command sent:
-    a lean one is then watched here, another one joins ``other``."""
+    a lean one is then watched here, another one joins ``other``.
+
+    While a connect is under way the round waits for it (up to its budget,
+    ``Opening.until``), and a connection taken moves the deadline to
+    ``timeout`` from then. Returns the deadline, for the replies of ``other``.
+    """
     poller = select.poll()
     waiting: dict[int, Call] = {}
 
@@ -174,12 +187,16 @@ def _collect(
         poller.register(wake, select.POLLIN)
     try:
         while waiting or (opening is not None and opening.pending):
-            left = deadline - time.monotonic()
+            end = deadline if opening is None or not opening.pending else opening.until
+            left = max(end, deadline) - time.monotonic()
             # A reply already buffered is read even past the deadline.
             events = poller.poll(max(left, LAST_LOOK) * 1000)
             for fd, _ in events:
                 if fd == wake and opening is not None:  # connections opened meanwhile
-                    for i, node, conn in opening.take(replies):
+                    taken = opening.take(replies)
+                    if taken:
+                        deadline = max(deadline, time.monotonic() + timeout)
+                    for i, node, conn in taken:
                         command = opening.command_for(i, node, conn)
                         call = Call(i, node, conn, False, command, commands[i].count)
                         error = start(call)
@@ -215,6 +232,7 @@ def _collect(
         call.node.discard(call.conn)
         where = "writing to" if call.out else "reading from"
         replies[call.i] = redis.exceptions.TimeoutError(f"Timeout {where} {host_error(call.conn)}")
+    return deadline
 
 
 def _log_late(call: Call) -> None:

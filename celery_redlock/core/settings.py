@@ -41,6 +41,7 @@ __all__ = [
     "check_timeout",
     "closest",
     "default",
+    "misspelt_prefix",
 ]
 
 #: What a duplicate execution does while the key is held.
@@ -141,23 +142,36 @@ def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 # A comma that separates two URLs: the next one starts with a scheme. A comma
 # followed by anything else is inside a URL (the hosts of a sentinel:// URL).
 _URL_COMMA = re.compile(r"\s*,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://|,|$)")
+#: Where a URL starts: its ``scheme://``.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _node_list(value: Any) -> tuple | None:
-    """A list of URLs/clients, or one string of URLs separated by commas or spaces.
+    """A list of URLs/clients, or one string of URLs separated by commas, spaces
+    or semicolons (Celery's spelling of a broker list).
 
     The commas between the hosts of a ``sentinel://`` URL do not separate nodes.
+    A URL that still holds a second ``scheme://`` is refused: two nodes glued
+    together would be taken as one, and three configured servers would give
+    the safety of one.
     """
     if value is None:
         return None
     if isinstance(value, str):
-        value = [url for part in value.split() for url in _URL_COMMA.split(part) if url]
+        parts = value.replace(";", " ").split()
+        value = [url for part in parts for url in _URL_COMMA.split(part) if url]
     try:
         nodes = tuple(value)
     except TypeError:
         raise ValueError("must be a list of Redis URLs or clients") from None
     if not nodes:
         raise ValueError("must name at least one Redis node")
+    for node in nodes:
+        if isinstance(node, str) and len(_SCHEME.findall(node)) > 1:
+            raise ValueError(
+                "holds a node URL with two 'scheme://' in it: separate the nodes with "
+                "commas, spaces or ';', or give a list"
+            )
     return nodes
 
 
@@ -187,7 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         _node_list,
         "Redis masters of the Redlock quorum: a list of URLs (redis://, rediss://, unix://, "
-        "sentinel://) or a string of them separated by commas or spaces. Default: the broker "
+        "sentinel://) or a string of them separated by commas, spaces or ';'. Default: the broker "
         "URL when it is a Redis or Sentinel URL.",
     ),
     Setting(
@@ -202,6 +216,16 @@ SETTINGS: tuple[Setting, ...] = (
         0.05,
         check_seconds,
         "Seconds each node gets to answer one round. Keep it well under ttl * drift_factor.",
+    ),
+    Setting(
+        "redlock_connect_timeout",
+        1.0,
+        check_seconds,
+        "Seconds a new connection to a node gets to open (TCP connect, TLS, AUTH, SELECT, and "
+        "a sentinel:// node's lookup), before the node timeout starts for its reply: a busy "
+        "host's slow connect is not an outage. A round that opens one lasts at most "
+        "connect_timeout + node_timeout; a node whose connects time out is then skipped "
+        "for up to a second at a time, and probed in the background.",
     ),
     Setting(
         "redlock_drift_factor",
@@ -438,3 +462,39 @@ def closest(name: str, declared: Iterable[str]) -> str | None:
     """The declared name a misspelt ``name`` most likely meant, if any is close."""
     matches = difflib.get_close_matches(name, list(declared), n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+#: Edits, at most, between a misspelt prefix and ``redlock`` (see :func:`misspelt_prefix`).
+PREFIX_EDITS = 2
+
+
+def misspelt_prefix(key: str, declared: Iterable[str]) -> str | None:
+    """The declared ``redlock_*`` setting that ``key`` names under a misspelt
+    prefix (``redlok_nodes``, ``redis_lock_ttl``), if any.
+
+    Tight, so that other keys of ``app.conf`` never match: what follows the
+    prefix must be a setting's own part exactly (``nodes``, ``ttl``), and the
+    prefix must start with ``r`` and be :data:`PREFIX_EDITS` edits from
+    ``redlock`` at most, once its ``_`` are removed (``redis_lock``: 2;
+    ``redis``: 4, so Celery's ``redis_*`` settings are never taken for one).
+    """
+    if not key.startswith("r") or key.startswith("redlock_"):
+        return None
+    names = set(declared)
+    for i, char in enumerate(key):
+        if char != "_":
+            continue
+        name = "redlock_" + key[i + 1 :]
+        if name in names and _edits(key[:i].replace("_", ""), "redlock") <= PREFIX_EDITS:
+            return name
+    return None
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions from ``a`` to ``b``."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]

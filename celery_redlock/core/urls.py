@@ -50,12 +50,15 @@ _NO_CLIENT_SETINFO: dict[str, Any] = (
 SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
-def client_for(url: str, timeout: float) -> redis.Redis:
+def client_for(url: str, timeout: float, connect_timeout: float | None = None) -> redis.Redis:
     """A client of the node ``url`` names, failing fast.
 
     Args:
         url: ``redis://``, ``rediss://``, ``unix://`` or ``sentinel://``.
-        timeout: socket and connect timeout in seconds.
+        timeout: socket timeout in seconds.
+        connect_timeout: connect timeout in seconds (also the sentinels'
+            timeouts: asking them is part of opening a connection); None:
+            ``timeout``.
 
     Raises:
         ConfigurationError: the URL is not one of these, or does not parse.
@@ -66,9 +69,15 @@ def client_for(url: str, timeout: float) -> redis.Redis:
             f"Redis node URL {mask_url(url)!r} must start with one of "
             + ", ".join(f"{s}://" for s in SCHEMES)
         )
+    if url.count("://") > 1:  # "redis://a;redis://b" would connect to a alone
+        raise ConfigurationError(
+            f"Redis node URL {mask_url(url)!r} holds a second URL: give each node "
+            "as a URL of its own"
+        )
+    connect_timeout = timeout if connect_timeout is None else connect_timeout
     fail_fast = dict(
         socket_timeout=timeout,
-        socket_connect_timeout=timeout,
+        socket_connect_timeout=connect_timeout,
         retry=None,
         health_check_interval=0,
         # RESP2 and no CLIENT SETINFO: a new connection costs no
@@ -78,7 +87,7 @@ def client_for(url: str, timeout: float) -> redis.Redis:
     )
     try:
         if scheme == "sentinel":
-            return _sentinel_master(url, fail_fast)
+            return _sentinel_master(url, fail_fast, connect_timeout)
         return redis.Redis.from_url(url, **fail_fast)
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"Redis node URL {mask_url(url)!r}: {exc}") from exc
@@ -208,19 +217,20 @@ def _integer(name: str, text: str) -> int:
     return int(text)
 
 
-def _sentinel_master(url: str, fail_fast: dict[str, Any]) -> redis.Redis:
+def _sentinel_master(url: str, fail_fast: dict[str, Any], connect_timeout: float) -> redis.Redis:
     """A client of the master that the sentinels of ``url`` name, through redis-py's Sentinel.
 
     The master is looked up when a connection is opened, so after a failover
     the next new connection reaches the new master. The sentinels are asked
-    with the node's fail-fast timeouts, all at once
+    within the node's connect timeout, all at once
     (:class:`~celery_redlock.core.connect.Sentinels`).
     """
     options = sentinel_options(url)
+    asking = {**fail_fast, "socket_timeout": connect_timeout}
     sentinel = Sentinels(
         options["sentinels"],
         min_other_sentinels=options["min_other_sentinels"],
-        sentinel_kwargs={**fail_fast, **options["sentinel"]},
+        sentinel_kwargs={**asking, **options["sentinel"]},
         **fail_fast,
         **options["master"],
     )

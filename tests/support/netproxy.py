@@ -15,6 +15,10 @@ new and open connections):
     forward both ways.
 ``latency``
     forward both ways, each chunk delayed by ``delay`` seconds.
+``slow_start``
+    forward both ways, but a connection's first reply waits ``delay``
+    seconds: a slow connect and handshake (``SELECT`` for a db other than 0),
+    as on a loaded host; later replies flow at once.
 ``blackhole``
     connections are accepted, but nothing flows either way: what is in flight
     waits in the proxy and flows, late, once the mode ends (as a TCP
@@ -45,11 +49,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 PASS = "pass"
 LATENCY = "latency"
+SLOW_START = "slow_start"
 BLACKHOLE = "blackhole"
 BLACKHOLE_CONNECT = "blackhole_connect"
 RESET = "reset"
 REPLY_LOSS = "reply_loss"
-MODES = (PASS, LATENCY, BLACKHOLE, BLACKHOLE_CONNECT, RESET, REPLY_LOSS)
+MODES = (PASS, LATENCY, SLOW_START, BLACKHOLE, BLACKHOLE_CONNECT, RESET, REPLY_LOSS)
 
 #: The modes in which nothing flows (data waits in the proxy).
 _HOLDING = (BLACKHOLE, BLACKHOLE_CONNECT)
@@ -72,6 +77,7 @@ class _Link:
     def __init__(self, proxy: NodeProxy, client: socket.socket, upstream: socket.socket):
         self.proxy, self.client, self.upstream = proxy, client, upstream
         self.closed = False
+        self.replied = False
         for src, dst, is_reply in ((client, upstream, False), (upstream, client, True)):
             threading.Thread(
                 target=self._pump, args=(src, dst, is_reply), daemon=True, name="netproxy-pump"
@@ -91,6 +97,9 @@ class _Link:
                     continue
                 if mode == LATENCY and delay > 0:
                     time.sleep(delay)
+                if mode == SLOW_START and is_reply and not self.replied:
+                    time.sleep(delay)
+                self.replied = self.replied or is_reply
                 dst.sendall(data)
         except OSError:
             pass
@@ -131,6 +140,8 @@ class NodeProxy:
         self._links: set[_Link] = set()
         self._fillers: list[socket.socket] = []
         self._closed = False
+        #: Connections accepted so far.
+        self.accepted = 0
         self._paused = threading.Event()  # the accept loop stands still (blackhole_connect)
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -211,6 +222,7 @@ class NodeProxy:
                 if self._closed:
                     return
                 continue
+            self.accepted += 1
             if self.mode == RESET:
                 _rst(client)
                 continue

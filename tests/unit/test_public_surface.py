@@ -56,6 +56,7 @@ RECORDED = {
             "PERMIT_ROUNDS",
             "PERMIT_SPLIT_PAUSE",
             "clock",
+            "connect_timeout",
             "drift_factor",
             "fence_retention",
             "fencing",
@@ -127,6 +128,7 @@ RECORDED = {
         },
     },
     "Redlock()": "(nodes: 'Sequence[NodeSpec]', *, node_timeout: 'float' = 0.05, "
+    "connect_timeout: 'float' = 1.0, "
     "drift_factor: 'float' = 0.01, key_prefix: 'str' = 'redlock', fencing: "
     "'bool' = True, fence_retention: 'float' = 604800.0, min_replicas: 'int' = "
     "0, clock: 'Callable[[], float]' = <built-in function monotonic>, sleep: "

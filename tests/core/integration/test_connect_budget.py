@@ -1,0 +1,100 @@
+"""Opening a connection has a budget of its own (``connect_timeout``), apart
+from the node timeout that bounds a reply: a slow connect on a busy host is not
+an outage, and a node that hangs on connect or handshake still costs a round at
+most ``connect_timeout + node_timeout``, then is skipped (no retry storm).
+
+Real redis-server nodes, each behind a :class:`~tests.support.netproxy.NodeProxy`;
+db 1, so that opening a connection includes a handshake (``SELECT``) the
+proxy can slow down or hang.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_redlock.exceptions import QuorumUnavailable
+from celery_redlock.redlock import Lease, Redlock
+from tests.support import netproxy
+from tests.support.netproxy import ProxyGrid
+
+pytestmark = pytest.mark.integration
+
+NODE_TIMEOUT = 0.1
+#: How long the proxies hold a new connection's first reply: well past the node timeout.
+SLOW_START = 0.4
+CONNECT_TIMEOUT = 2.0
+
+
+@pytest.fixture
+def grid(redis_nodes3):
+    with ProxyGrid(redis_nodes3.urls, ["w"]) as proxies:
+        yield proxies
+
+
+def test_a_slow_connect_within_the_budget_is_not_an_outage(grid: ProxyGrid):
+    grid.set("w", range(3), netproxy.SLOW_START, delay=SLOW_START)
+    urls = grid.urls("w", db=1)
+    rl = Redlock(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT)
+    started = time.monotonic()
+    lease = rl.try_acquire("slow-connect", ttl=10)
+    took = time.monotonic() - started
+    assert isinstance(lease, Lease), lease
+    assert took >= SLOW_START  # the connects did take longer than the node timeout
+    rl.release(lease)
+    # Once open, the connections answer within the node timeout as ever.
+    assert isinstance(rl.try_acquire("slow-connect-2", ttl=10), Lease)
+
+
+def test_a_slow_connect_bounded_by_the_node_timeout_was_an_outage(grid: ProxyGrid):
+    """What the test above guards against: with the connect bounded by the node
+    timeout (as it was), the same healthy nodes fail the first round, "0 of 3
+    answered"."""
+    grid.set("w", range(3), netproxy.SLOW_START, delay=SLOW_START)
+    rl = Redlock(grid.urls("w", db=1), node_timeout=NODE_TIMEOUT, connect_timeout=NODE_TIMEOUT)
+    with pytest.raises(QuorumUnavailable, match="only 0 of 3 Redis nodes answered"):
+        rl.try_acquire("slow-connect", ttl=10)
+
+
+HANG_CONNECT = 0.5
+#: The most a round may cost with a hung node: the stated bound.
+BOUND = HANG_CONNECT + NODE_TIMEOUT
+
+
+@pytest.mark.parametrize("mode", [netproxy.BLACKHOLE_CONNECT, netproxy.BLACKHOLE])
+def test_a_hung_minority_costs_the_first_round_one_connect_timeout_at_most(grid, mode):
+    grid.set("w", [0], mode)
+    rl = Redlock(grid.urls("w", db=1), node_timeout=NODE_TIMEOUT, connect_timeout=HANG_CONNECT)
+    started = time.monotonic()
+    lease = rl.try_acquire("hung-minority", ttl=10)
+    took = time.monotonic() - started
+    assert isinstance(lease, Lease), lease
+    assert HANG_CONNECT * 0.9 <= took < 3 * BOUND, took  # it waited for the connect, no longer
+    rl.release(lease)
+    # Its connects timed out: the node is skipped, not waited for again.
+    started = time.monotonic()
+    assert isinstance(rl.try_acquire("hung-minority-2", ttl=10), Lease)
+    assert time.monotonic() - started < HANG_CONNECT
+
+
+def test_a_hung_majority_fails_within_the_bound_and_is_not_stormed(grid: ProxyGrid):
+    grid.set("w", [0, 1], netproxy.BLACKHOLE)  # connects complete; the handshake hangs
+    urls = grid.urls("w", db=1)
+    rl = Redlock(urls, node_timeout=NODE_TIMEOUT, connect_timeout=HANG_CONNECT)
+    started = time.monotonic()
+    with pytest.raises(QuorumUnavailable) as info:
+        rl.try_acquire("hung-majority", ttl=10)
+    assert time.monotonic() - started < 3 * BOUND
+    assert urls[0] in str(info.value) and urls[1] in str(info.value)
+    # Attempts for a while: each fails at once, and the hung nodes see one
+    # connect per breaker period (one probe), not one per attempt.
+    attempts, until = 0, time.monotonic() + 3 * HANG_CONNECT
+    while time.monotonic() < until:
+        with pytest.raises(QuorumUnavailable):
+            rl.try_acquire("hung-majority", ttl=10)
+        attempts += 1
+        time.sleep(0.01)
+    assert attempts >= 20, attempts
+    for proxy in grid["w"][:2]:
+        assert proxy.accepted <= 1 + 3, proxy.accepted  # the first connect, a probe per period
