@@ -213,15 +213,13 @@ def print_logs(rig: Rig) -> None:
 
 
 @pytest.fixture
-def cluster_rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
-    """The rig with three Redis Clusters of three masters each as the lock nodes."""
-    clusters = RedisClusters(3, masters=3)
-    rig = Rig(lambda n: clusters if n == 3 else redis_node_factory(n), tmp_path)
+def cluster_rig(request, redis_node_factory, redis_clusters3, tmp_path) -> Iterator[Rig]:
+    """The rig with the session's three Redis Clusters of three masters each as the lock nodes."""
+    rig = Rig(lambda n: redis_clusters3 if n == 3 else redis_node_factory(n), tmp_path)
     try:
         yield rig
     finally:
         rig.stop()
-        clusters.close()
         if getattr(request.node, "failed", False):
             print_logs(rig)
 
