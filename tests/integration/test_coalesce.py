@@ -121,8 +121,13 @@ def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):
     t0 = time.time() + 0.3
     plan = [[(t0 + 0.3 * i, i) for i in range(17)]]  # every 0.3 s for 5 s
     sent = call_from_processes(coalesce_worker, "lockapp.debounced_capped", run, run, plan)
-    time.sleep(2.5)
-    runs = sorted(coalesce_worker.records(run), key=lambda r: r["start"])
+
+    def ended() -> list:
+        """The runs, once the one with the last call's arguments started."""
+        runs = sorted(coalesce_worker.records(run), key=lambda r: r["start"])
+        return runs if runs and runs[-1]["note"] == sent[-1][1] else []
+
+    runs = wait_for(ended, 30, "the run of the burst's end")
     assert len(runs) >= 2, runs
     # Each run starts at most 2 s after the first call of its burst (the first
     # call after the previous run started), give or take the delivery of an

@@ -374,24 +374,19 @@ def test_fencing_off_gives_no_token_and_writes_no_fence(nodes):
 
 
 def test_extend_sets_the_ttl_on_every_node(nodes):
+    # The bounds tell "set" from "left alone" (2 s, then 30 s) and from "added" (32 s),
+    # with seconds to spare for a loaded host.
     rl = healthy(nodes.urls)
     lease = rl.acquire(NAME, ttl=2)
-
-    def since_ms(at: float) -> int:
-        """Milliseconds since ``at``, one more for the nodes' rounding."""
-        return int((time.monotonic() - at) * 1000) + 1
-
-    sent = time.monotonic()
     assert rl.extend(lease, ttl=30) is True
     for node in nodes:
-        with node.client() as client:  # set at or after ``sent``: at most that long ago
-            assert 30_000 - since_ms(sent) <= client.pttl(lease.key) <= 30_000
-    assert 30 - since_ms(sent) / 1000 - 0.31 < lease.remaining() <= 30  # less the drift
-    sent = time.monotonic()
-    assert rl.extend(lease) is True  # back to its own TTL: set, not added
+        with node.client() as client:
+            assert 20_000 < client.pttl(lease.key) <= 30_000
+    assert 20 < lease.remaining() <= 30
+    assert rl.extend(lease) is True  # back to its own TTL: set, not added (32 s)
     for node in nodes:
         with node.client() as client:
-            assert 2_000 - since_ms(sent) <= client.pttl(lease.key) <= 2_000
+            assert 0 < client.pttl(lease.key) <= 2_000
 
 
 def test_acquire_is_idempotent_for_the_same_owner(nodes):
