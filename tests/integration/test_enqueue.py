@@ -100,12 +100,13 @@ def produce_from_processes(handle: WorkerHandle, name, args, kwargs, queue, proc
     return ids
 
 
-def consume(handle: WorkerHandle, queue: str) -> None:
-    # Sent to this worker only: another session's worker on the same RabbitMQ would
-    # take the message and free the claim on its own nodes, not ours.
+def control(handle: WorkerHandle, command: str, queue: str) -> list:
+    """``add_consumer`` or ``cancel_consumer`` sent to this worker only: a broadcast
+    reaches another session's worker on the same RabbitMQ, which would take the
+    message and free its claim on its own nodes, not ours."""
     assert handle.process is not None
     with handle.app.connection_for_write() as conn:  # a fresh connection: none gone stale
-        replies = handle.app.control.add_consumer(
+        return getattr(handle.app.control, command)(
             queue,
             destination=[handle.process.hostname],
             reply=True,
@@ -113,20 +114,14 @@ def consume(handle: WorkerHandle, queue: str) -> None:
             limit=1,
             connection=conn,
         )
-    assert replies, "the worker did not answer add_consumer"
+
+
+def consume(handle: WorkerHandle, queue: str) -> None:
+    assert control(handle, "add_consumer", queue), "the worker did not answer add_consumer"
 
 
 def stop_consuming(handle: WorkerHandle, queue: str) -> None:
-    assert handle.process is not None
-    with handle.app.connection_for_write() as conn:
-        handle.app.control.cancel_consumer(
-            queue,
-            destination=[handle.process.hostname],
-            reply=True,
-            timeout=5,
-            limit=1,
-            connection=conn,
-        )
+    control(handle, "cancel_consumer", queue)
     purge(handle.app, queue)
 
 
