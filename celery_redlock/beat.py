@@ -62,6 +62,7 @@ import time
 from typing import Any
 
 from celery.beat import PersistentScheduler, SchedulingError
+from celery.schedules import schedstate
 from kombu.utils.uuid import uuid
 
 from . import metrics, settings
@@ -69,7 +70,7 @@ from .conf import redlock_for, resolve, resolve_beat
 from .core import OWNER_SEP, Redlock
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .slot_claims import HeldSlot, SlotSkipped, claim_slot, claimant_text, stop_deferred
-from .slots import Slot, claim_key, compute_slot, grid_aligned, schedule_now
+from .slots import Slot, claim_key, compute_slot, grid_aligned, schedule_now, until_next_cell
 
 __all__ = [
     "HEADER",
@@ -133,6 +134,8 @@ class RedlockSchedulerMixin:
         self.redlock_missed = 0
         self._redlock: Redlock | None = None
         self._redlock_held: dict[str, HeldSlot] = {}
+        #: The entry last reserved and the slot it was reserved for.
+        self._redlock_reserved: tuple[Any, Slot | None] | None = None
         self._redlock_host = socket.gethostname()
         if not kwargs.get("lazy", False):
             # Fail at beat start, before any schedule file is opened.
@@ -190,11 +193,31 @@ class RedlockSchedulerMixin:
 
     def reserve(self, entry: Any) -> Any:
         """Advance ``entry`` as the base class does; an interval entry stays on the
-        epoch grid its slots are cut from (see :func:`~celery_redlock.slots.grid_aligned`)."""
+        epoch grid its slots are cut from (see :func:`~celery_redlock.slots.grid_aligned`).
+
+        The slot is taken here, at the same instant: a tick that crosses a cell
+        boundary before it publishes still sends the slot of the cell it
+        advanced from, and is due again in the next one (not in the cell it
+        already sent).
+        """
+        try:
+            slot: Slot | None = self.redlock_slot(entry)
+        except Exception:  # computed again, and reported, when the entry is applied
+            slot = None
+        self._redlock_reserved = (entry, slot)
         advanced = super().reserve(entry)  # type: ignore[misc]
         if advanced.last_run_at is not None:
-            advanced.last_run_at = grid_aligned(advanced.schedule, advanced.last_run_at)
+            cell = slot.due if slot is not None and slot.kind == "interval" else None
+            advanced.last_run_at = grid_aligned(advanced.schedule, advanced.last_run_at, cell)
         return advanced
+
+    def is_due(self, entry: Any) -> Any:
+        """The base class's answer, but a due interval entry is next checked at the
+        start of its next cell, not a period after this tick: otherwise each run's
+        latency (a slow claim round) adds up until a cell is skipped."""
+        state = super().is_due(entry)  # type: ignore[misc]
+        wait = until_next_cell(entry.schedule) if state[0] else None
+        return state if wait is None else schedstate(True, wait)
 
     # -- publishing -----------------------------------------------------------
 
@@ -228,8 +251,12 @@ class RedlockSchedulerMixin:
         # Advance first, as the base class does, so an error cannot make the
         # entry due forever. The slot comes from the entry as it was.
         outgoing = self.reserve(entry) if advance else entry
+        reserved, self._redlock_reserved = self._redlock_reserved, None
         try:
-            slot = self.redlock_slot(entry)
+            if reserved is not None and reserved[0] is entry and reserved[1] is not None:
+                slot = reserved[1]
+            else:
+                slot = self.redlock_slot(entry)
         except Exception as exc:
             raise SchedulingError(
                 f"Couldn't compute the beat slot of entry {entry.name!r}: {exc!r}"

@@ -31,13 +31,11 @@ Limits of the rule:
 * The entry **name** is the identity. Renaming an entry, or running beats with
   different schedules for the same name (a rolling deploy that changes the
   interval from 10 s to 15 s), gives different keys: both versions may run.
-* Interval slots follow the epoch grid, so a beat's own phase decides only
-  *which* beat sends a slot, not when the grid ticks; ``relative=True`` is
-  ignored for the slot. Celery runs an interval entry every period plus the
-  tick's latency (``last_run_at`` is set when it runs), so a lone beat's runs
-  drift across the grid and now and then skip a cell: the same number of runs
-  plain Celery makes. With several beats a cell is skipped only if every beat
-  skips it.
+* Interval slots follow the epoch grid, and so do the runs: the scheduler
+  mixin makes an interval entry due at the start of each cell (not a period
+  after the tick that ran it, as plain Celery does, which lets the latency of
+  each run add up until a cell is skipped). Every beat therefore claims each
+  cell right after it begins; ``relative=True`` is ignored.
 * Crontab across DST: on the spring-forward day a boundary in the skipped hour
   (02:30 in Europe/Berlin) is due at the same instant as 03:30 and has one
   slot. On the fall-back day a wall-clock time in the repeated hour has one
@@ -60,7 +58,7 @@ from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
 
-__all__ = ["Slot", "claim_key", "compute_slot", "grid_aligned", "schedule_now"]
+__all__ = ["Slot", "claim_key", "compute_slot", "grid_aligned", "schedule_now", "until_next_cell"]
 
 _HOUR = 3600.0
 _DAY = 86400.0
@@ -133,21 +131,34 @@ def compute_slot(schedule: Any, last_run_at: datetime | None) -> Slot:
     return _other_slot(schedule, last_run_at, now)
 
 
-def grid_aligned(schedule: Any, ran_at: datetime) -> datetime:
+def grid_aligned(schedule: Any, ran_at: datetime, cell: float | None = None) -> datetime:
     """``ran_at`` moved back to the start of its epoch-aligned cell, for an interval
-    schedule (any other schedule keeps ``ran_at``).
+    schedule (any other schedule keeps ``ran_at``); to ``cell`` (epoch seconds, at or
+    before ``ran_at``) when the slot sent for this run is known.
 
     An interval entry runs ``run_every`` after its ``last_run_at``; set to the
     time a tick ran, a tick made late by a slow round (a hung node) pushes every
     later run off the grid, and each beat may then skip the same cell. Set to
     its cell's start, the next run is due at the next cell's start, whatever the
-    latency.
+    latency. Set to the cell of the slot it sent, it is due again in the next
+    one even when the tick crossed a boundary between advancing and sending.
     """
     if not isinstance(schedule, interval) or schedule.run_every.total_seconds() <= 0:
         return ran_at
     period = schedule.run_every.total_seconds()
     at = _epoch(schedule, ran_at)
-    return ran_at - timedelta(seconds=at - math.floor(at / period) * period)
+    start = cell if cell is not None and cell <= at else math.floor(at / period) * period
+    return ran_at - timedelta(seconds=at - start)
+
+
+def until_next_cell(schedule: Any) -> float | None:
+    """Seconds from now to the start of the next cell of an interval schedule's
+    epoch grid (None for any other schedule)."""
+    if not isinstance(schedule, interval) or schedule.run_every.total_seconds() <= 0:
+        return None
+    period = schedule.run_every.total_seconds()
+    now = schedule_now(schedule)
+    return (math.floor(now / period) + 1) * period - now
 
 
 def schedule_now(schedule: Any) -> float:

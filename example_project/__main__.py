@@ -281,7 +281,10 @@ def demo_rate(tasks) -> list:
 
 def demo_beat(tasks) -> list:
     print("two beats, 'tick' every second: each slot sent by one of them")
-    time.sleep(6)
+    # The beats have run since the start: wait only until the slow task ran twice.
+    deadline = time.monotonic() + 30
+    while len(journal(tasks, "sync")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
     ticks = journal(tasks, "tick")
     syncs = journal(tasks, "sync")
     slots = [t["slot"] for t in ticks]

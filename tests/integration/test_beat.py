@@ -213,15 +213,13 @@ def print_logs(rig: Rig) -> None:
 
 
 @pytest.fixture
-def cluster_rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
-    """The rig with three Redis Clusters of three masters each as the lock nodes."""
-    clusters = RedisClusters(3, masters=3)
-    rig = Rig(lambda n: clusters if n == 3 else redis_node_factory(n), tmp_path)
+def cluster_rig(request, redis_node_factory, redis_clusters3, tmp_path) -> Iterator[Rig]:
+    """The rig with the session's three Redis Clusters of three masters each as the lock nodes."""
+    rig = Rig(lambda n: redis_clusters3 if n == 3 else redis_node_factory(n), tmp_path)
     try:
         yield rig
     finally:
         rig.stop()
-        clusters.close()
         if getattr(request.node, "failed", False):
             print_logs(rig)
 
@@ -244,14 +242,11 @@ def assert_each_slot_once(
 ) -> list[float]:
     """No slot twice; every slot of the ``covered`` window (two beats ticking) sent.
 
-    A beat runs an interval entry every period *plus its tick latency* (Celery
-    sets ``last_run_at`` when it runs), so a lone beat's runs drift across the
-    epoch grid and now and then land twice in a row across a cell boundary,
-    skipping that cell: the same number of runs plain Celery makes. With two
-    beats a cell is missed only if both skip it, so completeness is checked
-    where at least two were running. The callers end ``covered`` a second or
-    more before the stop: on a loaded host a tick may send its slot most of a
-    second late. ``excused`` slots may be missing (a killed beat's last claim).
+    Every beat runs an interval entry as each cell of the epoch grid begins,
+    whatever the latency of its claims; completeness is checked where at least
+    two were running. The callers end ``covered`` a second or more before the
+    stop: on a loaded host a tick may send its slot most of a second late.
+    ``excused`` slots may be missing (a killed beat's last claim).
     """
     counts = Counter(m.slot for m in msgs if m.entry == entry)
     dupes = {slot: n for slot, n in counts.items() if n > 1}
@@ -288,7 +283,7 @@ def test_two_beats_started_apart_send_every_slot_once(rig):
     time.sleep(1.3)
     second = rig.start(entries)
     t1 = second.wait_started()
-    sleep_until(t0 + 12.0)
+    sleep_until(t1 + 10.0)  # from the last start: a loaded host starts beats slowly
     stopped = rig.stop()
 
     msgs = rig.dispatched()
@@ -303,9 +298,9 @@ def test_two_beats_started_apart_send_every_slot_once(rig):
     if t0 + 0.5 < boundary < stopped - 1.0:
         assert cron == {str(boundary): 1}
     # Both beats were live, and each says "Sending due task" only for what it sent:
-    # a beat that lost a slot says it skipped it, and which beat sent it. Which
-    # beat wins is a race: the later one, whose interval entries come due a
-    # fraction of a second after the first's, may lose every slot.
+    # a beat that lost a slot says it skipped it, and which beat sent it (never
+    # itself: a slot is claimed once per beat). Which beat wins is a race, run
+    # as each cell begins: one may lose every slot.
     senders = Counter(values[0].rsplit("|", 1)[1] for values in rig.claims(msgs).values())
     skips = 0
     for beat, other in ((first, second), (second, first)):
@@ -330,8 +325,8 @@ def test_three_beats_one_killed_mid_run_no_gap_no_duplicate(rig):
         beats.append(rig.start(entries))
         beats[-1].wait_started()
         time.sleep(pause)
-    t0, t2 = beats[0].started_at, beats[-1].started_at
-    sleep_until(t0 + 6.0)
+    t2 = beats[-1].started_at
+    sleep_until(t2 + 4.0)  # from the last start: a loaded host starts beats slowly
     # Kill the beat that sent the most slots so far: its absence must not show.
     senders = Counter(
         values[0].rsplit("|", 1)[1] for values in rig.claims(rig.dispatched()).values() if values
@@ -401,22 +396,22 @@ def test_a_beat_told_to_stop_mid_claim_publishes_the_slot_first(rig):
 def test_a_minority_of_nodes_down_or_hung_changes_nothing(rig):
     entries = "every-1s=every:1,aligned-2s=aligned:2"
     first = rig.start(entries)
-    t0 = first.wait_started()
+    first.wait_started()
     time.sleep(0.7)
     second = rig.start(entries)
-    t1 = second.wait_started()
-    sleep_until(t0 + 3.0)
+    t1 = second.wait_started()  # the faults are timed from the last start
+    sleep_until(t1 + 1.3)
     rig.nodes.kill(0)  # refuses connections
-    sleep_until(t0 + 6.0)
+    sleep_until(t1 + 4.3)
     rig.nodes.restart(0)  # back, empty
     # One fault at a time: a node that restarted empty and a hung node at the
     # same moment is two faults for the core (the restarted node's script
     # fallback gets no time left once the hung node used up the deadline).
-    sleep_until(t0 + 7.5)
+    sleep_until(t1 + 5.8)
     rig.nodes.pause(2)  # accepts connections, never answers: each claim waits node_timeout
-    sleep_until(t0 + 9.0)
+    sleep_until(t1 + 7.3)
     rig.nodes.resume(2)
-    sleep_until(t0 + 11.5)
+    sleep_until(t1 + 9.8)
     stopped = rig.stop()
 
     msgs = rig.dispatched()
@@ -424,12 +419,9 @@ def test_a_minority_of_nodes_down_or_hung_changes_nothing(rig):
     # backlog) may wait out a node timeout on each round, so on a loaded host
     # a slot can go out most of a second late: completeness is checked up to
     # 1.5 s before the stop, which leaves the last slot after the resume.
-    # While node 2 hangs, every claim waits out the node timeout: both beats' interval
-    # ticks run late alike, and like a lone beat's (see assert_each_slot_once) they
-    # can cross a cell boundary and skip that cell. The cells of the hang, and the
-    # one after the resume, may be missing; no slot may go out twice anywhere.
-    hung = frozenset(float(s) for s in range(math.ceil(t0 + 7.5), math.floor(t0 + 9.0) + 2))
-    every1 = assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.5), excused=hung)
+    # While node 2 hangs, every claim waits out the node timeout: the runs are late
+    # by that much, never by a cell (each is due as its cell begins).
+    every1 = assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.5))
     assert_each_slot_once(msgs, "aligned-2s", 2, (t1, stopped - 1.5))
     assert not first.errors() and not second.errors()
     assert "quorum unavailable" not in first.log + second.log
@@ -454,7 +446,11 @@ def test_a_majority_of_nodes_down_holds_slots_back_and_resumes(rig):
     down_from = time.time()
     rig.nodes.kill(0)
     rig.nodes.kill(1)
+    dead_from = time.time()  # a loaded host may take a while to kill
+    if dead_from > boundary - 0.2:
+        boundary += 6  # not surely down at G: the next boundary is the one held back
     sleep_until(boundary + 2.0)
+    back_from = time.time()
     rig.nodes.restart(0)
     rig.nodes.restart(1)
     down_until = time.time()
@@ -469,11 +465,12 @@ def test_a_majority_of_nodes_down_holds_slots_back_and_resumes(rig):
     assert all(n == 1 for n in aligned.values()), aligned
     assert f"slot {boundary} of entry 'aligned-6s' NOT sent" in logs
     assert f"sending held-back slot {boundary} of entry 'aligned-6s'" in logs
-    # every-1s: never twice; slots that began and ended within the outage were
-    # never sent (no claim, no publish) and are reported as such.
+    # every-1s: never twice; slots that began and ended while both nodes were surely
+    # down (killed, not yet restarting) were never sent (no claim, no publish) and
+    # are reported as such.
     counts = Counter(m.slot for m in msgs if m.entry == "every-1s")
     assert all(n == 1 for n in counts.values()), counts
-    lost = [s for s in range(math.ceil(down_from), math.floor(down_until)) if s + 1 <= down_until]
+    lost = [s for s in range(math.ceil(dead_from), math.floor(back_from)) if s + 1 <= back_from]
     assert lost and not [s for s in lost if str(s) in counts]
     assert any(f"slot {s} of entry 'every-1s' was NOT sent" in logs for s in lost)
     assert "ERROR/MainProcess] beat: Redlock quorum unavailable" in logs

@@ -101,17 +101,28 @@ def produce_from_processes(handle: WorkerHandle, name, args, kwargs, queue, proc
     return ids
 
 
-def consume(handle: WorkerHandle, queue: str) -> None:
+def control(handle: WorkerHandle, command: str, queue: str) -> list:
+    """``add_consumer`` or ``cancel_consumer`` sent to this worker only: a broadcast
+    reaches another session's worker on the same RabbitMQ, which would take the
+    message and free its claim on its own nodes, not ours."""
+    assert handle.process is not None
     with handle.app.connection_for_write() as conn:  # a fresh connection: none gone stale
-        replies = handle.app.control.add_consumer(
-            queue, reply=True, timeout=5, limit=1, connection=conn
+        return getattr(handle.app.control, command)(
+            queue,
+            destination=[handle.process.hostname],
+            reply=True,
+            timeout=5,
+            limit=1,
+            connection=conn,
         )
-    assert replies, "the worker did not answer add_consumer"
+
+
+def consume(handle: WorkerHandle, queue: str) -> None:
+    assert control(handle, "add_consumer", queue), "the worker did not answer add_consumer"
 
 
 def stop_consuming(handle: WorkerHandle, queue: str) -> None:
-    with handle.app.connection_for_write() as conn:
-        handle.app.control.cancel_consumer(queue, reply=True, timeout=5, limit=1, connection=conn)
+    control(handle, "cancel_consumer", queue)
     purge(handle.app, queue)
 
 
@@ -218,11 +229,12 @@ def test_a_revoked_message_frees_its_claim_when_the_worker_discards_it(claims_wo
     assert queued(claims_worker.app, hold) == 1
     consume(claims_worker, hold)
     try:
-        # The worker takes the message off the queue and discards it at once.
-        wait_for(lambda: queued(claims_worker.app, hold) == 0, 20, "the worker to take it")
-        # gone with the message, not at its TTL (an hour)
-        wait_for(lambda: claimant(claims_worker, task, (run, run)) is None, 5, "the claim to go")
-        wait_for(lambda: revoked.state == states.REVOKED, 5, "the REVOKED state")
+        # The worker takes the message off the queue and discards it: it stores the
+        # REVOKED state, then frees the claim; gone with the message, not at its TTL
+        # (an hour). The waits are for those events; the caps only catch a hang.
+        wait_for(lambda: queued(claims_worker.app, hold) == 0, 30, "the worker to take it")
+        wait_for(lambda: revoked.state == states.REVOKED, 30, "the REVOKED state")
+        wait_for(lambda: claimant(claims_worker, task, (run, run)) is None, 30, "the claim to go")
     finally:
         stop_consuming(claims_worker, hold)
     later = task.apply_async((run, run), {"duration": 0.1})

@@ -96,8 +96,8 @@ def test_a_duplicate_with_another_task_id_is_dropped_at_once(app):
     try:
         started = time.monotonic()
         result = app.tasks["redelivery.work"].apply(("x",), task_id="task-4")
-        assert isinstance(result.result, TaskRevokedError)
-        assert time.monotonic() - started < TTL  # not after the 1.5 TTL a copy waits
+        assert isinstance(result.result, TaskRevokedError)  # a copy would end LockContended
+        assert time.monotonic() - started < TTL * 1.5  # not after the 1.5 TTL a copy waits
     finally:
         heartbeat.drop(lease)
         redlock.release(lease)

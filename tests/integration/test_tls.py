@@ -81,11 +81,11 @@ def test_the_acl_user_is_held_to_its_keys(urls):
 def test_a_wrong_ca_fails_fast_naming_the_node(tls_nodes, certs):
     _, port = tls_nodes[0]
     url = deploy.tls_url(port, certs, ca=certs.other_ca)
-    rl = Redlock([url], node_timeout=0.5)
+    rl = Redlock([url], node_timeout=5.0)
     start = time.monotonic()
     with pytest.raises(QuorumUnavailable) as info:
         rl.acquire("job", ttl=5)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # at the handshake's verdict, not the node timeout
     text = str(info.value)
     assert f"127.0.0.1:{port}" in text
     assert "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text
@@ -94,11 +94,11 @@ def test_a_wrong_ca_fails_fast_naming_the_node(tls_nodes, certs):
 
 def test_a_plain_client_on_the_tls_port_fails_fast(tls_nodes):
     _, port = tls_nodes[0]
-    rl = Redlock([f"redis://127.0.0.1:{port}/0"], node_timeout=0.2)
+    rl = Redlock([f"redis://127.0.0.1:{port}/0"], node_timeout=5.0)
     start = time.monotonic()
     with pytest.raises(QuorumUnavailable, match=f"127.0.0.1:{port}"):
         rl.acquire("job", ttl=5)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # the server hangs up: no node timeout waited
 
 
 # -- a LockedTask over TLS ------------------------------------------------------------------

@@ -135,9 +135,10 @@ def test_the_dashboard_live_in_a_browser(
     wait_for(lambda: css(browser, "table.nodes tr.node.up"), 20, "the nodes table")
     assert len(css(browser, "table.nodes tr.node.up")) == 3
 
-    # A long locked task: its row, holder and a time left that falls.
-    slow = prefork_worker.task("slow").apply_async(
-        kwargs={"key": f"web-{run}", "run": run, "duration": 40.0}
+    # A long locked task: its row, holder and a time left that falls. It holds its
+    # lock until the release below (its heartbeat then finds the lease lost).
+    slow = prefork_worker.task("held_until_lost").apply_async(
+        kwargs={"key": f"web-{run}", "run": run, "duration": 60.0}
     )
     wait_for(lambda: row_of(browser, slow.id), 30, "the lock's row")
     first = wait_for(lambda: seconds_left(browser, slow.id), 10, "a time left")
@@ -146,7 +147,7 @@ def test_the_dashboard_live_in_a_browser(
 
     # A claim (a call queued with a countdown) and a throttle schedule.
     queued = prefork_worker.task("once_finished").apply_async(
-        kwargs={"key": f"web-claim-{run}", "run": run, "duration": 0.05}, countdown=20
+        kwargs={"key": f"web-claim-{run}", "run": run, "duration": 0.05}, countdown=10
     )
     throttled = prefork_worker.task("throttled")
     for _ in range(2):
@@ -178,18 +179,18 @@ def test_the_dashboard_live_in_a_browser(
     assert slow.id in css(browser, "#confirm-text")[0].text
     css(browser, "#confirm-ok")[0].click()
     wait_for(lambda: row_of(browser, slow.id) is None, 20, "the row to go")
-    name = plan_of(prefork_worker.task("slow")).keys.build([], {"key": f"web-{run}", "run": run})
+    holder = prefork_worker.task("held_until_lost")
+    name = plan_of(holder).keys.build([], {"key": f"web-{run}", "run": run})
     assert not [k for k in lock_keys(topology) if name in k], lock_keys(topology)
-    slow.get(timeout=60)
+    assert slow.get(timeout=60) == {"lost": True}  # the holder was told, and stopped
     queued.get(timeout=60)
 
 
 def test_a_read_only_dashboard_has_no_button_and_refuses_a_forged_post(
     browser: Any, serve: Any, prefork_worker: WorkerHandle, run: str
 ):
-    slow = prefork_worker.task("slow").apply_async(
-        kwargs={"key": f"web-ro-{run}", "run": run, "duration": 6.0}
-    )
+    holder = prefork_worker.task("held_until_lost")
+    slow = holder.apply_async(kwargs={"key": f"web-ro-{run}", "run": run, "duration": 60.0})
     url = serve(make_app(prefork_worker.app))
     browser.get(url)
     wait_for(lambda: row_of(browser, slow.id), 30, "the lock's row")
@@ -204,4 +205,8 @@ def test_a_read_only_dashboard_has_no_button_and_refuses_a_forged_post(
     )
     assert status == 403
     assert row_of(browser, slow.id) is not None
-    slow.get(timeout=60)
+    # still held; freed here, its holder stops
+    plan = plan_of(holder)
+    name = plan.keys.build([], {"key": f"web-ro-{run}", "run": run})
+    assert plan.redlock.release_owned_by(name, slow.id) > 0
+    assert slow.get(timeout=60) == {"lost": True}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -137,6 +138,12 @@ class PreforkWorker:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    @property
+    def hostname(self) -> str:
+        """The worker's node name: a control command sent to it alone names it, since
+        a broadcast reaches every worker on the broker (another session's too)."""
+        return f"{self.node}@{socket.gethostname()}"
 
     def start(self, timeout: float = 60.0) -> PreforkWorker:
         """Launch the worker and wait until it consumes."""

@@ -144,10 +144,11 @@ BASE_CONF: dict[str, Any] = dict(
 )
 
 
-def _sleep_until(deadline: float) -> None:
+def _sleep_until(deadline: float, until: Any = None) -> None:
+    """Sleep until ``deadline`` (epoch seconds), or until ``until()`` is true."""
     while True:
         left = deadline - time.time()
-        if left <= 0:
+        if left <= 0 or (until is not None and until()):
             return
         time.sleep(min(left, 0.05))
 
@@ -220,6 +221,14 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def by_order(self, order_id, run, duration=1.0, fencing_token=None):
         """Locked per order, whatever type the order id comes in."""
         return body(self, str(order_id), run, duration, fencing_token)
+
+    @task(name="lockapp.held_until_lost")
+    def held_until_lost(self, key, run, duration=60.0, fencing_token=None):
+        """Hold the lock until the heartbeat finds the lease lost (released from
+        outside, say) or ``duration`` passes; return whether it was lost."""
+        lease = self.request.redlock
+        _sleep_until(time.time() + duration, lambda: lease.lost)
+        return {"lost": lease.lost}
 
     @task(name="lockapp.slow_retry", lock_on_duplicate="retry", max_retries=0)
     def slow_retry(self, key, run, duration=0.25, fencing_token=None):

@@ -35,7 +35,8 @@ def grant_loop(
     retry_delay_max: float = 0.02,
     hold: float = 0.0,
 ) -> None:
-    """Take ``name`` until the recorder holds ``target`` tokens (or ``seconds`` pass).
+    """Take ``name`` until the recorder holds ``target`` tokens, or has a ``stop``
+    key, or ``seconds`` pass.
 
     Recorder keys: ``tokens`` (grant order), ``who`` (``pid:thread`` per grant),
     ``occupancy`` / ``overlaps`` (another holder was inside), ``late`` (the
@@ -61,13 +62,13 @@ def grant_loop(
             rec.incr("quorum_errors")
             continue
         if lease is None:
-            if rec.llen("tokens") >= target:
+            if rec.llen("tokens") >= target or rec.exists("stop"):
                 return
             continue
         try:
             pipe = rec.pipeline(transaction=False)
             pipe.incr("occupancy").rpush("tokens", lease.fencing_token).rpush("who", who)
-            inside, count, _ = pipe.execute()
+            inside, count, _, stop = pipe.exists("stop").execute()
             if inside != 1:
                 rec.incr("overlaps")
             if hold:
@@ -77,5 +78,5 @@ def grant_loop(
             rec.decr("occupancy")
         finally:
             rl.release(lease)
-        if count >= target:
+        if count >= target or stop:
             return

@@ -422,6 +422,50 @@ def test_next_slot_is_sent_again(beat_app):
     assert [o["headers"][HEADER] for _, o in beat_app.sent] == ["1700000000", "1700000010"]
 
 
+def test_a_tick_that_crosses_a_boundary_sends_the_cell_it_advanced_from(beat_app, caplog):
+    """Advanced at 22:13:29.999, published at 22:13:30.001: the slot of the advance
+    goes out, then the next one; never the same slot twice from one beat (which
+    would skip it naming itself as the sender, and leave the earlier cell unsent)."""
+    beat_app.conf.beat_schedule = {"every-10s": beat_app.conf.beat_schedule["every-10s"]}
+    with freeze_time("2023-11-14 22:13:29.999+00:00") as frozen:
+        a = MemoryScheduler(app=beat_app)
+        entry = a.schedule["every-10s"]
+        advanced = a.reserve(entry)  # as Celery's tick does, before apply_entry
+        frozen.tick(0.002)  # e.g. the first publish opens the broker connection
+        a.apply_entry(entry)
+        assert advanced.last_run_at.timestamp() == 1700000000.0
+        with caplog.at_level(logging.INFO, logger="celery_redlock.beat"):
+            for _ in range(3):
+                a.tick()
+                frozen.tick(10)
+    assert [o["headers"][HEADER] for _, o in beat_app.sent] == [
+        str(1700000000 + 10 * i) for i in range(4)
+    ]
+    assert "skipped" not in caplog.text and a.redlock_skipped == 0
+
+
+def test_a_slow_claim_round_makes_a_lone_beat_skip_no_cell(beat_app, monkeypatch):
+    """Each claim takes 3 s of a 10 s period (a hung node): runs stay at the start of
+    their cells instead of drifting 3 s a run until one cell is skipped."""
+    beat_app.conf.beat_schedule = {"every-10s": beat_app.conf.beat_schedule["every-10s"]}
+    with freeze_time("2023-11-14 22:13:23+00:00") as frozen:
+        a = MemoryScheduler(app=beat_app)
+        claim = a._redlock_claim
+
+        def slow_claim(*args):
+            frozen.tick(3)
+            return claim(*args)
+
+        monkeypatch.setattr(a, "_redlock_claim", slow_claim)
+        for _ in range(60):
+            frozen.tick(max(a.tick() or 0.0, 0.001))  # a returned 0 runs again at once
+        now = datetime.now(UTC).timestamp()
+    labels = [int(o["headers"][HEADER]) for _, o in beat_app.sent]
+    assert len(labels) >= 8 and labels[-1] >= now - 20  # ran on to the end
+    # the first is due 10 s after the entry was made (22:13:33); then every cell
+    assert labels == list(range(1700000010, labels[-1] + 1, 10)), labels
+
+
 def test_majority_down_holds_the_slot_back_and_sends_it_once_nodes_return(
     beat_app, servers, caplog
 ):

@@ -244,7 +244,8 @@ def test_claim_with_minority_and_majority_down(redis_nodes5):
 
 
 def test_hung_nodes_with_a_db_in_the_url_cost_one_node_timeout(redis_nodes5):
-    node_timeout = 0.4
+    # Long enough that one timeout and two (SELECT, then the command) are a second apart.
+    node_timeout = 1.0
     urls = [url.rsplit("/", 1)[0] + "/1" for url in redis_nodes5.urls]
     rl = Redlock(urls, node_timeout=node_timeout)
     rl.release(rl.acquire("warm-up", ttl=10))
@@ -254,7 +255,7 @@ def test_hung_nodes_with_a_db_in_the_url_cost_one_node_timeout(redis_nodes5):
     lease, elapsed = timed(rl.acquire, NAME, ttl=10)  # new connections: SELECT 1 on each
     assert lease is not None and not isinstance(lease, Exception)
     print(f"acquire with 2 of 5 hung nodes on db 1: {elapsed:.3f}s")
-    assert elapsed < 1.5 * node_timeout, f"{elapsed:.3f}s with 2 hung nodes"
+    assert elapsed < node_timeout + 0.9, f"{elapsed:.3f}s with 2 hung nodes"
 
 
 # -- a restarted node (empty, no scripts) --------------------------------------------------
@@ -297,18 +298,20 @@ def test_restarted_node_counts_in_the_very_next_round(redis_nodes3):
 def test_fencing_tokens_strictly_increase_over_thousands_of_grants_with_restarts(
     redis_node_factory,
 ):
-    """3 processes take one name 6000 times while up to 2 of 5 nodes are killed and
-    restarted empty (each stays down longer than the TTL, as the Redlock assumption
-    for restarts without persistence asks). Every grant appends its token to a
-    recorder node while it holds the lock, so the list is in grant order."""
+    """3 processes take one name again and again while up to 2 of 5 nodes are killed
+    and restarted empty (each stays down longer than the TTL, as the Redlock
+    assumption for restarts without persistence asks), until 12 restarts have each
+    been followed by grants and 2000 grants are in. Every grant appends its token to
+    a recorder node while it holds the lock, so the list is in grant order."""
     nodes = redis_node_factory(5)
     recorder = redis_node_factory(1)[0]
-    target, ttl, procs = 6000, 1.0, 3
+    ttl, procs, restarts_crossed, grants = 1.0, 3, 12, 2000
+    failsafe = 240.0  # a hang, not a slow host: the run ends on the counts above
     ctx = multiprocessing.get_context("fork")  # no thread runs in this process
     workers = [
         ctx.Process(
             target=grant_loop,
-            args=(nodes.urls, recorder.url, NAME, target, 40),
+            args=(nodes.urls, recorder.url, NAME, 10**9, failsafe),
             # outcomes, not timing, are under test: a generous node_timeout
             kwargs=dict(
                 ttl=ttl,
@@ -322,28 +325,37 @@ def test_fencing_tokens_strictly_increase_over_thousands_of_grants_with_restarts
     ]
     rng = random.Random(20260101)
     killed_at: dict[int, float] = {}
-    kills = 0
+    marks: list[int] = []  # grants recorded when each restart was done
     rec = recorder.client()
+
+    def crossed() -> int:
+        """Restarts followed by at least one grant before the next restart."""
+        after = marks[1:] + [int(rec.llen("tokens"))]
+        return sum(1 for at, then in zip(marks, after) if then > at)
+
     start = time.monotonic()
     for worker in workers:
         worker.start()
     try:
         next_kill = time.monotonic() + 0.2
-        while any(w.is_alive() for w in workers) and time.monotonic() - start < 45:
+        while all(w.is_alive() for w in workers) and time.monotonic() - start < failsafe:
             now = time.monotonic()
             for i, since in list(killed_at.items()):
                 if now - since > ttl + 0.05:
                     nodes.restart(i)  # empty: no persistence
+                    marks.append(int(rec.llen("tokens")))
                     del killed_at[i]
+            if crossed() >= restarts_crossed and rec.llen("tokens") >= grants:
+                break
             if len(killed_at) < 2 and now >= next_kill:
                 i = rng.choice([j for j in range(5) if j not in killed_at])
                 nodes.kill(i)
                 killed_at[i] = time.monotonic()
-                kills += 1
                 next_kill = now + rng.uniform(0.1, 0.4)
             time.sleep(0.01)
+        rec.set("stop", 1)
         for worker in workers:
-            worker.join(5)
+            worker.join(30)
     finally:
         for worker in workers:
             if worker.is_alive():
@@ -352,14 +364,15 @@ def test_fencing_tokens_strictly_increase_over_thousands_of_grants_with_restarts
     tokens = [int(t) for t in rec.lrange("tokens", 0, -1)]
     counters = {k: int(rec.get(k) or 0) for k in ("overlaps", "late", "quorum_errors")}
     pids = set(rec.lrange("who", 0, -1))
+    ended_by = crossed()
     rec.close()
-    print(f"{len(tokens)} grants in {elapsed:.1f}s, {kills} kills, {counters}, {len(pids)} pids")
+    print(f"{len(tokens)} grants in {elapsed:.1f}s, {len(marks)} restarts, {counters}")
     assert [w.exitcode for w in workers] == [0] * procs
-    assert len(tokens) >= target
-    assert kills >= 5
     assert counters == {"overlaps": 0, "late": 0, "quorum_errors": 0}
     assert len(pids) == procs
     assert_strictly_increasing(tokens)
+    # the property held across restarts, not just between them
+    assert ended_by >= restarts_crossed and len(tokens) >= grants, (ended_by, len(tokens))
 
 
 # Deterministic schedules on 3 nodes A, B, C (indices 0, 1, 2). ``grant`` takes the

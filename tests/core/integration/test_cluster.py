@@ -13,6 +13,7 @@ from redis.crc import key_slot
 from celery_redlock.core import ConfigurationError, Lease, Redlock
 from celery_redlock.core import rounds as core_rounds
 from celery_redlock.core.heartbeat import Heartbeat
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -37,19 +38,21 @@ def timed_rounds(monkeypatch):
     return durations
 
 
-def run_on(rl: Redlock, name: str, seconds: float, threads: int = 4) -> dict:
-    """Threads take ``name`` and let it go for ``seconds``: the grants' tokens in
-    grant order, how many held it at once at most, and the errors."""
+def run_on(rl: Redlock, name: str, seconds: float = 60.0, threads: int = 4) -> dict:
+    """Threads take ``name`` and let it go until :func:`finish` (or ``seconds``, a
+    failsafe): the grants' tokens in grant order, how many held it at once at most,
+    and the errors."""
     inside = peak = 0
     tokens: list[int] = []
     errors: list[BaseException] = []
     guard = threading.Lock()
     end = time.monotonic() + seconds
+    stop = threading.Event()
 
     def loop() -> None:
         nonlocal inside, peak
         try:
-            while time.monotonic() < end:
+            while time.monotonic() < end and not stop.is_set():
                 lease = rl.try_acquire(name, ttl=5)
                 if not isinstance(lease, Lease):
                     time.sleep(0.001)
@@ -68,11 +71,16 @@ def run_on(rl: Redlock, name: str, seconds: float, threads: int = 4) -> dict:
     pool = [threading.Thread(target=loop) for _ in range(threads)]
     for t in pool:
         t.start()
-    return {"threads": pool, "tokens": tokens, "peak": lambda: peak, "errors": errors}
+    return {"threads": pool, "tokens": tokens, "peak": lambda: peak, "errors": errors, "stop": stop}
 
 
-def finish(run: dict) -> None:
-    for t in run["threads"]:
+def finish(run: dict, more: int = 20) -> None:
+    """End the run once it has made ``more`` grants from now on: it went on."""
+    seen = len(run["tokens"])
+    alive = run["threads"]
+    wait_for(lambda: len(run["tokens"]) >= seen + more or not any(t.is_alive() for t in alive), 30)
+    run["stop"].set()
+    for t in alive:
         t.join(60)
 
 
@@ -114,7 +122,7 @@ def test_a_reshard_of_a_hot_slot_during_a_run_loses_nothing(redis_clusters3, tim
     rl = Redlock(redis_clusters3.urls, node_timeout=budget)
     lock_key, fence_key = rl.keys(HOT)
     slot = key_slot(lock_key.encode())
-    run = run_on(rl, HOT, seconds=4.0)
+    run = run_on(rl, HOT)
     moved = []
     for cluster in list(redis_clusters3)[:2]:  # two of the three nodes reshard, one after the other
         time.sleep(0.5)
@@ -149,7 +157,7 @@ def test_a_shard_failover_keeps_a_held_lock_and_the_run_goes_on(redis_cluster_fa
     lock_key = rl.keys("held")[0]
     first = clusters[0]
     index = first.masters.index(first.master_of(key_slot(lock_key.encode())))
-    run = run_on(rl, HOT, seconds=6.0, threads=2)
+    run = run_on(rl, HOT, threads=2)
     time.sleep(0.5)
     promoted = first.kill_master(index)  # SIGKILL; its replica takes over
     finish(run)

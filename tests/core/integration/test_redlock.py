@@ -153,7 +153,8 @@ def test_blocking_acquire_with_timeout_returns_none_in_about_the_timeout(nodes):
     start = time.monotonic()
     assert rl.acquire(NAME, ttl=10, blocking=True, timeout=0.3) is None
     elapsed = time.monotonic() - start
-    assert 0.3 <= elapsed < 0.3 + 0.5, elapsed  # about the timeout, not a hang
+    # the timeout, then at most the last attempt's round: not a hang
+    assert 0.3 <= elapsed < 0.3 + HEALTHY_NODE_TIMEOUT, elapsed
     assert rl.holder(NAME).owner == held.owner  # the failed attempts took nothing away
 
 
@@ -373,17 +374,19 @@ def test_fencing_off_gives_no_token_and_writes_no_fence(nodes):
 
 
 def test_extend_sets_the_ttl_on_every_node(nodes):
+    # The bounds tell "set" from "left alone" (2 s, then 30 s) and from "added" (32 s),
+    # with seconds to spare for a loaded host.
     rl = healthy(nodes.urls)
     lease = rl.acquire(NAME, ttl=2)
     assert rl.extend(lease, ttl=30) is True
     for node in nodes:
         with node.client() as client:
-            assert 29_000 < client.pttl(lease.key) <= 30_000
-    assert 29 < lease.remaining() <= 30
-    assert rl.extend(lease) is True  # back to its own TTL: set, not added
+            assert 20_000 < client.pttl(lease.key) <= 30_000
+    assert 20 < lease.remaining() <= 30
+    assert rl.extend(lease) is True  # back to its own TTL: set, not added (32 s)
     for node in nodes:
         with node.client() as client:
-            assert 1_500 < client.pttl(lease.key) <= 2_000
+            assert 0 < client.pttl(lease.key) <= 2_000
 
 
 def test_acquire_is_idempotent_for_the_same_owner(nodes):
