@@ -137,6 +137,9 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
         _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     policy = settings.on_duplicate
     if policy == "retry" and not request.is_eager:
+        placed = _place(task, plan, name, request) if rates.applies(plan) else None
+        if placed is not None:
+            return placed
         _retry(task, plan, name, result)
     if policy in ("wait", "retry"):
         waited = _wait(task, plan, name, result, settings.wait_timeout)
@@ -224,6 +227,17 @@ def _attempt(
     if isinstance(result, Claim):  # the key is free, but claimed for another task
         return Holder(None, result.remaining, result.claimant)
     return result
+
+
+def _place(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | None:
+    """A rated start that met the key held books its place in the rate's schedule
+    instead of bouncing (see :func:`rates.place`): the lease when it starts on it
+    here; None when the schedule has room sooner, or the key is still held then."""
+    instant = rates.place(task, plan, name, request)
+    if instant is None:
+        return None
+    result = _attempt(task, plan, name, request, booked_at=instant)
+    return result if isinstance(result, Lease) else None
 
 
 def _is_copy(request: Any, holder: Holder) -> bool:

@@ -40,7 +40,8 @@ from typing import Any, NamedTuple, NoReturn
 from celery.exceptions import Retry
 
 from . import metrics, outage, tracing
-from .core import RateKey, RateSlot, full_jitter, peek_rate, resolve_rate
+from .core import RateKey, RateSlot, full_jitter, peek_rate, reserve_place, resolve_rate
+from .core.records import NEAR
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
 from .plan import LockPlan
@@ -51,6 +52,7 @@ __all__ = [
     "grace",
     "later",
     "outage_countdown",
+    "place",
     "start",
     "status",
     "unavailable",
@@ -158,7 +160,10 @@ def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) ->
     metrics.count("rate_delayed", plan.lock_name)
     metrics.observe_rate_delay(wait, plan.lock_name)
     tracing.rate_delayed(plan.lock_name, wait, slot.start_at)
-    if request.is_eager:
+    slack = grace(_keys(plan, name, request.args or (), request.kwargs or {}))
+    if request.is_eager or wait <= slack:
+        # due within the grace: a re-publish could not come back on time, so the
+        # worker holds the start (at most a grace) and it starts on its booking
         redlock.sleep(max(0.0, wait))
         return slot.start_at
     logger.debug("%s[%s]: rate of %r: starts in %.3fs", task.name, request.id, name, wait)
@@ -166,8 +171,26 @@ def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) ->
     # due a little before its instant (half the grace): a delivery that comes late
     # by up to the whole grace still starts on its booking; one that comes early
     # sleeps the few ms left
-    slack = grace(_keys(plan, name, request.args or (), request.kwargs or {}))
     _republish(task, request, wait - slack / 2, extra, f"rate: starts in {wait:.3f}s")
+
+
+def place(task: Any, plan: LockPlan, name: str, request: Any) -> float | None:
+    """A rated start that met the key held (``lock_on_duplicate="retry"``) books its
+    place in the rate's schedule instead of bouncing on the lock's backoff: it is
+    re-published for that instant (raises ``Retry``), or, due within the grace,
+    held here and the instant returned to start on. None when the schedule admits
+    a start sooner (the lock, not the rate, holds this one back): nothing is
+    booked, and the lock's policy applies."""
+    keys = _keys(plan, name, request.args or (), request.kwargs or {})
+    if not keys:
+        return None
+    try:
+        slot = reserve_place(plan.redlock, keys, NEAR)
+    except QuorumUnavailable as exc:
+        unavailable(task, plan, name, request, exc)
+    if slot is None:
+        return None
+    return later(task, plan, name, request, slot)
 
 
 def _keys(plan: LockPlan, name: str, args: Any, kwargs: Any) -> list[RateKey]:

@@ -76,7 +76,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -89,7 +89,7 @@ from .records import NEAR, RateSlot, RateView
 from .replicas import NotReplicated
 from .windows import RateKey, checked_burst, checked_rate
 
-__all__ = ["RatedRound", "Rates", "peek_rate", "reserve_rates"]
+__all__ = ["RatedRound", "Rates", "peek_rate", "reserve_place", "reserve_rates"]
 
 logger = logging.getLogger("celery_redlock.redlock")
 
@@ -183,10 +183,15 @@ class RatedRound:
             return RateSlot(self.now / 1000.0, 0.0)
         return self.rates.settle(self.keys, self.now, self.answers)
 
-    def unstart(self, lock_keys: Sequence[str], owner: str) -> None:
+    def unstart(
+        self, lock_keys: Sequence[str], owner: str, replies: Sequence[Any] | None = None
+    ) -> None:
         """Free the lock keys ``owner`` holds among ``lock_keys`` and take back the start
         it recorded, on every node (a start booked for later, or an attempt that did
-        not stand). Never raises."""
+        not stand). With the round's ``replies``, only where a node granted: a start
+        booked for later that every node let go of costs no round more. Never raises."""
+        if replies is not None and not any(_granted(r) for r in replies):
+            return
         keys = [*lock_keys, *(k.starts for k in self.keys)]
         try:
             self.rates.quorum.run(scripts.UNSTART, keys, (owner, len(lock_keys)))
@@ -291,6 +296,25 @@ class Rates:
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
+        return cast(RateSlot, self._book(keys, now_ms, rounds, None))  # None only with after
+
+    def reserve_after(self, keys: Sequence[RateKey], after: float) -> RateSlot | None:
+        """Book a place in a full schedule: as :meth:`reserve`, but only an instant more
+        than ``after`` seconds from now; None, and nothing booked, when a quorum
+        admits one sooner (the schedule is not full).
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        return self._book(keys, None, None, after)
+
+    def _book(
+        self,
+        keys: Sequence[RateKey],
+        now_ms: int | None,
+        rounds: int | None,
+        after: float | None,
+    ) -> RateSlot | None:
         if not keys:
             raise ConfigurationError("a reservation needs at least one rated key")
         q = self.quorum
@@ -305,8 +329,13 @@ class Rates:
         best = 0
         for attempt in range(rounds or self.ROUNDS):
             now = _epoch_ms() if now_ms is None else int(now_ms)
-            replies = q.run(scripts.RATE, names, _args(keys, now))
+            floor = "" if after is None else str(now + _ms(after))
+            replies = q.run(scripts.RATE, names, _args(keys, now, third=floor))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
+            sooner = sum(1 for r in replies if _sooner(r))
+            if sooner and not q.has_quorum(len(answers)) and q.has_quorum(len(answers) + sooner):
+                self._undo(keys, now, answers + _unconfirmed(replies))
+                return None
             if not q.has_quorum(len(answers)):
                 self.fell_short(keys, now, answers + _unconfirmed(replies))
                 errors = {
@@ -394,6 +423,11 @@ def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None =
     return redlock._rates.reserve(keys, now_ms=now_ms)
 
 
+def reserve_place(redlock: Any, keys: Sequence[RateKey], after: float) -> RateSlot | None:
+    """:meth:`Rates.reserve_after` on ``redlock``'s nodes: a place in a full schedule."""
+    return redlock._rates.reserve_after(keys, after)
+
+
 def peek_rate(
     redlock: Any, name: str, rate: Any, *, now: float | None = None, key: str | None = None
 ) -> RateView:
@@ -443,6 +477,20 @@ def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:
         for i, r in enumerate(replies)
         if isinstance(r, NotReplicated) and _answer(r.reply)
     ]
+
+
+def _sooner(reply: Any) -> bool:
+    """Whether a node answered that it admits a start before the instant asked for."""
+    if isinstance(reply, NotReplicated):
+        reply = reply.reply
+    return isinstance(reply, list) and bool(reply) and int(reply[0]) == 2
+
+
+def _granted(reply: Any) -> bool:
+    """Whether a node granted the acquire (its replicas confirmed it or not)."""
+    if isinstance(reply, NotReplicated):
+        reply = reply.reply
+    return isinstance(reply, list) and bool(reply) and reply[0] == 1
 
 
 def _answer(reply: Any) -> bool:
