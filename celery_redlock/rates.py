@@ -34,13 +34,22 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, NoReturn
 
 from celery.exceptions import Retry
 
-from . import metrics, outage, tracing
-from .core import RateKey, RateSlot, full_jitter, peek_rate, reserve_place, resolve_rate
+from . import enqueue, metrics, outage, tracing
+from .core import (
+    RateKey,
+    RateSlot,
+    full_jitter,
+    peek_rate,
+    reserve_place,
+    reserve_rates,
+    resolve_rate,
+)
 from .core.records import NEAR
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
@@ -53,6 +62,7 @@ __all__ = [
     "later",
     "outage_countdown",
     "place",
+    "publish",
     "start",
     "status",
     "unavailable",
@@ -60,8 +70,8 @@ __all__ = [
 
 logger = logging.getLogger("celery_redlock.rates")
 
-#: Longest grace after a booked instant.
-MAX_GRACE = 0.25
+#: Longest lead of a booked start's message before its instant (the grace is half the lead).
+MAX_LEAD = 0.5
 #: Longest pause before a start whose reservation split the nodes asks again.
 SPLIT_PAUSE = 0.2
 #: Longest and shortest countdown of a rated start waiting out an outage: it asks
@@ -86,8 +96,17 @@ def applies(plan: LockPlan) -> bool:
 
 
 def grace(keys: list[RateKey]) -> float:
-    """How late after its booked instant a re-published start may still use it."""
-    return min(MAX_GRACE, min(w.interval for k in keys for w in k.windows) / 2)
+    """How late after its booked instant a delivery may still start on it, ``min(T / 2,
+    0.25 s)``: half the lead, so the grace plus the run lock's round stays under T."""
+    return lead(keys) / 2
+
+
+def lead(keys: list[RateKey]) -> float:
+    """How long before its booked instant a start's message is due, ``min(T, 0.5 s)``:
+    the worker holds an early delivery (or a booking due that soon) until its
+    instant, so a delivery late by up to the lead plus the grace still starts
+    on its booking, at the cost of a pool process held up to T per start."""
+    return min(MAX_LEAD, min(w.interval for k in keys for w in k.windows))
 
 
 class Start(NamedTuple):
@@ -115,13 +134,13 @@ def start(
         return Start(keys, True)
     booked = _booked(request)
     if booked is not None:
-        slack = grace(keys)
+        slack, ahead = grace(keys), lead(keys)
         early = booked - time.time()
-        if -slack <= early <= slack:
+        if -slack <= early <= ahead + slack:
             if early > 0:
                 plan.redlock.sleep(early)
             return Start(keys, True)
-        if early > slack:  # this worker's clock is behind the booking's: not yet
+        if early > ahead + slack:  # this worker's clock is behind the booking's: not yet
             _republish(task, request, early, {RATE_AT: _rate_at(booked, request)}, "rate: early")
     return Start(keys, False)
 
@@ -160,18 +179,53 @@ def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) ->
     metrics.count("rate_delayed", plan.lock_name)
     metrics.observe_rate_delay(wait, plan.lock_name)
     tracing.rate_delayed(plan.lock_name, wait, slot.start_at)
-    slack = grace(_keys(plan, name, request.args or (), request.kwargs or {}))
-    if request.is_eager or wait <= slack:
-        # due within the grace: a re-publish could not come back on time, so the
-        # worker holds the start (at most a grace) and it starts on its booking
+    ahead = lead(_keys(plan, name, request.args or (), request.kwargs or {}))
+    if request.is_eager or wait <= ahead:
+        # due within the lead: a re-publish might not come back on time, so the
+        # worker holds the start (at most the lead) and it starts on its booking
         redlock.sleep(max(0.0, wait))
         return slot.start_at
     logger.debug("%s[%s]: rate of %r: starts in %.3fs", task.name, request.id, name, wait)
     extra = {RATE_AT: _rate_at(slot.start_at, request), RATE_WAITS: 0}
-    # due a little before its instant (half the grace): a delivery that comes late
-    # by up to the whole grace still starts on its booking; one that comes early
-    # sleeps the few ms left
-    _republish(task, request, wait - slack / 2, extra, f"rate: starts in {wait:.3f}s")
+    # due the lead before its instant: a delivery that comes late by up to the lead
+    # plus the grace still starts on its booking; one that comes early sleeps the rest
+    _republish(task, request, wait - ahead, extra, f"rate: starts in {wait:.3f}s")
+
+
+def publish(
+    task: Any,
+    plan: LockPlan,
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    send: Callable[..., Any],
+) -> Any:
+    """``apply_async`` of a rated call: its start is booked here, at publish, and the
+    message goes out due at that instant (half a grace early) with the booking in
+    ``redlock_rate_at``, so the worker receives it once, when it is due, and does
+    not re-publish it: a burst of calls reaches the broker already spread over the
+    schedule, and the re-publishes of the earliest bookings do not queue behind
+    it (they came back too late for their instants). ``send`` is the plain
+    ``apply_async``. A call published with its own countdown or ETA, a canvas
+    part, a re-publish, or a booking that fails (no quorum, split nodes, a key
+    that cannot be built) is sent as it is: the worker books it on arrival."""
+    headers = options.get("headers") or {}
+    plain = options.get("countdown") or options.get("eta") or options.get("retries")
+    if plain or ATTEMPT in headers or any(options.get(o) for o in enqueue.CANVAS):
+        return send(args, kwargs, task_id=task_id, **options)
+    try:
+        keys = _keys(plan, plan.keys.build(args or (), kwargs or {}), args or (), kwargs or {})
+        slot = reserve_rates(plan.redlock, keys) if keys else None
+    except Exception as exc:  # noqa: BLE001 - the worker books it, and reports what fails
+        logger.debug("%s: rate not booked at publish: %s", task.name, exc)
+        slot = None
+    if slot is None or not slot.reserved:
+        return send(args, kwargs, task_id=task_id, **options)
+    wait, ahead = slot.start_at - time.time(), lead(keys)
+    booked = {**headers, RATE_AT: f"{int(round(slot.start_at * 1000))}:0:0"}
+    due = {"countdown": wait - ahead} if wait > ahead else {}
+    return send(args, kwargs, task_id=task_id, **{**options, "headers": booked, **due})
 
 
 def place(task: Any, plan: LockPlan, name: str, request: Any) -> float | None:

@@ -61,7 +61,7 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Retry
 
-from . import enqueue, metrics, policies, signals, tracing
+from . import enqueue, metrics, policies, rates, signals, tracing
 from .core import Lease, heartbeat
 from .exceptions import LockLost
 from .plan import LockPlan, build_plan, plan_of, set_plan
@@ -217,9 +217,13 @@ class LockedTask(Task):
         ``lock_throttle`` (see :mod:`.enqueue`)."""
         self._refuse_if_unbound()
         plan = plan_of(self)
-        if plan is None or not plan.claims or self.app.conf.task_always_eager:
+        if plan is None or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+        if plan.claims:
+            return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+        if rates.applies(plan):  # its start booked at publish (see rates.publish)
+            return rates.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+        return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def apply(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any

@@ -22,8 +22,9 @@ instant that a quorum of the answers are at or before (the q-th smallest
 ``s``; with every node agreeing, their common answer). Nodes that answered
 ``s*`` booked it already. Nodes that answered later than ``s*`` are ahead of
 the others (they hold bookings the others do not) and are not needed: their
-own booking stays there, wasting capacity on that node alone, never dragging
-the quorum's schedule on. Nodes that answered earlier get a phase-2
+own booking is taken back (the undo below) unless another came after it, and
+then stays, wasting capacity on that node alone, never dragging the quorum's
+schedule on. Nodes that answered earlier get a phase-2
 compare-and-set: if their version is still the one they answered
 (no other reservation came in between), ``TAT := max(TAT - T, s*) + T``
 (their booking moved from their ``s`` to ``s*``) and ``v += 1``; otherwise,
@@ -190,7 +191,7 @@ class RatedRound:
         it recorded, on every node (a start booked for later, or an attempt that did
         not stand). With the round's ``replies``, only where a node granted: a start
         booked for later that every node let go of costs no round more. Never raises."""
-        if replies is not None and not any(_granted(r) for r in replies):
+        if replies is not None and not any(_code(r) == 1 for r in replies):
             return
         keys = [*lock_keys, *(k.starts for k in self.keys)]
         try:
@@ -332,7 +333,7 @@ class Rates:
             floor = "" if after is None else str(now + _ms(after))
             replies = q.run(scripts.RATE, names, _args(keys, now, third=floor))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
-            sooner = sum(1 for r in replies if _sooner(r))
+            sooner = sum(1 for r in replies if _code(r) == 2)
             if sooner and not q.has_quorum(len(answers)) and q.has_quorum(len(answers) + sooner):
                 self._undo(keys, now, answers + _unconfirmed(replies))
                 return None
@@ -370,6 +371,9 @@ class Rates:
             if int(r[1]) < best:  # move this node's booking to s*: phase 2
                 args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
                 booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
+        # a node ahead of s* needs no booking of mine: take it back where nothing was
+        # booked after it, so concurrent callers leave no stray bookings to drift on
+        self._undo(keys, now, [(i, r) for i, r in answers if int(r[1]) > best])
         wait = max(0, best - now) / 1000.0
         return RateSlot(best / 1000.0, wait, reserved=q.has_quorum(booked))
 
@@ -479,18 +483,12 @@ def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:
     ]
 
 
-def _sooner(reply: Any) -> bool:
-    """Whether a node answered that it admits a start before the instant asked for."""
+def _code(reply: Any) -> int | None:
+    """A node's reply code, its replicas confirmed or not: 1 granted (or booked), 2 a
+    start admitted sooner than asked (nothing booked), 7 booked for later."""
     if isinstance(reply, NotReplicated):
         reply = reply.reply
-    return isinstance(reply, list) and bool(reply) and int(reply[0]) == 2
-
-
-def _granted(reply: Any) -> bool:
-    """Whether a node granted the acquire (its replicas confirmed it or not)."""
-    if isinstance(reply, NotReplicated):
-        reply = reply.reply
-    return isinstance(reply, list) and bool(reply) and reply[0] == 1
+    return int(reply[0]) if isinstance(reply, list) and reply else None
 
 
 def _answer(reply: Any) -> bool:
