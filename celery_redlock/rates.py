@@ -1,24 +1,32 @@
 """What a rated start does (``lock_rate``, and rates named in ``lock_also``).
 
-At the start of an execution, the run lock's own round books the first
-instant the key's rate admits (:mod:`celery_redlock.core.rates`), together
-with the rates the task shares through ``lock_also``, and records the start
-where it is due: a rated start costs no round more than an unrated one (a
-second round only when concurrent bookings left the nodes disagreeing). The
-lock comes first: a start the lock (or a receipt, a claim, a throttle) turns
-away books nothing.
+At publish (:func:`publish`), a rated call books the first instant its rates
+admit and is sent due a lead of ``min(T, 0.5 s)`` before it (T the shortest
+interval of its windows) with the ``redlock_rate_at`` header naming it: a burst
+of calls reaches the broker spread over the schedule, so nothing queues behind
+it. At the start of an execution without such a booking (a call sent by name,
+with its own countdown, in a canvas, of a task with claims, or whose booking
+failed at publish), the run lock's own round books it, together with the rates
+the task shares through ``lock_also``, and records the start where it is due:
+a rated start costs no round more than an unrated one (a second round only
+when concurrent bookings left the nodes disagreeing). The lock comes first
+there: a start the lock (or a receipt, a claim, a throttle) turns away books
+nothing.
 
 * Due now: the execution runs, holding its run lock.
 * Due later: the lock is let go at once, and the message is re-published
-  with the countdown to the booked instant and the ``redlock_rate_at`` header
-  naming it; it holds no worker slot
-  meanwhile (the broker, or the worker's ETA timer, keeps it); its countdown
-  ends half a grace before the instant, which it sleeps out. When it arrives
-  no later than the instant plus a grace of ``min(T / 2, 0.25 s)`` (T the
-  shortest interval of its windows), it starts on that booking; a later
-  arrival (a busy pool, a broker backlog) books again. An arrival before the
-  instant (a worker whose clock is behind) sleeps up to the grace, else is
-  re-published again. Its lock round then only records the start.
+  with the countdown to the lead before the booked instant and the
+  ``redlock_rate_at`` header naming it; it holds no worker slot meanwhile
+  (the broker, or the worker's ETA timer, keeps it). Due within the lead, the
+  worker holds it instead. A delivery that arrives early sleeps to its
+  instant (a worker whose clock is behind by more than the lead re-publishes
+  it); one that arrives no later than the instant plus a grace of
+  ``min(T / 2, 0.25 s)`` starts on its booking, and its lock round only
+  records the start; a later arrival (a busy pool, a broker backlog) books
+  again.
+* Key held, ``lock_on_duplicate="retry"``: the start books its place in the
+  schedule when the schedule is full (:func:`place`) instead of bouncing on
+  the lock's backoff; else the lock's retry applies.
 * No quorum: the message is re-published with the lock's backoff (jittered,
   capped at :data:`RATE_OUTAGE_MAX`, 2 s), for as long as the outage lasts:
   nothing is dropped and nothing starts unbooked. Logged at WARNING, counted
