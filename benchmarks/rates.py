@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import re
 import statistics
@@ -52,7 +51,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.support import harness, lockapp  # noqa: E402  (the test app, from a checkout)
+from tests.support import harness  # noqa: E402  (the test app, from a checkout)
+from tests.support.windows import most_in_window  # noqa: E402
 
 #: Scenario: (label, task, the call's rate argument or None, N per period, period, calls).
 SCENARIOS = {
@@ -61,26 +61,6 @@ SCENARIOS = {
     "shared": ("rate_also", None, 10, 1.0, 200),
 }
 RETRY = re.compile(r"\] retry: (.*)$")
-
-
-def most_in_window(instants: list[float], period: float) -> int:
-    """The most instants in any half-open window [t, t + period)."""
-    ordered = sorted(instants)
-    best, j = 0, 0
-    for i, start in enumerate(ordered):
-        while j < len(ordered) and ordered[j] < start + period - 1e-6:
-            j += 1
-        best = max(best, j - i)
-    return best
-
-
-def _produce(env: dict, calls: list[tuple[str, str, dict]]) -> None:
-    app = lockapp.app_from_env(env, main="producer")
-    try:
-        for task, key, kwargs in calls:
-            app.tasks[f"lockapp.{task}"].delay(key, **kwargs)
-    finally:
-        app.close()
 
 
 def calls_of(task: str, rate: Any, run: str, n: int) -> list[tuple[str, str, dict]]:
@@ -131,13 +111,7 @@ def scenario(
     run, probe_run = harness.new_run(), harness.new_run()
     calls = calls_of(task, rate, run, n)
     since = log_offsets(workers)
-    ctx = multiprocessing.get_context("fork")
-    env = topology.env(0, 1)
-    procs = [
-        ctx.Process(target=_produce, args=(env, calls[i::producers])) for i in range(producers)
-    ]
-    for p in procs:
-        p.start()
+    procs = harness.senders(topology, calls, producers)
     interval = period / n_per
     deadline = time.time() + n * interval * 2 + 30
     sent: dict[str, float] = {}

@@ -113,7 +113,7 @@ def lead(keys: list[RateKey]) -> float:
     """How long before its booked instant a start's message is due, ``min(T, 0.5 s)``:
     the worker holds an early delivery (or a booking due that soon) until its
     instant, so a delivery late by up to the lead plus the grace still starts
-    on its booking, at the cost of a pool process held up to T per start."""
+    on its booking, at the cost of a pool process held about T per start."""
     return min(MAX_LEAD, min(w.interval for k in keys for w in k.windows))
 
 
@@ -173,8 +173,9 @@ def unavailable(
 
 def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) -> float | None:
     """A start booked for later (or whose bookings split the nodes): re-published with
-    the countdown to its instant (raises ``Retry``). Eager mode sleeps instead and
-    returns the instant to start on (None: book again)."""
+    the countdown to the lead before its instant (raises ``Retry``). Eager mode, and
+    a booking due within the lead, sleep instead and return the instant to start
+    on (None: book again)."""
     redlock = plan.redlock
     if not slot.reserved:
         metrics.count("rate_split", plan.lock_name)

@@ -10,14 +10,14 @@ at most N in any window shorter than the period by 0.2 s.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support import harness, lockapp
+from tests.support import harness
 from tests.support.harness import Topology, WorkerHandle, wait_for
+from tests.support.windows import most_in_window
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -25,16 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 #: Seconds a run of starts may take beyond count / rate: deliveries that come
 #: later than their grace re-book, each one interval further on (a saturated host).
 LATE = 2.5
-
-
-def most_in_window(instants: list[float], period: float) -> int:
-    ordered = sorted(instants)
-    best, j = 0, 0
-    for i, start in enumerate(ordered):
-        while j < len(ordered) and ordered[j] < start + period:
-            j += 1
-        best = max(best, j - i)
-    return best
 
 
 def assert_rate(starts: list[float], n: int, period: float) -> None:
@@ -58,25 +48,6 @@ def two_workers(
         second.stop()
 
 
-def _send(env: dict, calls: list[tuple[str, str, dict]]) -> None:
-    app = lockapp.app_from_env(env, main="producer")
-    try:
-        for task, key, kwargs in calls:
-            app.tasks[f"lockapp.{task}"].delay(key, **kwargs)
-    finally:
-        app.close()
-
-
-def senders(topology: Topology, calls: list, processes: int = 4) -> list:
-    """Started producer processes, sending ``task(key, **kwargs)`` for each call among them."""
-    ctx = multiprocessing.get_context("fork")
-    env = topology.env(0, 1)
-    procs = [ctx.Process(target=_send, args=(env, calls[i::processes])) for i in range(processes)]
-    for p in procs:
-        p.start()
-    return procs
-
-
 def joined(procs: list) -> None:
     for p in procs:
         p.join(60)
@@ -85,7 +56,7 @@ def joined(procs: list) -> None:
 
 def produce(topology: Topology, task: str, run: str, keys: list[str], processes: int = 4) -> None:
     """Send ``task(key, run)`` for each key from ``processes`` producer processes at once."""
-    joined(senders(topology, [(task, key, {"run": run}) for key in keys], processes))
+    joined(harness.senders(topology, [(task, key, {"run": run}) for key in keys], processes))
 
 
 def starts(worker: WorkerHandle, run: str, n: int, timeout: float) -> list[float]:
@@ -99,7 +70,7 @@ def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) ->
     second: the 200 starts span at most 21.0 s (19.9 s at the full rate: within 5 %),
     no window of 1 s holds more than 11 (N + 1), every call runs once, and each
     unrated call starts within 0.5 s of its sending."""
-    procs = senders(topology, calls)
+    procs = harness.senders(topology, calls)
     probe_run, sent = harness.new_run(), {}
     while len(worker.records(run, "start")) < len(calls) and len(sent) < 40:
         time.sleep(1.0)

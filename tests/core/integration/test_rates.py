@@ -26,19 +26,9 @@ from celery_redlock.core import (
     reserve_rates,
 )
 from tests.support.healthy import healthy
+from tests.support.windows import most_in_window
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def most_in_window(instants: list[float], period: float) -> int:
-    """The most instants in any half-open window [t, t + period)."""
-    ordered = sorted(instants)
-    best, j = 0, 0
-    for i, start in enumerate(ordered):
-        while j < len(ordered) and ordered[j] < start + period - 1e-6:
-            j += 1
-        best = max(best, j - i)
-    return best
 
 
 def book(rl: Redlock, name: str, rate, n: int, threads: int = 4, **kw) -> list[float]:
