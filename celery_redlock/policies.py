@@ -230,14 +230,18 @@ def _attempt(
 
 
 def _place(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | None:
-    """A rated start that met the key held books its place in the rate's schedule
-    instead of bouncing (see :func:`rates.place`): the lease when it starts on it
-    here; None when the schedule has room sooner, or the key is still held then."""
-    instant = rates.place(task, plan, name, request)
-    if instant is None:
-        return None
-    result = _attempt(task, plan, name, request, booked_at=instant)
-    return result if isinstance(result, Lease) else None
+    """A rated start that met the key held tries it again within its booking's grace,
+    then books its place in the rate's schedule instead of bouncing (see
+    :func:`rates.place`), once here: the lease when it starts here; None when the
+    schedule has room sooner, or the key is still held then (the lock's retry)."""
+    on, places = rates.booking(request), 0
+    while (instant := rates.place(task, plan, name, request, on, places == 0)) is not None:
+        result = _attempt(task, plan, name, request, booked_at=instant)
+        if isinstance(result, Lease):
+            return result
+        places += instant != on
+        on = instant
+    return None
 
 
 def _is_copy(request: Any, holder: Holder) -> bool:

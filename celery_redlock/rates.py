@@ -66,6 +66,7 @@ from .plan import LockPlan
 __all__ = [
     "Start",
     "applies",
+    "booking",
     "grace",
     "later",
     "outage_countdown",
@@ -80,6 +81,8 @@ logger = logging.getLogger("celery_redlock.rates")
 
 #: Longest lead of a booked start's message before its instant (the grace is half the lead).
 MAX_LEAD = 0.5
+#: Pause before a start on its booking that found its key held tries it again.
+POLL = 0.002
 #: Longest pause before a start whose reservation split the nodes asks again.
 SPLIT_PAUSE = 0.2
 #: Longest and shortest countdown of a rated start waiting out an outage: it asks
@@ -237,15 +240,25 @@ def publish(
     return send(args, kwargs, task_id=task_id, **{**options, "headers": booked, **due})
 
 
-def place(task: Any, plan: LockPlan, name: str, request: Any) -> float | None:
-    """A rated start that met the key held (``lock_on_duplicate="retry"``) books its
-    place in the rate's schedule instead of bouncing on the lock's backoff: it is
-    re-published for that instant (raises ``Retry``), or, due within the grace,
-    held here and the instant returned to start on. None when the schedule admits
-    a start sooner (the lock, not the rate, holds this one back): nothing is
+def place(
+    task: Any, plan: LockPlan, name: str, request: Any, on: float | None, book: bool = True
+) -> float | None:
+    """A rated start that met the key held (``lock_on_duplicate="retry"``): the
+    instant to try the key again on. Still within the grace of the booking it
+    tried (``on``), the same instant after a short pause (the holder is nearly
+    done: the start stays within its grace). Else it books its place in the
+    rate's schedule instead of bouncing on the lock's backoff: re-published for
+    that instant (raises ``Retry``), or, due within the lead, held here and the
+    instant returned. None, without ``book``, or when the schedule admits a
+    start sooner (the lock, not the rate, holds this one back): nothing is
     booked, and the lock's policy applies."""
     keys = _keys(plan, name, request.args or (), request.kwargs or {})
     if not keys:
+        return None
+    if on is not None and time.time() + POLL < on + grace(keys):
+        plan.redlock.sleep(POLL)
+        return on
+    if not book:
         return None
     try:
         slot = reserve_place(plan.redlock, keys, NEAR)
@@ -254,6 +267,11 @@ def place(task: Any, plan: LockPlan, name: str, request: Any) -> float | None:
     if slot is None:
         return None
     return later(task, plan, name, request, slot)
+
+
+def booking(request: Any) -> float | None:
+    """The instant this very delivery was booked for (``redlock_rate_at``), if any."""
+    return _booked(request)
 
 
 def _keys(plan: LockPlan, name: str, args: Any, kwargs: Any) -> list[RateKey]:
