@@ -101,6 +101,26 @@ def test_a_shared_rate_across_two_tasks_is_used(two_workers: WorkerHandle, topol
     full_run(two_workers, topology, calls, run)
 
 
+def test_a_start_that_meets_its_key_held_books_its_place(
+    two_workers: WorkerHandle, topology: Topology
+):
+    """5/s, bodies of 0.35 s (longer than T): the second call meets the first still
+    running at its instant, waits out its grace, and books its place in the full
+    schedule (re-published for it) instead of bouncing on the lock's backoff:
+    every call runs once, one at a time, none of them as a lock retry."""
+    run = harness.new_run()
+    kwargs = {"run": run, "rate": "5/s", "duration": 0.35}
+    for _ in range(3):
+        two_workers.task("rated_at").delay(run, **kwargs)
+    wait_for(lambda: len(two_workers.records(run)) >= 3, 30, "3 runs", 0.1)
+    time.sleep(0.5)
+    ends = two_workers.records(run)
+    assert len(ends) == len({r["id"] for r in ends}) == 3
+    harness.assert_no_overlap(ends)
+    assert [r["attempt"] for r in ends] == [0, 0, 0]  # no lock retry among them
+    assert sum(r["booked"] is not None for r in ends) >= 2
+
+
 def test_two_windows_hold(two_workers: WorkerHandle, topology: Topology):
     run = harness.new_run()
     produce(topology, "rated_two", run, ["two"] * 30, processes=3)
