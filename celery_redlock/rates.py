@@ -58,7 +58,6 @@ from .core import (
     reserve_rates,
     resolve_rate,
 )
-from .core.records import NEAR
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
 from .plan import LockPlan
@@ -261,7 +260,7 @@ def place(
     if not book:
         return None
     try:
-        slot = reserve_place(plan.redlock, keys, NEAR)
+        slot = reserve_place(plan.redlock, keys)
     except QuorumUnavailable as exc:
         unavailable(task, plan, name, request, exc)
     if slot is None:

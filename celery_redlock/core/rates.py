@@ -427,7 +427,7 @@ def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None =
     return redlock._rates.reserve(keys, now_ms=now_ms)
 
 
-def reserve_place(redlock: Any, keys: Sequence[RateKey], after: float) -> RateSlot | None:
+def reserve_place(redlock: Any, keys: Sequence[RateKey], after: float = NEAR) -> RateSlot | None:
     """:meth:`Rates.reserve_after` on ``redlock``'s nodes: a place in a full schedule."""
     return redlock._rates.reserve_after(keys, after)
 
