@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """Entry point for ``tox -e bench``: the lock benchmark (``locks.py``), the
 enqueue benchmark (``enqueue.py``), a locked task call's CPU (``task_cpu.py``),
-then the Celery task benchmark (``celery_tasks.py``).
+the Celery task benchmark (``celery_tasks.py``), then the share of a rate limit
+the starts use (``rates.py``, from a checkout: it runs the test app).
 
 ::
 
-    python benchmarks/run.py                        # all four, full (about 9 min)
-    python benchmarks/run.py --quick                # all four, smoke runs (about 2 min)
+    python benchmarks/run.py                        # all five, full (about 11 min)
+    python benchmarks/run.py --quick                # all five, smoke runs (about 3 min)
     python benchmarks/run.py --json out.json        # out.locks.json, out.enqueue.json, ...
     python benchmarks/run.py --only celery --pools solo:1 --n 500   # one, with its own options
     tox -e bench -- --quick
 
 Running all, only the options they share are accepted: ``--quick``,
 ``--reps``, ``--json PATH``, ``--md PATH`` (``.locks``, ``.enqueue``,
-``.task_cpu`` and ``.celery`` are put before the extension) and ``--strict``
+``.task_cpu``, ``.celery`` and ``.rates`` are put before the extension) and ``--strict``
 (exit status 1 if any has a failed target). With ``--only NAME`` every other
 argument goes to that script. See ``benchmarks/README.rst``.
 """
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import celery_tasks  # noqa: E402  (benchmarks/celery_tasks.py, next to this file)
 import enqueue  # noqa: E402  (benchmarks/enqueue.py, next to this file)
 import locks  # noqa: E402  (benchmarks/locks.py, next to this file)
+import rates  # noqa: E402  (benchmarks/rates.py, next to this file)
 import task_cpu  # noqa: E402  (benchmarks/task_cpu.py, next to this file)
 
 BENCHES = {
@@ -36,6 +38,7 @@ BENCHES = {
     "enqueue": enqueue.main,
     "task_cpu": task_cpu.main,
     "celery": celery_tasks.main,
+    "rates": rates.main,
 }
 
 

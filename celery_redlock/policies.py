@@ -144,6 +144,9 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
         _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     policy = settings.on_duplicate
     if policy == "retry" and not request.is_eager:
+        placed = _place(task, plan, name, request) if rates.applies(plan) else None
+        if placed is not None:
+            return placed
         _retry(task, plan, name, result)
     if policy in ("wait", "retry"):
         waited = _wait(task, plan, name, result, settings.wait_timeout)
@@ -256,6 +259,21 @@ def _check_claimed_on(task: Any, plan: LockPlan, request: Any) -> None:
 
 #: The (producer's, worker's) places of claims said to differ (see _check_claimed_on).
 _told: set[tuple[str, str]] = set()
+
+
+def _place(task: Any, plan: LockPlan, name: str, request: Any) -> Lease | None:
+    """A rated start that met the key held tries it again within its booking's grace,
+    then books its place in the rate's schedule instead of bouncing (see
+    :func:`rates.place`), once here: the lease when it starts here; None when the
+    schedule has room sooner, or the key is still held then (the lock's retry)."""
+    on, places = rates.booking(request), 0
+    while (instant := rates.place(task, plan, name, request, on, places == 0)) is not None:
+        result = _attempt(task, plan, name, request, booked_at=instant)
+        if isinstance(result, Lease):
+            return result
+        places += instant != on
+        on = instant
+    return None
 
 
 def _is_copy(request: Any, holder: Holder) -> bool:

@@ -1,24 +1,32 @@
 """What a rated start does (``lock_rate``, and rates named in ``lock_also``).
 
-At the start of an execution, the run lock's own round books the first
-instant the key's rate admits (:mod:`celery_redlock.core.rates`), together
-with the rates the task shares through ``lock_also``, and records the start
-where it is due: a rated start costs no round more than an unrated one (a
-second round only when concurrent bookings left the nodes disagreeing). The
-lock comes first: a start the lock (or a receipt, a claim, a throttle) turns
-away books nothing.
+At publish (:func:`publish`), a rated call books the first instant its rates
+admit and is sent due a lead of ``min(T, 0.5 s)`` before it (T the shortest
+interval of its windows) with the ``redlock_rate_at`` header naming it: a burst
+of calls reaches the broker spread over the schedule, so nothing queues behind
+it. At the start of an execution without such a booking (a call sent by name,
+with its own countdown, in a canvas, of a task with claims, or whose booking
+failed at publish), the run lock's own round books it, together with the rates
+the task shares through ``lock_also``, and records the start where it is due:
+a rated start costs no round more than an unrated one (a second round only
+when concurrent bookings left the nodes disagreeing). The lock comes first
+there: a start the lock (or a receipt, a claim, a throttle) turns away books
+nothing.
 
 * Due now: the execution runs, holding its run lock.
 * Due later: the lock is let go at once, and the message is re-published
-  with the countdown to the booked instant and the ``redlock_rate_at`` header
-  naming it; it holds no worker slot
-  meanwhile (the broker, or the worker's ETA timer, keeps it); its countdown
-  ends half a grace before the instant, which it sleeps out. When it arrives
-  no later than the instant plus a grace of ``min(T / 2, 0.25 s)`` (T the
-  shortest interval of its windows), it starts on that booking; a later
-  arrival (a busy pool, a broker backlog) books again. An arrival before the
-  instant (a worker whose clock is behind) sleeps up to the grace, else is
-  re-published again. Its lock round then only records the start.
+  with the countdown to the lead before the booked instant and the
+  ``redlock_rate_at`` header naming it; it holds no worker slot meanwhile
+  (the broker, or the worker's ETA timer, keeps it). Due within the lead, the
+  worker holds it instead. A delivery that arrives early sleeps to its
+  instant (a worker whose clock is behind by more than the lead re-publishes
+  it); one that arrives no later than the instant plus a grace of
+  ``min(T / 2, 0.25 s)`` starts on its booking, and its lock round only
+  records the start; a later arrival (a busy pool, a broker backlog) books
+  again.
+* Key held, ``lock_on_duplicate="retry"``: the start books its place in the
+  schedule when the schedule is full (:func:`place`) instead of bouncing on
+  the lock's backoff; else the lock's retry applies.
 * No quorum: the message is re-published with the lock's backoff (jittered,
   capped at :data:`RATE_OUTAGE_MAX`, 2 s), for as long as the outage lasts:
   nothing is dropped and nothing starts unbooked. Logged at WARNING, counted
@@ -34,13 +42,22 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, NoReturn
 
 from celery.exceptions import Retry
 
-from . import metrics, outage, republish, tracing
-from .core import RateKey, RateSlot, full_jitter, peek_rate, resolve_rate
+from . import enqueue, metrics, outage, republish, tracing
+from .core import (
+    RateKey,
+    RateSlot,
+    full_jitter,
+    peek_rate,
+    reserve_place,
+    reserve_rates,
+    resolve_rate,
+)
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, RATE_AT, RATE_WAITS, attempt_of, header
 from .plan import LockPlan
@@ -48,9 +65,12 @@ from .plan import LockPlan
 __all__ = [
     "Start",
     "applies",
+    "booking",
     "grace",
     "later",
     "outage_countdown",
+    "place",
+    "publish",
     "start",
     "status",
     "unavailable",
@@ -58,8 +78,10 @@ __all__ = [
 
 logger = logging.getLogger("celery_redlock.rates")
 
-#: Longest grace after a booked instant.
-MAX_GRACE = 0.25
+#: Longest lead of a booked start's message before its instant (the grace is half the lead).
+MAX_LEAD = 0.5
+#: Pause before a start on its booking that found its key held tries it again.
+POLL = 0.002
 #: Longest pause before a start whose reservation split the nodes asks again.
 SPLIT_PAUSE = 0.2
 #: Longest and shortest countdown of a rated start waiting out an outage: it asks
@@ -84,8 +106,17 @@ def applies(plan: LockPlan) -> bool:
 
 
 def grace(keys: list[RateKey]) -> float:
-    """How late after its booked instant a re-published start may still use it."""
-    return min(MAX_GRACE, min(w.interval for k in keys for w in k.windows) / 2)
+    """How late after its booked instant a delivery may still start on it, ``min(T / 2,
+    0.25 s)``: half the lead, so the grace plus the run lock's round stays under T."""
+    return lead(keys) / 2
+
+
+def lead(keys: list[RateKey]) -> float:
+    """How long before its booked instant a start's message is due, ``min(T, 0.5 s)``:
+    the worker holds an early delivery (or a booking due that soon) until its
+    instant, so a delivery late by up to the lead plus the grace still starts
+    on its booking, at the cost of a pool process held about T per start."""
+    return min(MAX_LEAD, min(w.interval for k in keys for w in k.windows))
 
 
 class Start(NamedTuple):
@@ -113,13 +144,13 @@ def start(
         return Start(keys, True)
     booked = _booked(request)
     if booked is not None:
-        slack = grace(keys)
+        slack, ahead = grace(keys), lead(keys)
         early = booked - time.time()
-        if -slack <= early <= slack:
+        if -slack <= early <= ahead + slack:
             if early > 0:
                 plan.redlock.sleep(early)
             return Start(keys, True)
-        if early > slack:  # this worker's clock is behind the booking's: not yet
+        if early > ahead + slack:  # this worker's clock is behind the booking's: not yet
             _republish(task, request, early, {RATE_AT: _rate_at(booked, request)}, "rate: early")
     return Start(keys, False)
 
@@ -144,8 +175,9 @@ def unavailable(
 
 def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) -> float | None:
     """A start booked for later (or whose bookings split the nodes): re-published with
-    the countdown to its instant (raises ``Retry``). Eager mode sleeps instead and
-    returns the instant to start on (None: book again)."""
+    the countdown to the lead before its instant (raises ``Retry``). Eager mode, and
+    a booking due within the lead, sleep instead and return the instant to start
+    on (None: book again)."""
     redlock = plan.redlock
     if not slot.reserved:
         metrics.count("rate_split", plan.lock_name)
@@ -158,16 +190,87 @@ def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) ->
     metrics.count("rate_delayed", plan.lock_name)
     metrics.observe_rate_delay(wait, plan.lock_name)
     tracing.rate_delayed(plan.lock_name, wait, slot.start_at)
-    if request.is_eager:
+    ahead = lead(_keys(plan, name, request.args or (), request.kwargs or {}))
+    if request.is_eager or wait <= ahead:
+        # due within the lead: a re-publish might not come back on time, so the
+        # worker holds the start (at most the lead) and it starts on its booking
         redlock.sleep(max(0.0, wait))
         return slot.start_at
     logger.debug("%s[%s]: rate of %r: starts in %.3fs", task.name, request.id, name, wait)
     extra = {RATE_AT: _rate_at(slot.start_at, request), RATE_WAITS: 0}
-    # due a little before its instant (half the grace): a delivery that comes late
-    # by up to the whole grace still starts on its booking; one that comes early
-    # sleeps the few ms left
-    slack = grace(_keys(plan, name, request.args or (), request.kwargs or {}))
-    _republish(task, request, wait - slack / 2, extra, f"rate: starts in {wait:.3f}s")
+    # due the lead before its instant: a delivery that comes late by up to the lead
+    # plus the grace still starts on its booking; one that comes early sleeps the rest
+    _republish(task, request, wait - ahead, extra, f"rate: starts in {wait:.3f}s")
+
+
+def publish(
+    task: Any,
+    plan: LockPlan,
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    send: Callable[..., Any],
+) -> Any:
+    """``apply_async`` of a rated call: its start is booked here, at publish, and the
+    message goes out due at that instant (half a grace early) with the booking in
+    ``redlock_rate_at``, so the worker receives it once, when it is due, and does
+    not re-publish it: a burst of calls reaches the broker already spread over the
+    schedule, and the re-publishes of the earliest bookings do not queue behind
+    it (they came back too late for their instants). ``send`` is the plain
+    ``apply_async``. A call published with its own countdown or ETA, a canvas
+    part, a re-publish, or a booking that fails (no quorum, split nodes, a key
+    that cannot be built) is sent as it is: the worker books it on arrival."""
+    headers = options.get("headers") or {}
+    plain = options.get("countdown") or options.get("eta") or options.get("retries")
+    if plain or ATTEMPT in headers or any(options.get(o) for o in enqueue.CANVAS):
+        return send(args, kwargs, task_id=task_id, **options)
+    try:
+        keys = _keys(plan, plan.keys.build(args or (), kwargs or {}), args or (), kwargs or {})
+        slot = reserve_rates(plan.redlock, keys) if keys else None
+    except Exception as exc:  # noqa: BLE001 - the worker books it, and reports what fails
+        logger.debug("%s: rate not booked at publish: %s", task.name, exc)
+        slot = None
+    if slot is None or not slot.reserved:
+        return send(args, kwargs, task_id=task_id, **options)
+    wait, ahead = slot.start_at - time.time(), lead(keys)
+    booked = {**headers, RATE_AT: f"{int(round(slot.start_at * 1000))}:0:0"}
+    due = {"countdown": wait - ahead} if wait > ahead else {}
+    return send(args, kwargs, task_id=task_id, **{**options, "headers": booked, **due})
+
+
+def place(
+    task: Any, plan: LockPlan, name: str, request: Any, on: float | None, book: bool = True
+) -> float | None:
+    """A rated start that met the key held (``lock_on_duplicate="retry"``): the
+    instant to try the key again on. Still within the grace of the booking it
+    tried (``on``), the same instant after a short pause (the holder is nearly
+    done: the start stays within its grace). Else it books its place in the
+    rate's schedule instead of bouncing on the lock's backoff: re-published for
+    that instant (raises ``Retry``), or, due within the lead, held here and the
+    instant returned. None, without ``book``, or when the schedule admits a
+    start sooner (the lock, not the rate, holds this one back): nothing is
+    booked, and the lock's policy applies."""
+    keys = _keys(plan, name, request.args or (), request.kwargs or {})
+    if not keys:
+        return None
+    if on is not None and time.time() + POLL < on + grace(keys):
+        plan.redlock.sleep(POLL)
+        return on
+    if not book:
+        return None
+    try:
+        slot = reserve_place(plan.redlock, keys)
+    except QuorumUnavailable as exc:
+        unavailable(task, plan, name, request, exc)
+    if slot is None:
+        return None
+    return later(task, plan, name, request, slot)
+
+
+def booking(request: Any) -> float | None:
+    """The instant this very delivery was booked for (``redlock_rate_at``), if any."""
+    return _booked(request)
 
 
 def _keys(plan: LockPlan, name: str, args: Any, kwargs: Any) -> list[RateKey]:

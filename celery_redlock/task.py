@@ -61,7 +61,7 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Retry
 
-from . import enqueue, metrics, policies, republish, signals, tracing
+from . import enqueue, metrics, policies, rates, republish, signals, tracing
 from .core import Lease, heartbeat
 from .django.base import LockedTaskType
 from .exceptions import LockLost
@@ -226,9 +226,13 @@ class LockedTask(Task, metaclass=LockedTaskType):
         ):
             return self.AsyncResult(task_id)  # self.retry(): sent once RETRY is stored
         plan = plan_of(self)
-        if plan is None or not plan.claims or self.app.conf.task_always_eager:
+        if plan is None or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+        if plan.claims:
+            return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+        if rates.applies(plan):  # its start booked at publish (see rates.publish)
+            return rates.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+        return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def apply(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any

@@ -23,7 +23,7 @@ from .exceptions import (
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
 from .quorum import DRIFT_FLOOR
-from .rates import peek_rate, reserve_rates
+from .rates import peek_rate, reserve_place, reserve_rates
 from .records import (
     OWNER_SEP,
     STARTED_MARK,
@@ -77,6 +77,7 @@ __all__ = [
     "node_name",
     "parse_rate",
     "peek_rate",
+    "reserve_place",
     "reserve_rates",
     "resolve_rate",
 ]

@@ -281,7 +281,7 @@ class Leases:
         if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
             booked = rated.settle()
             if not booked.due:  # booked for later (or the bookings split): hold nothing now
-                rated.unstart([key], owner)
+                rated.unstart([key], owner, replies)
                 return booked
             if booked.wait > 0:
                 q.sleep(booked.wait)

@@ -185,7 +185,7 @@ class Permits:
             if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
                 booked = rated.settle()
                 if not booked.due:  # booked for later (or the bookings split)
-                    rated.unstart(every, owner)
+                    rated.unstart(every, owner, replies)
                     return booked
                 if booked.wait > 0:
                     q.sleep(booked.wait)

@@ -22,8 +22,9 @@ instant that a quorum of the answers are at or before (the q-th smallest
 ``s``; with every node agreeing, their common answer). Nodes that answered
 ``s*`` booked it already. Nodes that answered later than ``s*`` are ahead of
 the others (they hold bookings the others do not) and are not needed: their
-own booking stays there, wasting capacity on that node alone, never dragging
-the quorum's schedule on. Nodes that answered earlier get a phase-2
+own booking is taken back (the undo below) unless another came after it, and
+then stays, wasting capacity on that node alone, never dragging the quorum's
+schedule on. Nodes that answered earlier get a phase-2
 compare-and-set: if their version is still the one they answered
 (no other reservation came in between), ``TAT := max(TAT - T, s*) + T``
 (their booking moved from their ``s`` to ``s*``) and ``v += 1``; otherwise,
@@ -76,7 +77,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -89,7 +90,7 @@ from .records import NEAR, RateSlot, RateView
 from .replicas import NotReplicated
 from .windows import RateKey, checked_burst, checked_rate
 
-__all__ = ["RatedRound", "Rates", "peek_rate", "reserve_rates"]
+__all__ = ["RatedRound", "Rates", "peek_rate", "reserve_place", "reserve_rates"]
 
 logger = logging.getLogger("celery_redlock.redlock")
 
@@ -183,10 +184,15 @@ class RatedRound:
             return RateSlot(self.now / 1000.0, 0.0)
         return self.rates.settle(self.keys, self.now, self.answers)
 
-    def unstart(self, lock_keys: Sequence[str], owner: str) -> None:
+    def unstart(
+        self, lock_keys: Sequence[str], owner: str, replies: Sequence[Any] | None = None
+    ) -> None:
         """Free the lock keys ``owner`` holds among ``lock_keys`` and take back the start
         it recorded, on every node (a start booked for later, or an attempt that did
-        not stand). Never raises."""
+        not stand). With the round's ``replies``, only where a node granted: a start
+        booked for later that every node let go of costs no round more. Never raises."""
+        if replies is not None and not any(_code(r) == 1 for r in replies):
+            return
         keys = [*lock_keys, *(k.starts for k in self.keys)]
         try:
             self.rates.quorum.run(scripts.UNSTART, keys, (owner, len(lock_keys)))
@@ -291,6 +297,25 @@ class Rates:
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
+        return cast(RateSlot, self._book(keys, now_ms, rounds, None))  # None only with after
+
+    def reserve_after(self, keys: Sequence[RateKey], after: float) -> RateSlot | None:
+        """Book a place in a full schedule: as :meth:`reserve`, but only an instant more
+        than ``after`` seconds from now; None, and nothing booked, when a quorum
+        admits one sooner (the schedule is not full).
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        return self._book(keys, None, None, after)
+
+    def _book(
+        self,
+        keys: Sequence[RateKey],
+        now_ms: int | None,
+        rounds: int | None,
+        after: float | None,
+    ) -> RateSlot | None:
         if not keys:
             raise ConfigurationError("a reservation needs at least one rated key")
         q = self.quorum
@@ -305,8 +330,13 @@ class Rates:
         best = 0
         for attempt in range(rounds or self.ROUNDS):
             now = _epoch_ms() if now_ms is None else int(now_ms)
-            replies = q.run(scripts.RATE, names, _args(keys, now))
+            floor = "" if after is None else str(now + _ms(after))
+            replies = q.run(scripts.RATE, names, _args(keys, now, third=floor))
             answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
+            sooner = sum(1 for r in replies if _code(r) == 2)
+            if sooner and not q.has_quorum(len(answers)) and q.has_quorum(len(answers) + sooner):
+                self._undo(keys, now, answers + _unconfirmed(replies))
+                return None
             if not q.has_quorum(len(answers)):
                 self.fell_short(keys, now, answers + _unconfirmed(replies))
                 errors = {
@@ -341,6 +371,9 @@ class Rates:
             if int(r[1]) < best:  # move this node's booking to s*: phase 2
                 args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
                 booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
+        # a node ahead of s* needs no booking of mine: take it back where nothing was
+        # booked after it, so concurrent callers leave no stray bookings to drift on
+        self._undo(keys, now, [(i, r) for i, r in answers if int(r[1]) > best])
         wait = max(0, best - now) / 1000.0
         return RateSlot(best / 1000.0, wait, reserved=q.has_quorum(booked))
 
@@ -394,6 +427,11 @@ def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None =
     return redlock._rates.reserve(keys, now_ms=now_ms)
 
 
+def reserve_place(redlock: Any, keys: Sequence[RateKey], after: float = NEAR) -> RateSlot | None:
+    """:meth:`Rates.reserve_after` on ``redlock``'s nodes: a place in a full schedule."""
+    return redlock._rates.reserve_after(keys, after)
+
+
 def peek_rate(
     redlock: Any, name: str, rate: Any, *, now: float | None = None, key: str | None = None
 ) -> RateView:
@@ -443,6 +481,14 @@ def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:
         for i, r in enumerate(replies)
         if isinstance(r, NotReplicated) and _answer(r.reply)
     ]
+
+
+def _code(reply: Any) -> int | None:
+    """A node's reply code, its replicas confirmed or not: 1 granted (or booked), 2 a
+    start admitted sooner than asked (nothing booked), 7 booked for later."""
+    if isinstance(reply, NotReplicated):
+        reply = reply.reply
+    return int(reply[0]) if isinstance(reply, list) and reply else None
 
 
 def _answer(reply: Any) -> bool:

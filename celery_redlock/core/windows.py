@@ -138,7 +138,7 @@ class RateKey(NamedTuple):
     starts: str = ""
 
 
-def resolve_rate(rate: Any, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
+def resolve_rate(rate: Any, /, *args: Any, **kwargs: Any) -> tuple[Window, ...]:
     """The windows of a checked rate; a callable is called with the arguments
     (its None or empty result: no rate for this call).
 

@@ -13,6 +13,7 @@ test's report; and the checks on recorded runs (:func:`assert_no_overlap`,
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import signal
 import socket
@@ -378,6 +379,26 @@ class WorkerHandle:
     def records(self, run: str, phase: str | None = "end") -> list[dict]:
         with self.topology.recorder() as client:
             return read_records(client, run, phase)
+
+
+def _send(env: dict, calls: list[tuple[str, str, dict]]) -> None:
+    app = app_from_env(env, main="producer")
+    try:
+        for task, key, kwargs in calls:
+            app.tasks[f"lockapp.{task}"].delay(key, **kwargs)
+    finally:
+        app.close()
+
+
+def senders(topology: Topology, calls: list, processes: int = 4) -> list:
+    """Started producer processes (forked), sending ``task(key, **kwargs)`` for each
+    ``(task, key, kwargs)`` of ``calls`` among them, all at once."""
+    ctx = multiprocessing.get_context("fork")
+    env = topology.env(0, 1)
+    procs = [ctx.Process(target=_send, args=(env, calls[i::processes])) for i in range(processes)]
+    for p in procs:
+        p.start()
+    return procs
 
 
 def new_run() -> str:

@@ -34,7 +34,7 @@ from celery import signals as celery_signals
 from celery.exceptions import Ignore
 
 from celery_redlock import LockedTask, LockLost, current_lease
-from celery_redlock.headers import attempt_of
+from celery_redlock.headers import RATE_AT, attempt_of, header
 
 # -- the fenced resource ---------------------------------------------------------
 
@@ -153,6 +153,13 @@ def _sleep_until(deadline: float, until: Any = None) -> None:
         time.sleep(min(left, 0.05))
 
 
+def booked_at(request: Any) -> float | None:
+    """The instant a rated delivery was booked for (epoch seconds; None: not re-published
+    for a booking, it started on its first delivery or booked at once)."""
+    value = header(request, RATE_AT)
+    return int(value.split(":")[0]) / 1000.0 if isinstance(value, str) else None
+
+
 def make_app(
     broker: str,
     backend: str,
@@ -198,6 +205,7 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
             lease_key=lease.key,
             retries=request.retries,
             attempt=attempt_of(request),
+            booked=booked_at(request),
             kwargs=dict(request.kwargs or {}),
             start=time.time(),
             **extra,
@@ -510,6 +518,14 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
 
     @task(name="lockapp.rated", lock_rate="10/s", **retry_fast)
     def rated(self, key, run, duration=0.01, fencing_token=None):
+        return body(self, key, run, duration, fencing_token)
+
+    def rate_of(key, run, rate="10/s", duration=0.01):
+        return rate
+
+    @task(name="lockapp.rated_at", lock_rate=rate_of, **retry_fast)
+    def rated_at(self, key, run, rate="10/s", duration=0.01, fencing_token=None):
+        """A rated start at the rate its call names (a rate or several)."""
         return body(self, key, run, duration, fencing_token)
 
     @task(name="lockapp.rated_two", lock_rate=("5/s", "20/10s"), **retry_fast)

@@ -75,3 +75,13 @@ def test_also_takes_rates_and_limits_apart():
     def tiered(x): ...
 
     assert callable(plan_of(tiered).settings.rate)
+
+
+def test_a_rate_callable_may_take_an_argument_named_rate():
+    """The callable gets the task's arguments as they are, a ``rate`` among them."""
+    from celery_redlock.core import resolve_rate
+
+    def tier(key, rate="1/s"):
+        return rate
+
+    assert resolve_rate(tier, "k", rate="10/s") == (Window(10, 1.0),)

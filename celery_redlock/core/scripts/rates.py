@@ -16,7 +16,9 @@ __all__ = ["ACQUIRE_PERMIT_RATED", "ACQUIRE_RATED", "RATE", "UNSTART", "rated"]
 # ARGV[1] '1' (phase 1: book the first admitted instant), '2' (phase 2:
 # compare-and-set) or '0' (undo phase 1); ARGV[2] the client's clock in ms;
 # ARGV[3] s* in ms (phase 2), the TATs before phase 1 (undo: one per window
-# in order, '-' where there was none, separated by spaces) or ''; then per
+# in order, '-' where there was none, separated by spaces), or in phase 1 ''
+# or the instant (ms) before which it books nothing: then an earlier first
+# admitted instant s is answered {2, s} and nothing changes; then per
 # key: the version phase 1 answered (phases 2 and 0) or '', the count m of its
 # windows, then m times: field, T ms, tau ms, period ms.
 # Phase 1 returns {1, s, v_1, ..., v_k, tat_1, ...}: the instant booked, each
@@ -67,6 +69,7 @@ if phase == '1' then
   for _, k in ipairs(keys) do
     for _, w in ipairs(k.windows) do start = math.max(start, tat(k.key, w[1]) - w[3]) end
   end
+  if ARGV[3] ~= '' and start < tonumber(ARGV[3]) then return {2, string.format('%d', start)} end
 else
   start = tonumber(ARGV[3])
   for _, k in ipairs(keys) do

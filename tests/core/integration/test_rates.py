@@ -22,22 +22,13 @@ from celery_redlock.core import (
     Redlock,
     parse_rate,
     peek_rate,
+    reserve_place,
     reserve_rates,
 )
 from tests.support.healthy import healthy
+from tests.support.windows import most_in_window
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def most_in_window(instants: list[float], period: float) -> int:
-    """The most instants in any half-open window [t, t + period)."""
-    ordered = sorted(instants)
-    best, j = 0, 0
-    for i, start in enumerate(ordered):
-        while j < len(ordered) and ordered[j] < start + period - 1e-6:
-            j += 1
-        best = max(best, j - i)
-    return best
 
 
 def book(rl: Redlock, name: str, rate, n: int, threads: int = 4, **kw) -> list[float]:
@@ -102,6 +93,23 @@ def test_shared_name_with_also(redis_nodes3):
     b = [rl.rate("payment-api", "10/s").start_at for _ in range(5)]
     assert most_in_window(a + b, 1.0) <= 10
     assert len(set(a + b)) == 10
+
+
+def test_a_place_is_booked_only_in_a_full_schedule(redis_nodes3):
+    """``reserve_place``: a start held back by something else (a key held) books a
+    place only when the schedule's first free instant is further off than asked;
+    else it books nothing, on no node."""
+    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    keys = [RateKey(rl.coalesce_key("place", "rate"), parse_rate("10/s"))]
+    assert reserve_place(rl, keys, 0.005) is None  # an empty schedule admits one now
+    first = rl.rate("place", "10/s")
+    assert first.now  # so nothing was booked by the place asked for
+    place = reserve_place(rl, keys, 0.005)
+    assert place is not None and place.reserved
+    assert place.start_at == pytest.approx(first.start_at + 0.1, abs=0.002)
+    assert reserve_place(rl, keys, 0.5) is None  # the next instant is 0.2 s off
+    after = rl.rate("place", "10/s")
+    assert after.start_at == pytest.approx(place.start_at + 0.1, abs=0.002)
 
 
 def test_a_minority_down_changes_nothing(redis_nodes3):
