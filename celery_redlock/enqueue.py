@@ -65,7 +65,7 @@ __all__ = ["in_canvas", "publish", "result_of", "run_eagerly", "superseded_by", 
 logger = logging.getLogger("celery_redlock.enqueue")
 
 #: Options that make a message part of a canvas (see the module docstring).
-CANVAS = ("group_id", "chord", "chain", "link", "link_error")
+_CANVAS = ("group_id", "chord", "chain", "link", "link_error")
 
 #: Attempts at a claim while concurrent callers split the nodes between them.
 _SPLIT_ATTEMPTS = 20
@@ -82,7 +82,7 @@ def publish(
 ) -> Any:
     """``apply_async`` with the enqueue claim; ``send`` is the plain ``apply_async``."""
     settings = plan.settings
-    if any(options.get(option) for option in CANVAS):
+    if in_canvas(options):
         return send(args, kwargs, task_id=task_id, **options)
     name = plan.keys.build(args or (), kwargs or {})
     task_id = task_id or uuid()
@@ -125,7 +125,7 @@ def run_eagerly(
 ) -> Any:
     """``apply`` (eager mode) with the claim taken before the call and withdrawn after it."""
     headers = options.get("headers") or {}
-    if _is_republish(headers, options) or any(options.get(o) for o in CANVAS):
+    if _is_republish(headers, options) or in_canvas(options):
         return run(args, kwargs, task_id=task_id, **options)
     name = plan.keys.build(args or (), kwargs or {})
     task_id = task_id or uuid()

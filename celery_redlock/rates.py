@@ -223,7 +223,7 @@ def publish(
     that cannot be built) is sent as it is: the worker books it on arrival."""
     headers = options.get("headers") or {}
     plain = options.get("countdown") or options.get("eta") or options.get("retries")
-    if plain or ATTEMPT in headers or any(options.get(o) for o in enqueue.CANVAS):
+    if plain or ATTEMPT in headers or enqueue.in_canvas(options):
         return send(args, kwargs, task_id=task_id, **options)
     try:
         keys = _keys(plan, plan.keys.build(args or (), kwargs or {}), args or (), kwargs or {})
