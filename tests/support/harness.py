@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.utils.nodenames import host_format
 from kombu import Connection, Exchange, Queue
 
 from celery_redlock.testing import RedisClusters, RedisNode, RedisNodes
@@ -132,6 +133,14 @@ class PreforkWorker:
         self.logfile = os.path.join(logdir, f"{name}.log")
         self.ready_file = os.path.join(logdir, f"{name}.ready")
         self.proc: subprocess.Popen | None = None
+
+    @property
+    def nodename(self) -> str:
+        """The worker's node name as it answers control commands (``name@host``).
+
+        Send it commands with this as their ``destination``: a broadcast on a
+        RabbitMQ shared with other test sessions reaches their workers too."""
+        return host_format(f"{self.node}@%h")
 
     @property
     def pid(self) -> int:
