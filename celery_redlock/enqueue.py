@@ -29,7 +29,8 @@ at ERROR rather than dropping anything.
 
 A re-publish of the same task id (``self.retry()``, and the lock's own
 contention retries) is always published, and keeps the claim: its TTL is
-raised to cover the new countdown. Under ``until_started`` a task's own
+raised to cover the new countdown (a renewal the nodes do not answer leaves
+the claim as it was). Under ``until_started`` a task's own
 ``self.retry()`` comes after its start, so it neither re-claims nor is held
 back by the claim of the task waiting behind it.
 

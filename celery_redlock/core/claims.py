@@ -6,7 +6,7 @@ Its value is an id (a task id); ``~<id>`` marks a claimed run that started
 (see ``scripts.shared.GATES``) and counts as no claim. Claims are never
 released by their holder: they expire, or are withdrawn by the acquire that
 honours them (``claim="take"``) or by :meth:`Claims.withdraw_claim`. A claim
-that fell short of a quorum is withdrawn everywhere at once.
+that fell short of a quorum is withdrawn at once where it was written.
 """
 
 from __future__ import annotations
@@ -86,7 +86,17 @@ class Claims:
             previous = agree([(text(r[1]), 0) for r in ours if r[1]], q.needed).owner
             renewed = sum(1 for r in ours if r[2] == 1) >= q.needed
             return Claim(claimant, ttl, previous, renewed)
-        self.leases.release_everywhere(key, claimant)
+        # Withdrawn only where this call wrote it: a claim that already named the
+        # claimant (a re-publish renewing its task's claim) stays, and so does what
+        # a node that did not answer holds (the claimant's run withdraws it, or its
+        # TTL ends it). A renewal during an outage must not free the task's key.
+        wrote = [
+            node
+            for node, r in zip(q.nodes, replies)
+            if isinstance(r, list) and r[0] == 1 and r[2] != 1
+        ]
+        if wrote:
+            q.run(scripts.RELEASE, (key,), (claimant,), wrote)
         q.check(replies)
         other = agree(
             [(text(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 0],

@@ -27,6 +27,8 @@ from tests.support.harness import Topology, WorkerHandle, assert_no_overlap, wai
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 QUEUE = "claims"  # the worker's queue is this plus a random suffix
+#: The node timeout of the test's own calls (below the 2 s TTL of the tasks' claims).
+NODE_TIMEOUT = 0.5
 
 
 @pytest.fixture(scope="module", params=["redis", "amqp"])
@@ -40,12 +42,17 @@ def claims_worker(request, topology: Topology, tmp_path_factory, pytestconfig):
     if request.param == "amqp":
         env = dict(topology.env(11, 12), CRL_BROKER_URL=require_amqp())
     queue = f"{QUEUE}-{harness.new_run()[:8]}"  # RabbitMQ keeps queues: one per session
-    env["CRL_CONF"] = json.dumps({"task_default_queue": queue})
+    # Control commands of its own too: other sessions' workers on the same RabbitMQ
+    # would hear a broadcast add_consumer and take the messages of the test's queue.
+    env["CRL_CONF"] = json.dumps({"task_default_queue": queue, "control_exchange": queue})
     logdir = str(tmp_path_factory.mktemp(f"claims-{request.param}"))
     proc = harness.PreforkWorker(
         f"claims-{request.param}", env, logdir, queues=[queue], concurrency=4
     ).start()
     app = lockapp.app_from_env(env, main="claims-client")
+    # The test's own calls claim too: a node that stalls past the 50 ms default on
+    # a busy host would count as an outage and publish a second message (by design).
+    app.conf.redlock_node_timeout = NODE_TIMEOUT
     app.producer_env = env  # the producer processes build the same app
     topology.apps.append(app)
     try:
@@ -76,7 +83,7 @@ def _produce(env, name, args, kwargs, count, queue, start, out):
     # Thirty claims at once on a busy host: a producer that stalls past the 50 ms
     # default would count as an outage and publish without a claim (by design),
     # and the test is about the election on healthy nodes. (Below the 2 s TTL.)
-    app.conf.redlock_node_timeout = 0.5
+    app.conf.redlock_node_timeout = NODE_TIMEOUT
     task = app.tasks[name]
     start.wait(30)
     out.put([task.apply_async(args, kwargs, queue=queue).id for _ in range(count)])
@@ -276,7 +283,8 @@ def test_a_purged_message_leaves_a_claim_that_lapses_at_its_ttl(claims_worker, r
     lost = task.apply_async((run, run), queue=hold)
     assert purge(claims_worker.app, hold) == 1  # the queue is purged: the message is gone
     assert task.apply_async((run, run)).id == lost.id  # still claimed...
-    wait_for(lambda: claimant(claims_worker, task, (run, run)) is None, 3.5, "the claim to lapse")
+    # at its TTL (2 s), not an hour later: 3x that on a busy host
+    wait_for(lambda: claimant(claims_worker, task, (run, run)) is None, 6.0, "the claim to lapse")
     later = task.apply_async((run, run))
     assert later.id != lost.id
     later.get(timeout=20)

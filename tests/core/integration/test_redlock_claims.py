@@ -245,6 +245,24 @@ def test_claims_need_a_quorum(redis_node_factory):
     assert rl.withdraw_claim(NAME, "t1") == 1  # never raises
 
 
+def test_a_renewal_short_of_a_quorum_keeps_the_claim(redis_node_factory):
+    """A re-publish renews its task's claim: a round that falls short withdraws only
+    what it wrote, never the claim the task already held (its key would be free)."""
+    nodes = redis_node_factory(3)
+    rl = Redlock(nodes.urls, key_prefix="crl-claims")
+    assert rl.claim_next(NAME, "t1", ttl=30).claimant == "t1"
+    nodes.pause(1)  # the two stall: each call times out, and runs once resumed
+    nodes.pause(2)
+    try:
+        with pytest.raises(QuorumUnavailable):
+            rl.claim_next(NAME, "t1", ttl=30)
+    finally:
+        nodes.resume(1)
+        nodes.resume(2)
+    assert values(nodes, rl.claim_key(NAME)) == ["t1"] * 3
+    assert rl.claimant(NAME).claimant == "t1"
+
+
 # -- debounce and throttle schedules -------------------------------------------------
 
 
