@@ -246,7 +246,14 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def slow_raise(self, key, run, duration=1.0, fencing_token=None):
         return body(self, key, run, duration, fencing_token)
 
-    @task(name="lockapp.slow_wait", lock_on_duplicate="wait", lock_wait_timeout=30.0)
+    # Its duplicates must wait in place: a node stalled past the 50 ms default on a
+    # busy host would be an outage, which re-publishes by design.
+    @task(
+        name="lockapp.slow_wait",
+        lock_on_duplicate="wait",
+        lock_wait_timeout=30.0,
+        lock_node_timeout=0.5,
+    )
     def slow_wait(self, key, run, duration=0.3, fencing_token=None):
         return body(self, key, run, duration, fencing_token)
 
