@@ -19,6 +19,7 @@ from .keyspace import KeySpace
 from .lease import Leases
 from .quorum import Quorum
 from .records import STARTED_MARK, Claim, Schedule, agree
+from .replicas import NotReplicated
 from .scripts import Script
 from .values import ms, positive, text
 
@@ -86,15 +87,16 @@ class Claims:
             previous = agree([(text(r[1]), 0) for r in ours if r[1]], q.needed).owner
             renewed = sum(1 for r in ours if r[2] == 1) >= q.needed
             return Claim(claimant, ttl, previous, renewed)
-        # Withdrawn only where this call wrote it: a claim that already named the
-        # claimant (a re-publish renewing its task's claim) stays, and so does what
-        # a node that did not answer holds (the claimant's run withdraws it, or its
-        # TTL ends it). A renewal during an outage must not free the task's key.
-        wrote = [
-            node
+        # Withdrawn only where this call wrote it (its replicas unconfirmed too: the
+        # write stands on the primary): a claim that already named the claimant (a
+        # re-publish renewing its task's claim) stays, and so does what a node that
+        # did not answer holds (the claimant's run withdraws it, or its TTL ends it).
+        # A renewal during an outage must not free the task's key.
+        written = [
+            (node, r.reply if isinstance(r, NotReplicated) else r)
             for node, r in zip(q.nodes, replies)
-            if isinstance(r, list) and r[0] == 1 and r[2] != 1
         ]
+        wrote = [node for node, r in written if isinstance(r, list) and r[0] == 1 and r[2] != 1]
         if wrote:
             q.run(scripts.RELEASE, (key,), (claimant,), wrote)
         q.check(replies)
