@@ -223,7 +223,7 @@ class ClusterNode:
     def masters(self) -> list[Node]:
         """The shard masters of the slot map (read now if never read), in slot order."""
         if self._slots is None:
-            error = self.refresh(self.timeout)
+            error = self.refresh(self.timeout + (self.connect_timeout or 0.0))
             if error is not None:
                 raise error
         out: list[Node] = []
@@ -278,7 +278,7 @@ class ClusterNode:
 
     def _reread(self, pid: int) -> None:
         try:
-            self.refresh(self.timeout)
+            self.refresh(self.timeout + (self.connect_timeout or 0.0))
         finally:
             self._rereading = (pid, False)
 
@@ -381,18 +381,22 @@ class ClusterNode:
 
 def map_all(nodes: Sequence[Any], timeout: float) -> None:
     """Read the slot maps of the clusters among ``nodes`` that have none yet,
-    all at once (in threads of :func:`~celery_redlock.core.connect.connector`),
-    within ``timeout``: a cold start costs one round trip, not one per cluster."""
+    all at once (in threads of :func:`~celery_redlock.core.connect.connector`):
+    a cold start costs one round trip, not one per cluster. A read opens a new
+    connection, so it gets the node's connect budget before ``timeout``, as a
+    plain node's new connection does (a busy host's slow first connect is not
+    an outage)."""
     cold = [node for node in nodes if node.cluster and node.cold()]
     if not cold:
         return
+    budget = timeout + max(node.connect_timeout or 0.0 for node in cold)
     if len(cold) == 1:
-        cold[0].refresh(timeout)
+        cold[0].refresh(budget)
         return
     done: queue.SimpleQueue = queue.SimpleQueue()
     for node in cold:
-        connector().submit(_refresh, node, timeout, done)
-    deadline = time.monotonic() + timeout
+        connector().submit(_refresh, node, budget, done)
+    deadline = time.monotonic() + budget
     for _ in cold:
         try:
             done.get(timeout=max(deadline - time.monotonic(), 0.001))
