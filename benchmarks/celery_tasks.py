@@ -90,7 +90,7 @@ import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to thi
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
 from celery_redlock.core import scripts  # noqa: E402
-from celery_redlock.core.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
+from celery_redlock.core.nodes.redis.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 
 HOST = "127.0.0.1"
 QUEUE = "crl_bench"

@@ -18,13 +18,13 @@ import subprocess
 import sys
 import time
 
-from celery_redlock.core.nodes import Node
-from celery_redlock.core.rounds import gather
+from celery_redlock.core.nodes.redis.node import Node
+from celery_redlock.core.nodes.redis.rounds import gather
 
 FIRST_ROUND = """
 import sys, time
-from celery_redlock.core.nodes import Node
-from celery_redlock.core.rounds import gather
+from celery_redlock.core.nodes.redis.node import Node
+from celery_redlock.core.nodes.redis.rounds import gather
 node = Node(sys.argv[1], 5.0)
 started = time.perf_counter()
 reply = gather([node], ("PING",), 5.0)[0]

@@ -8,7 +8,6 @@ is the facade over them.
 
 from __future__ import annotations
 
-from .cluster import check_together
 from .exceptions import (
     AlreadyEnqueued,
     ConfigurationError,
@@ -22,6 +21,7 @@ from .exceptions import (
 )
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
+from .nodes.redis.cluster import check_together
 from .quorum import DRIFT_FLOOR
 from .rates import peek_rate, reserve_place, reserve_rates
 from .records import (

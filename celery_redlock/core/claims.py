@@ -17,9 +17,9 @@ from collections import Counter
 from . import scripts
 from .keyspace import KeySpace
 from .lease import Leases
+from .nodes.redis.replicas import NotReplicated
 from .quorum import Quorum
 from .records import STARTED_MARK, Claim, Schedule, agree
-from .replicas import NotReplicated
 from .scripts import Script
 from .values import ms, positive, text
 

@@ -1,8 +1,8 @@
 """The threads of a process that open connections in the background.
 
-:func:`~celery_redlock.core.rounds.gather` opens a round's new connections all
+:func:`~celery_redlock.core.nodes.redis.rounds.gather` opens a round's new connections all
 at once, each in a thread of :func:`connector` with a timeout of its own
-(:mod:`~celery_redlock.core.opening`), and a ``sentinel://`` node asks its
+(:mod:`~celery_redlock.core.nodes.redis.opening`), and a ``sentinel://`` node asks its
 sentinels all at once (:class:`Sentinels`): a hung node or sentinel then costs
 its own timeout, never the others' time.
 """

@@ -12,12 +12,13 @@ from typing import Any, NamedTuple
 from redis.exceptions import RedisError
 
 from . import scripts
-from .cluster import ClusterNode, LockNode, node_for
 from .keyspace import KeySpace
-from .nodes import NodeSpec
+from .nodes import node_for
+from .nodes.redis.cluster import ClusterNode, LockNode
+from .nodes.redis.node import NodeSpec
+from .nodes.redis.urls import mask_url
 from .quorum import Quorum
 from .records import Holder, agree
-from .urls import mask_url
 from .values import error_text, readable, text
 
 __all__ = [

@@ -6,9 +6,10 @@ ones, so two partitions can never both hold a majority. A lease is valid for
 round that granted it: the drift allowance covers clocks that advance at
 slightly different rates on the client and the nodes.
 
-Every operation of the core reaches the nodes through :meth:`Quorum.run` (a
-script) or :meth:`Quorum.gather` (a plain command): one round, sent to every
-node at once, with one reply (or the node's error) per node.
+Every operation of the core reaches the nodes through :meth:`Quorum.run` (an
+operation) or :meth:`Quorum.gather` (a plain read): one round, sent to every
+node at once, with one reply (or the node's error) per node, whatever the
+nodes' kind (:mod:`celery_redlock.core.nodes`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cluster import LockNode, node_for
+from . import nodes as kinds
 from .exceptions import ConfigurationError, QuorumUnavailable
-from .nodes import NodeSpec
-from .rounds import gather, run_script
 from .scripts import Script
-from .unwaited import send_script
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]
 
@@ -31,10 +29,11 @@ DRIFT_FLOOR = 0.002
 
 
 class Quorum:
-    """N independent Redis masters, the quorum among them, and the client's clock.
+    """N independent lock nodes, the quorum among them, and the client's clock.
 
     Args:
-        specs: the nodes, as URLs or ``redis.Redis`` clients.
+        specs: the nodes, as URLs (of any kind: :data:`.nodes.KINDS`) or
+            ``redis.Redis`` clients.
         node_timeout: seconds each node gets to answer, per round.
         connect_timeout: seconds a new connection gets to open, before
             ``node_timeout`` starts for its reply; None: ``node_timeout``.
@@ -53,6 +52,7 @@ class Quorum:
         "drift_factor",
         "min_replicas",
         "plain",
+        "kind",
         "clock",
         "sleep",
         "rng",
@@ -60,7 +60,7 @@ class Quorum:
 
     def __init__(
         self,
-        specs: Sequence[NodeSpec],
+        specs: Sequence[Any],
         node_timeout: float,
         drift_factor: float,
         min_replicas: int,
@@ -69,12 +69,14 @@ class Quorum:
         rng: Callable[[], float],
         connect_timeout: float | None = None,
     ):
-        self.nodes = [node_for(spec, node_timeout, min_replicas, connect_timeout) for spec in specs]
-        seen: dict[tuple, LockNode] = {}
+        self.nodes = [
+            kinds.node_for(spec, node_timeout, min_replicas, connect_timeout) for spec in specs
+        ]
+        seen: dict[tuple, Any] = {}
         for node in self.nodes:
             if node.identity in seen:
                 raise ConfigurationError(
-                    f"Redis node {node.name} is listed twice (same as {seen[node.identity].name}); "
+                    f"lock node {node.name} is listed twice (same as {seen[node.identity].name}); "
                     "Redlock nodes must be independent masters"
                 )
             seen[node.identity] = node
@@ -92,7 +94,12 @@ class Quorum:
         self.min_replicas = min_replicas
         #: Plain masters with no replica to confirm a write: a bare command's
         #: round needs no routing and no ``WAIT`` behind it.
-        self.plain = not min_replicas and not any(node.cluster for node in self.nodes)
+        self.plain = not min_replicas and all(
+            node.kind == "redis" and not node.cluster for node in self.nodes
+        )
+        #: The nodes' kind when they are all of one (:mod:`.nodes`), else None.
+        one = len({n.kind for n in self.nodes}) == 1
+        self.kind = kinds.kind_of(self.nodes[0]) if one else None
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
@@ -102,13 +109,15 @@ class Quorum:
         script: Script,
         keys: Sequence[str],
         args: Sequence[Any],
-        nodes: Sequence[LockNode] | None = None,
+        nodes: Sequence[Any] | None = None,
         timeout: float | None = None,
     ) -> list[Any]:
         """Run ``script`` on every node (or on ``nodes``) at once: one reply or error per node."""
-        return run_script(
-            script, self.nodes if nodes is None else nodes, keys, args, timeout or self.node_timeout
-        )
+        nodes = self.nodes if nodes is None else nodes
+        timeout = timeout or self.node_timeout
+        if self.kind is not None:  # one kind: its own round, nothing in between
+            return self.kind.run(script, nodes, keys, args, timeout)
+        return kinds.scatter(script, nodes, keys, args, timeout)
 
     def set_first(
         self, script: Script, keys: Sequence[str], args: Sequence[Any], won: Any
@@ -132,12 +141,12 @@ class Quorum:
 
     def send(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
         """Write ``script`` to every node without waiting for the replies (deletions only);
-        the indexes of the nodes it was not sent to (see :func:`.unwaited.send_script`)."""
-        return send_script(script, self.nodes, keys, args)
+        the indexes of the nodes it was not sent to (see :func:`.nodes.send`)."""
+        return kinds.send(script, self.nodes, keys, args)
 
-    def gather(self, command: tuple, nodes: Sequence[LockNode] | None = None) -> list[Any]:
+    def gather(self, command: tuple, nodes: Sequence[Any] | None = None) -> list[Any]:
         """Send one command to every node (or to ``nodes``) at once: one reply or error per node."""
-        return gather(self.nodes if nodes is None else nodes, command, self.node_timeout)
+        return kinds.command(self.nodes if nodes is None else nodes, command, self.node_timeout)
 
     def has_quorum(self, answered: int) -> bool:
         """True when ``answered`` nodes (of all configured nodes) make a quorum."""

@@ -82,12 +82,12 @@ from typing import Any, cast
 from redis.exceptions import RedisError
 
 from . import scripts
-from .cluster import check_together
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
+from .nodes.redis.cluster import check_together
+from .nodes.redis.replicas import NotReplicated
 from .quorum import Quorum
 from .records import NEAR, RateSlot, RateView
-from .replicas import NotReplicated
 from .windows import RateKey, checked_burst, checked_rate
 
 __all__ = ["RatedRound", "Rates", "peek_rate", "reserve_place", "reserve_rates"]

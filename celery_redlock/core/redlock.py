@@ -67,13 +67,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import settings
 from .claims import Claims
-from .cluster import check_together
 from .exceptions import ConfigurationError, LockContended, LockNotAcquired
 from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
 from .lease import Lease, Leases
-from .nodes import Node, NodeSpec
+from .nodes.redis.cluster import check_together
+from .nodes.redis.node import Node, NodeSpec
 from .permits import Permits
 from .quorum import Quorum
 from .rates import RatedRound, Rates

@@ -116,7 +116,7 @@ def test_without_min_replicas_a_silent_replica_changes_nothing(pair):
 
 
 def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, monkeypatch):
-    from celery_redlock.core import rounds
+    from celery_redlock.core.nodes.redis import rounds
 
     sent = []
     real = rounds.gather

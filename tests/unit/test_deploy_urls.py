@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 
 from celery_redlock.conf import ImproperlyConfigured, nodes_from_app
-from celery_redlock.core import rounds, urls
+from celery_redlock.core.nodes.redis import rounds, urls
 from celery_redlock.exceptions import ConfigurationError
 from celery_redlock.redlock import Redlock
 from celery_redlock.settings import by_name

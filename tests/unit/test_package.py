@@ -163,7 +163,11 @@ def test_the_import_walk_sees_relative_and_function_imports():
     assert "plan" in graph["task"] and "signals" in graph["task"]
     assert "core.heartbeat" in graph["task"] and "core" in graph["task"]
     assert "core.scripts" in graph["core.lease"] and "core.settings" in graph["core.values"]
-    assert "core.rounds" in graph["core.quorum"] and "core.wire" in graph["core.rounds"]
+    assert (
+        "core.nodes" in graph["core.quorum"]
+        and "core.nodes.redis.rounds" in graph["core.nodes.redis"]
+    )
+    assert "core.nodes.redis.wire" in graph["core.nodes.redis.rounds"]
     assert "core.scripts.shared" in graph["core.scripts.lease"]
     assert "conf" in graph["keys"]
     assert "cli.status" in graph["cli"] and "cli.base" in graph["cli.status"]
@@ -285,10 +289,11 @@ def test_the_celery_layer_needs_celery():
 
 
 def test_redis_internals_live_in_one_module():
-    """redis-py's private names (``redis._parsers``, ``conn._sock``...) only in ``core.wire``."""
+    """redis-py's private names (``redis._parsers``, ``conn._sock``...) only in the wire
+    module (``core.nodes.redis.wire``)."""
     private = ("_parsers", "_sock", "_host_error", "_buffer", "_reader")
     for name, path in _modules().items():
-        if name == "core.wire":
+        if name == "core.nodes.redis.wire":
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

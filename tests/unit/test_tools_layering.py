@@ -74,7 +74,7 @@ def test_the_walk_resolves_relative_imports_in_subpackages():
     assert ("", "signals") in imports("task")
     assert {"cli.status", "cli.web"} <= modules_imported("cli")
     assert "core.lease" in INNER and "core.scripts" in INNER and "cli.base" in MODULES
-    assert "core.wire" in INNER and "core.connect" in INNER
+    assert "core.nodes.redis.wire" in INNER and "core.connect" in INNER
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m not in CORE])

@@ -11,8 +11,8 @@ import pytest
 from redis.crc import key_slot
 
 from celery_redlock.core import ConfigurationError, Lease, Redlock
-from celery_redlock.core import rounds as core_rounds
 from celery_redlock.core.heartbeat import Heartbeat
+from celery_redlock.core.nodes.redis import rounds as core_rounds
 from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -1,4 +1,4 @@
-"""The lean wire path of :func:`celery_redlock.core.rounds.gather` on real redis-server
+"""The lean wire path of :func:`celery_redlock.core.nodes.redis.rounds.gather` on real redis-server
 nodes: connection reuse, server errors as values, partial sends and reads, a unix
 socket, hung nodes."""
 
@@ -11,8 +11,8 @@ import pytest
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from celery_redlock.core.nodes import Node
-from celery_redlock.core.rounds import gather, run_script
+from celery_redlock.core.nodes.redis.node import Node
+from celery_redlock.core.nodes.redis.rounds import gather, run_script
 from celery_redlock.core.scripts import Script
 
 pytestmark = pytest.mark.integration

@@ -207,7 +207,7 @@ def test_peek_shows_the_schedule(redis_nodes3):
 def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
     """Uncontended, a reservation is one script call per node, sent at once: what a rated
     start adds to its run lock is one lock round."""
-    from celery_redlock.core import rounds as _nodes
+    from celery_redlock.core.nodes.redis import rounds as _nodes
 
     rl = healthy(redis_nodes3.urls)
     rl.rate("rounds", "100/s")  # the script is loaded: each round below is one EVALSHA
@@ -234,7 +234,7 @@ def rated_key(rl: Redlock, name: str, rate, burst: int = 1) -> RateKey:
 def test_a_rated_start_due_now_is_one_acquire_round(redis_nodes3, monkeypatch):
     """The lock and the booking go in one call per node: a rated start that is due
     costs the run lock's round and nothing more (the release aside)."""
-    from celery_redlock.core import rounds as _nodes
+    from celery_redlock.core.nodes.redis import rounds as _nodes
 
     rl = healthy(redis_nodes3.urls)
     api = rated_key(rl, "api-1r", "1000/s")

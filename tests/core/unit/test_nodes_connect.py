@@ -1,4 +1,4 @@
-"""How :func:`celery_redlock.core.rounds.gather` opens new connections: all at once, in
+"""How :func:`celery_redlock.core.nodes.redis.rounds.gather` opens new connections: all at once, in
 the background, each within its own timeout; a node whose connects time out is
 skipped for a while (its circuit breaker); a connection that connected is kept.
 
@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from celery_redlock.core import connect
-from celery_redlock.core.nodes import BREAKER_MAX, Node
-from celery_redlock.core.rounds import gather
+from celery_redlock.core.nodes.redis.node import BREAKER_MAX, Node
+from celery_redlock.core.nodes.redis.rounds import gather
 from tests.core.unit.test_nodes_wire import REPLY, ScriptedPeer
 from tests.support import netproxy
 

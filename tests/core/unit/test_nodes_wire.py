@@ -1,4 +1,4 @@
-"""The lean wire path of :func:`celery_redlock.core.rounds.gather`: RESP encoder, RESP2
+"""The lean wire path of :func:`celery_redlock.core.nodes.redis.rounds.gather`: RESP encoder, RESP2
 parser, and rounds against a scripted in-process peer (a peer that closes
 mid-reply, garbage). The rounds on real redis-server nodes are in
 ``tests/core/integration/test_nodes_wire_live.py``."""
@@ -20,9 +20,9 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from celery_redlock.core.nodes import Node
-from celery_redlock.core.rounds import gather
-from celery_redlock.core.wire import Partial, pack, parse
+from celery_redlock.core.nodes.redis.node import Node
+from celery_redlock.core.nodes.redis.rounds import gather
+from celery_redlock.core.nodes.redis.wire import Partial, pack, parse
 
 # -- encoder -------------------------------------------------------------------------------
 

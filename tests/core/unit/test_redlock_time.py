@@ -25,7 +25,7 @@ from celery_redlock.core import (
     make_owner,
     scripts,
 )
-from celery_redlock.core import quorum as quorum_module
+from celery_redlock.core.nodes import redis as redis_kind
 from celery_redlock.exceptions import LockLost, QuorumUnavailable
 
 TTL = 10.0
@@ -115,7 +115,7 @@ def test_lease_past_its_validity_reports_lost(rl, clock):
 
 def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatch):
     """Elapsed time during phase 1 is taken off the validity."""
-    real = quorum_module.run_script
+    real = redis_kind.run
 
     def slow_nodes(script, *args, **kwargs):
         replies = real(script, *args, **kwargs)
@@ -123,7 +123,7 @@ def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatc
             clock.advance(3.0)  # the acquire round took 3 s by the client's clock
         return replies
 
-    monkeypatch.setattr(quorum_module, "run_script", slow_nodes)
+    monkeypatch.setattr(redis_kind, "run", slow_nodes)
     rl = Redlock(clients(servers), clock=clock)
     lease = rl.acquire("job", ttl=TTL)
     assert lease.remaining() == pytest.approx(TTL - 3.0 - TTL * 0.01 - DRIFT_FLOOR, abs=1e-9)
@@ -134,7 +134,7 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
     servers, clock, monkeypatch, slow_script
 ):
     """A quorum granted, but the validity ran out (in phase 1, or in the fence phase)."""
-    real = quorum_module.run_script
+    real = redis_kind.run
     scripts_run = []
 
     def slow_nodes(script, *args, **kwargs):
@@ -144,7 +144,7 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
             clock.advance(TTL)
         return replies
 
-    monkeypatch.setattr(quorum_module, "run_script", slow_nodes)
+    monkeypatch.setattr(redis_kind, "run", slow_nodes)
     rl = Redlock(clients(servers), clock=clock)
     lock_key, fence_key = rl.keys("job")
     # one node ahead of the others: the nodes disagree, so a fence phase is due
@@ -162,7 +162,7 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
 
 def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(servers):
     scripts = []
-    real = quorum_module.run_script
+    real = redis_kind.run
 
     def recording(script, *args, **kwargs):
         scripts.append(script.name)
@@ -171,7 +171,7 @@ def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(server
     rl = Redlock(clients(servers))
     lock_key, fence_key = rl.keys("job")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quorum_module, "run_script", recording)
+        mp.setattr(redis_kind, "run", recording)
         first = rl.acquire("job", ttl=TTL)  # a new name: seeded alike from the client's clock
         rl.release(first)
         second = rl.acquire("job", ttl=TTL)
@@ -388,7 +388,7 @@ def test_full_jitter_is_uniform_up_to_the_capped_exponential():
 
 def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
     """Record the name of every script the Redlock runs (optionally slowing ISSUE down)."""
-    real = quorum_module.run_script
+    real = redis_kind.run
     calls: list[str] = []
 
     def spy(script, *args, **kwargs):
@@ -397,7 +397,7 @@ def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
             time.sleep(delay)
         return real(script, *args, **kwargs)
 
-    monkeypatch.setattr(quorum_module, "run_script", spy)
+    monkeypatch.setattr(redis_kind, "run", spy)
     return calls
 
 

@@ -3,7 +3,7 @@
 A worker's release goes this way (``Redlock.release(wait=False)``): the
 result is stored while the nodes delete the key. The connection goes back to
 its node owing the reply; the next round on it reads that first and sets it
-aside (:func:`~celery_redlock.core.rounds.gather`).
+aside (:func:`~celery_redlock.core.nodes.redis.rounds.gather`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...scripts import Script
 from .cluster import LockNode
-from .nodes import Node
-from .scripts import Script
+from .node import Node
 from .wire import Call, pack, start
 
 __all__ = ["MAX_OWED", "send_script"]

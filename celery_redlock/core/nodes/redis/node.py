@@ -1,9 +1,9 @@
 """One Redis node of a quorum: its client, its idle connections, its circuit breaker.
 
-A node is built from a URL (:mod:`~celery_redlock.core.urls`, failing fast)
+A node is built from a URL (:mod:`~celery_redlock.core.nodes.redis.urls`, failing fast)
 or given as a ``redis.Redis`` (used as it is). Its connections are opened by
-the rounds (:mod:`~celery_redlock.core.opening`) and kept here between them;
-the bytes are exchanged by :mod:`~celery_redlock.core.wire`.
+the rounds (:mod:`~celery_redlock.core.nodes.redis.opening`) and kept here between them;
+the bytes are exchanged by :mod:`~celery_redlock.core.nodes.redis.wire`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import redis
 import redis.sentinel
 from redis.exceptions import RedisError
 
-from .exceptions import ConfigurationError
+from ...exceptions import ConfigurationError
 from .urls import address, client_for, describe, mask_url
 
 __all__ = ["BREAKER_MAX", "Node", "NodeSpec"]
@@ -46,7 +46,7 @@ class Node:
 
     Args:
         spec: a URL (``redis://``, ``rediss://``, ``unix://``, ``sentinel://``:
-            see :func:`~celery_redlock.core.urls.sentinel_options`) or a
+            see :func:`~celery_redlock.core.nodes.redis.urls.sentinel_options`) or a
             ``redis.Redis``. A client is used as given: its own timeouts and
             retries apply.
         timeout: socket timeout in seconds for a node built from a URL.
@@ -58,7 +58,9 @@ class Node:
             the round's timeout bounds the connect too.
     """
 
-    #: A Redis Cluster is a node of its own kind (:mod:`~celery_redlock.core.cluster`).
+    #: The kind of lock node (:mod:`celery_redlock.core.nodes`).
+    kind = "redis"
+    #: A Redis Cluster routes by hash slot (:mod:`~celery_redlock.core.nodes.redis.cluster`).
     cluster = False
 
     __slots__ = (
@@ -88,7 +90,7 @@ class Node:
         self.pool = client.connection_pool
         kw = self.pool.connection_kwargs
         #: Whether a round talks to this node's sockets itself
-        #: (:mod:`~celery_redlock.core.wire`): only for plain sockets whose
+        #: (:mod:`~celery_redlock.core.nodes.redis.wire`): only for plain sockets whose
         #: replies redis-py would hand over undecoded (a URL's query string may
         #: still ask for RESP3 or decoding), and only where ``select.poll``
         #: exists (not on Windows).
@@ -123,9 +125,9 @@ class Node:
         # loopback); list.pop and list.append are atomic, so threads may share it.
         self._idle: list[Any] = []
         #: Idle connection -> replies it still owes: commands sent without
-        #: waiting (:func:`~celery_redlock.core.unwaited.send_script`). The
+        #: waiting (:func:`~celery_redlock.core.nodes.redis.unwaited.send_script`). The
         #: round that takes the connection pops its count and reads those
-        #: replies first (:class:`~celery_redlock.core.wire.Call`).
+        #: replies first (:class:`~celery_redlock.core.nodes.redis.wire.Call`).
         self.owed: dict[Any, int] = {}
         self._generation = _generation
         self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects

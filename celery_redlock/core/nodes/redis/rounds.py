@@ -6,9 +6,9 @@ node, then reads the replies against a single deadline, so the nodes work in
 parallel, no thread is created, and a hung node costs at most the deadline,
 never more (a round that opens a connection waits for it up to the node's
 connect timeout, then gives the replies the deadline's length from there).
-The bytes are exchanged by :mod:`~celery_redlock.core.wire`
+The bytes are exchanged by :mod:`~celery_redlock.core.nodes.redis.wire`
 (one ``poll`` over the sockets of the round, here), new connections are
-opened by :mod:`~celery_redlock.core.opening`.
+opened by :mod:`~celery_redlock.core.nodes.redis.opening`.
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
 scripts a lease or a claim rests on in the same round (:mod:`.replicas`).
@@ -26,11 +26,11 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import AskError, NoScriptError, RedisError
 
+from ...scripts import Script
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
-from .nodes import Node
+from .node import Node
 from .opening import Opening, connect_budget, connect_within
 from .replicas import confirmed, wait_after
-from .scripts import Script
 from .wire import (
     LAST_LOOK,
     PENDING,
@@ -65,14 +65,14 @@ def gather(
 
     A node with no idle connection gets a new one, opened (connect and
     handshake) in the background within the node's connect timeout
-    (:class:`~celery_redlock.core.opening.Opening`): the round does not wait
+    (:class:`~celery_redlock.core.nodes.redis.opening.Opening`): the round does not wait
     for it before sending to the other nodes; it waits up to that connect
     timeout for the connection, and ``timeout`` from then for the replies,
     so a round that opens connections lasts at most connect timeout +
     ``timeout``. A connection that connects after the round ended goes to the
     node's idle connections for the next round. A node whose connects time
     out is skipped for a while (its circuit breaker,
-    :meth:`Node.skips_connects <celery_redlock.core.nodes.Node.skips_connects>`):
+    :meth:`Node.skips_connects <celery_redlock.core.nodes.redis.node.Node.skips_connects>`):
     its reply is an error at once.
 
     Args:
@@ -317,7 +317,7 @@ def _spread_script(
     to the shard masters of its keys (one call per shard), every call of every
     node in the same round; a ``MOVED`` or ``ASK`` is followed once, within
     what is left of the round's timeout. A cluster's reply is put together
-    from its shards' (:func:`~celery_redlock.core.cluster.combine`)."""
+    from its shards' (:func:`~celery_redlock.core.nodes.redis.cluster.combine`)."""
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
     map_all(nodes, timeout)

@@ -1,6 +1,6 @@
 """A round's new connections: opened in the background, all at once.
 
-:func:`~celery_redlock.core.rounds.gather` does not wait for a node's new
+:func:`~celery_redlock.core.nodes.redis.rounds.gather` does not wait for a node's new
 connection before it sends to the others: each one is opened (connect and
 handshake) in a thread of :func:`~celery_redlock.core.connect.connector`,
 within the node's connect timeout (``redlock_connect_timeout``), and handed
@@ -10,7 +10,7 @@ round's timeout from when it connected: a slow connect on a busy host is not
 an outage, and a round lasts at most connect timeout + round timeout. A
 connection that connects after its round ended is kept for the next one. A
 node whose connects time out is skipped for a while but for one background
-probe (:meth:`Node.skips_connects <celery_redlock.core.nodes.Node.skips_connects>`).
+probe (:meth:`Node.skips_connects <celery_redlock.core.nodes.redis.node.Node.skips_connects>`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from .connect import connector
-from .nodes import Node
+from ...connect import connector
+from .node import Node
 from .wire import Command, as_redis_error, set_nonblocking
 
 __all__ = ["Opening", "connect_budget", "connect_within", "open_connection"]

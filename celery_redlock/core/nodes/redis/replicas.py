@@ -1,7 +1,7 @@
 """Writes that replicas must confirm: with ``min_replicas``, a write a lease or a
 claim rests on counts on a node only once that many of its replicas have it.
 
-:func:`~celery_redlock.core.rounds.run_script` pipelines the ``WAIT`` of
+:func:`~celery_redlock.core.nodes.redis.rounds.run_script` pipelines the ``WAIT`` of
 :func:`wait_after` behind such a script, in the same packet, and reads the
 pair of replies through :func:`confirmed`.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from ...scripts import Script
 from .cluster import LockNode
-from .scripts import Script
 
 __all__ = ["CONFIRMED", "NotReplicated", "confirmed", "wait_after"]
 

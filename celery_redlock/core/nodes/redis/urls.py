@@ -25,8 +25,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
 
-from .connect import Sentinels
-from .exceptions import ConfigurationError
+from ...connect import Sentinels
+from ...exceptions import ConfigurationError
 
 __all__ = [
     "SCHEMES",

@@ -8,7 +8,7 @@ acknowledged by a shard master and lost in its failover is lost). Given as a
 TLS; the hosts are seeds, any of the cluster's nodes) or as a
 ``redis.cluster.RedisCluster``.
 
-Each shard master is a :class:`~celery_redlock.core.nodes.Node` of its own,
+Each shard master is a :class:`~celery_redlock.core.nodes.redis.node.Node` of its own,
 with its own connections (on the lean wire path for a URL), so a round sends a
 script call straight to the master of its key's hash slot. The keys of one
 name share a slot (their hash tag), so a call about one name goes to one
@@ -38,11 +38,11 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from .connect import connector
-from .exceptions import ConfigurationError
-from .keyspace import tagged
-from .nodes import Node
-from .scripts import Script
+from ...connect import connector
+from ...exceptions import ConfigurationError
+from ...keyspace import tagged
+from ...scripts import Script
+from .node import Node
 from .urls import client_for, mask_url
 
 __all__ = [
@@ -156,6 +156,7 @@ class ClusterNode:
         connect_timeout: a shard's connect budget (see :class:`Node`).
     """
 
+    kind = "redis"
     cluster = True
 
     def __init__(

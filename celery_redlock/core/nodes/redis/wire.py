@@ -2,7 +2,7 @@
 
 redis-py opens every connection (connect, AUTH, SELECT), but for a node built
 from a ``redis://`` or ``unix://`` URL (:attr:`Node.lean
-<celery_redlock.core.nodes.Node.lean>`) a round bypasses it: the command is
+<celery_redlock.core.nodes.redis.node.Node.lean>`) a round bypasses it: the command is
 packed once (:func:`pack`), written to each non-blocking socket
 (:func:`start`), and the RESP2 replies are parsed here (:func:`step`,
 :func:`parse`) as the round's one ``poll`` reports them. redis-py's
@@ -32,7 +32,7 @@ with the same meaning from 5.0 to 8.x:
 The one public difference between the majors that matters here, how to
 read a reply within a timeout, is settled once in :func:`read`; how to turn
 off ``CLIENT SETINFO`` on connect is settled in
-:mod:`~celery_redlock.core.urls`.
+:mod:`~celery_redlock.core.nodes.redis.urls`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from redis._parsers import BaseParser, Encoder
 from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.exceptions import InvalidResponse, RedisError, ResponseError
 
-from .nodes import Node
+from .node import Node
 
 __all__ = [
     "LAST_LOOK",

@@ -1,0 +1,169 @@
+"""Kinds of lock node, and the one protocol the core speaks to all of them.
+
+A lock node is anything that runs the primitives' operations atomically on the
+names of one key. The core (quorum, lease, fencing, permits, claims, rates,
+the heartbeat, inspection) never sees a kind: it names an operation and gets
+one reply, or the node's error, per node.
+
+**Operations.** An operation is a :class:`~celery_redlock.core.scripts.Script`
+record. Its *name* (``"acquire"``, ``"extend"``, ``"release"``, ...) is what
+every kind dispatches on, and its contract (the keys, the arguments and the
+reply, written above each one in :mod:`celery_redlock.core.scripts`) is what
+every kind implements; the record's Lua text is the Redis kind's own
+implementation. A reply is built from ints, bytes, ``None`` and lists, so every
+kind answers an operation with the same values and the decoders above the
+seam (:mod:`~celery_redlock.core.records`) serve them all. A few plain reads
+go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
+WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
+
+**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`) that provides:
+
+* ``SCHEMES``: the URL schemes it takes (:data:`KINDS` maps them here, as
+  kombu maps URL schemes to transports);
+* ``make(spec, timeout, min_replicas, connect_timeout)``: a node from a URL
+  (or a client object of its own, see ``accepts``), failing fast on bad input;
+* ``accepts(spec)``: whether a non-URL ``spec`` is a client of this kind;
+* ``run(op, nodes, keys, args, timeout)``: one round of ``op`` on its
+  ``nodes``, at once, within ``timeout``; one reply or exception per node;
+* ``command(nodes, command, timeout)``: the same for a plain read;
+* ``send(op, nodes, keys, args)``: write a deletion without waiting; the
+  indexes of the nodes it was not sent to (the caller runs a round there).
+
+A node has ``name`` (its URL, password masked), ``identity`` (equal for two
+specs of one server), ``kind`` (the subpackage's name), ``cluster`` (True for
+a Redis Cluster: its keys route by hash slot) and ``close()``. Every kind fails
+fast the same way: ``timeout`` bounds a call, a new connection gets its
+``connect_timeout`` first, nothing retries in the client, a node that keeps
+timing out is skipped for a while, and an unanswered call is "not answering",
+never "free".
+
+:func:`scatter` is the one scatter-gather across kinds: a quorum of one kind
+(the common case) is a call of that kind's ``run``; a mixed one runs each
+kind's round at once, the others in threads of
+:func:`~celery_redlock.core.connect.connector`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import queue
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..exceptions import ConfigurationError
+
+__all__ = ["KINDS", "command", "kind_of", "node_for", "scatter", "send"]
+
+#: URL scheme -> the subpackage of the kind of node it names.
+KINDS: dict[str, str] = {
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "sentinel": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+}
+
+
+def kind_of(node: Any) -> ModuleType:
+    """The subpackage of ``node``'s kind."""
+    return importlib.import_module(f"{__name__}.{node.kind}")
+
+
+def node_for(
+    spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+) -> Any:
+    """The node that ``spec`` (a URL, or a client object a kind accepts) names.
+
+    Raises:
+        ConfigurationError: the URL's scheme names no kind, or the kind refuses it.
+    """
+    if isinstance(spec, str):
+        scheme = urlsplit(spec).scheme
+        if scheme not in KINDS:
+            known = ", ".join(f"{s}://" for s in KINDS)
+            shown = spec.split("@")[-1] if "@" in spec else spec
+            raise ConfigurationError(f"lock node URL {shown!r} must start with one of {known}")
+        kind = importlib.import_module(f"{__name__}.{KINDS[scheme]}")
+    else:
+        kind = importlib.import_module(f"{__name__}.redis")
+        if not kind.accepts(spec):
+            raise ConfigurationError(
+                f"a lock node must be a URL or a redis.Redis client, not {type(spec).__name__}"
+            )
+    return kind.make(spec, timeout, min_replicas, connect_timeout)
+
+
+_MISSING = object()
+
+
+def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        groups.setdefault(node.kind, []).append(i)
+    return groups
+
+
+def _spread(nodes: Sequence[Any], timeout: float, call: Any) -> list[Any]:
+    """``call(kind, nodes)`` for each kind among ``nodes`` at once, replies in
+    the order of ``nodes``: the first kind in this thread, the others in
+    threads of the connector; a kind that has not answered by the deadline
+    (it never should: each bounds its own round) is a timeout on its nodes."""
+    from ..connect import connector
+
+    groups = _groups(nodes)
+    if len(groups) == 1:
+        return call(kind_of(nodes[0]), nodes)
+    replies: list[Any] = [_MISSING] * len(nodes)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def one(at: list[int]) -> None:
+        try:
+            got = call(kind_of(nodes[at[0]]), [nodes[i] for i in at])
+        except Exception as exc:  # a kind's bug must not hang the round
+            got = [exc] * len(at)
+        done.put((at, got))
+
+    first, *rest = groups.values()
+    for at in rest:
+        connector().submit(one, at)
+    one(first)
+    deadline = time.monotonic() + timeout + 1.0
+    for _ in groups:
+        try:
+            at, got = done.get(timeout=max(deadline - time.monotonic(), 0.001))
+        except queue.Empty:
+            break
+        for i, reply in zip(at, got):
+            replies[i] = reply
+    for i, node in enumerate(nodes):
+        if replies[i] is _MISSING:
+            replies[i] = TimeoutError(f"{node.name}: no reply in {timeout:g}s")
+    return replies
+
+
+def scatter(
+    op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any], timeout: float
+) -> list[Any]:
+    """Run ``op`` on ``nodes`` at once: one reply or exception per node."""
+    return _spread(nodes, timeout, lambda kind, some: kind.run(op, some, keys, args, timeout))
+
+
+def command(nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
+    """Send the plain read ``cmd`` to ``nodes`` at once: one reply or exception per node."""
+    return _spread(nodes, timeout, lambda kind, some: kind.command(some, cmd, timeout))
+
+
+def send(op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any]) -> list[int]:
+    """Write ``op`` (a deletion) to ``nodes`` without waiting; the indexes of the
+    nodes it was not sent to, for the caller to run a round on."""
+    missed: list[int] = []
+    for at in _groups(nodes).values():
+        some = [nodes[i] for i in at]
+        missed += [at[j] for j in kind_of(some[0]).send(op, some, keys, args)]
+    return sorted(missed)

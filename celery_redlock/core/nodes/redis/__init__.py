@@ -1,0 +1,40 @@
+"""The Redis kind of lock node: a master (``redis://``, ``rediss://``,
+``unix://``), a Sentinel-managed master (``sentinel://``) or a Redis Cluster
+(``redis+cluster://``, ``rediss+cluster://``).
+
+Operations run as the Lua scripts of :mod:`celery_redlock.core.scripts` (by
+``EVALSHA``, one round for every node at once: :mod:`.rounds`, bytes on the
+wire by :mod:`.wire`); a cluster routes by hash slot (:mod:`.cluster`);
+``redlock_min_replicas`` pipelines a ``WAIT`` behind a write (:mod:`.replicas`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from . import rounds
+from .cluster import CLUSTER_SCHEMES, node_for
+from .rounds import run_script
+from .unwaited import send_script
+from .urls import SCHEMES as _MASTER_SCHEMES
+
+__all__ = ["SCHEMES", "accepts", "command", "make", "run", "send"]
+
+#: The URL schemes of a Redis node.
+SCHEMES = (*_MASTER_SCHEMES, *CLUSTER_SCHEMES)
+
+make = node_for
+run = run_script
+send = send_script
+
+
+def accepts(spec: Any) -> bool:
+    """Whether ``spec`` is a redis-py client this kind takes as a node."""
+    return isinstance(spec, (redis.Redis, redis.RedisCluster))
+
+
+def command(nodes: Any, cmd: tuple, timeout: float) -> list[Any]:
+    """:func:`.rounds.gather` in the protocol's argument order."""
+    return rounds.gather(nodes, cmd, timeout)
