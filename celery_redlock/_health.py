@@ -19,7 +19,9 @@ def node_row(info: NodeInfo) -> list[str]:
     if info.error is not None:
         return [info.node, "DOWN", "-", "-", "-", "-"]
     policy = info.maxmemory_policy
-    policy_cell = policy if policy in SAFE_POLICIES else f"{policy} (UNSAFE)"
+    policy_cell = (
+        policy if policy in SAFE_POLICIES or info.kind != "redis" else f"{policy} (UNSAFE)"
+    )
     persistence = "-" if info.aof is None else "aof off"
     if info.aof:
         persistence = f"aof, fsync {info.appendfsync or '?'}"
@@ -38,7 +40,7 @@ def findings(infos: Sequence[NodeInfo], node_timeout: float, min_replicas: int =
         if p.error is not None:
             add("DOWN", p.node, p.error)
             continue
-        if p.maxmemory_policy not in SAFE_POLICIES:
+        if p.kind == "redis" and p.maxmemory_policy not in SAFE_POLICIES:
             why = (
                 "evicts keys with a TTL, which is every lock"
                 if p.maxmemory_policy.startswith("volatile-")
@@ -52,14 +54,14 @@ def findings(infos: Sequence[NodeInfo], node_timeout: float, min_replicas: int =
                 f"memory pressure and a second execution start{limit}. Set maxmemory-policy "
                 "noeviction.",
             )
-        if p.role not in ("master", "?"):
+        if p.role not in ("master", "primary", "?"):
             add(
                 "WARNING",
                 p.node,
                 f"role {p.role}: lock nodes must be independent masters (a replica refuses "
                 "writes; a failover to one loses recent locks).",
             )
-        if p.role == "master" and p.replicas is not None:
+        if p.role in ("master", "primary") and p.replicas is not None:
             if p.replicas < min_replicas:
                 add(
                     "WARNING",

@@ -4,21 +4,17 @@ operator's force release. Nothing here takes a lock.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from redis.exceptions import RedisError
-
+from . import nodes as kinds
 from . import scripts
 from .keyspace import KeySpace
 from .nodes import node_for
-from .nodes.redis.cluster import ClusterNode, LockNode
-from .nodes.redis.node import NodeSpec
 from .nodes.redis.urls import mask_url
 from .quorum import Quorum
-from .records import Holder, agree
+from .records import Holder, NodeInfo, agree
 from .values import error_text, readable, text
 
 __all__ = [
@@ -77,38 +73,7 @@ class Deletion(NamedTuple):
     error: str | None
 
 
-class NodeInfo(NamedTuple):
-    """How one node is (:meth:`Redlock.node_info`); "-" or None where unknown."""
-
-    node: str
-    #: Why the node could not be asked (PING or INFO failed), or None.
-    error: str | None = None
-    #: Seconds the second PING took.
-    latency: float = 0.0
-    #: ``redis_version`` (``valkey X`` on Valkey).
-    version: str = "-"
-    #: ``master`` or ``slave``.
-    role: str = "-"
-    maxmemory_policy: str = "-"
-    maxmemory: int = 0
-    #: Whether AOF is on (None if INFO does not say).
-    aof: bool | None = None
-    #: ``appendfsync`` when AOF is on and CONFIG GET is allowed.
-    appendfsync: str | None = None
-    #: The server's ``run_id``: two nodes with one run_id are one server.
-    run_id: str | None = None
-    #: ``connected_slaves``: the replicas attached to a master (None if INFO does not say).
-    replicas: int | None = None
-    #: The lock node this is a shard master of, when that node is a Redis Cluster.
-    cluster: str | None = None
-
-    @property
-    def lock_node(self) -> str:
-        """The name of the lock node this row is about (the cluster, for a shard)."""
-        return self.cluster or self.node
-
-
-def node_name(spec: NodeSpec) -> str:
+def node_name(spec: Any) -> str:
     """How a node is named in messages: its URL with any password masked, or a client's address.
 
     Raises:
@@ -217,9 +182,9 @@ class Inspection:
         found: set[bytes] = set()
         for node in q.nodes:
             seen: set[bytes] = set()  # SCAN may return a key twice
-            try:  # a cluster's keys: every shard master's
-                shards = node.masters() if isinstance(node, ClusterNode) else [node]
-            except RedisError as exc:
+            try:  # a node of several servers (a cluster's shard masters): each one's keys
+                shards = node.members()
+            except Exception as exc:  # noqa: BLE001 - whatever the kind's error, the node failed
                 errors[node.name] = error_text(exc)
                 continue
             for shard in shards:
@@ -277,58 +242,13 @@ class Inspection:
         ]
 
     def node_info(self) -> list[NodeInfo]:
-        """Ask each node in turn how it is: PING latency, INFO fields, fsync policy.
+        """Ask each node in turn how it is (its kind says what it reports:
+        :func:`celery_redlock.core.nodes.redis.info.node_info`, ...); a node
+        made of several servers (a Redis Cluster) gives one row per server.
 
-        One node at a time, so a latency is that node's alone; the second PING
-        is timed (the first pays for connecting). ``appendfsync`` comes from
-        ``CONFIG GET``, which managed Redis may rename or deny (then None).
+        One node at a time, so a latency is that node's alone.
         """
         out: list[NodeInfo] = []
         for node in self.quorum.nodes:
-            if not isinstance(node, ClusterNode):
-                out.append(self._node_info(node))
-                continue
-            try:  # a cluster: one row per shard master, each judged on its own
-                shards = node.masters()
-            except RedisError as exc:
-                out.append(NodeInfo(node.name, f"no slot map: {error_text(exc)}"))
-                continue
-            out += [self._node_info(shard)._replace(cluster=node.name) for shard in shards]
+            out += kinds.kind_of(node).node_info(node, self.quorum.gather)
         return out
-
-    def _node_info(self, node: LockNode) -> NodeInfo:
-        ask = self.quorum.gather
-        latency = 0.0
-        for _ in range(2):  # time the second: the first pays for connecting
-            started = time.perf_counter()
-            pong = ask(("PING",), [node])[0]
-            latency = time.perf_counter() - started
-            if isinstance(pong, Exception):
-                return NodeInfo(node.name, error_text(pong), latency)
-        info = ask(("INFO",), [node])[0]
-        if isinstance(info, Exception):
-            return NodeInfo(node.name, f"INFO failed: {error_text(info)}", latency)
-        lines = (line.partition(":") for line in readable(info).splitlines())
-        fields = {k: v.strip() for k, sep, v in lines if sep and not k.startswith("#")}
-        version = fields.get("redis_version", "?")
-        if "valkey_version" in fields:
-            version = f"valkey {fields['valkey_version']}"
-        aof = fields.get("aof_enabled") == "1" if "aof_enabled" in fields else None
-        fsync = None
-        if aof:
-            reply = ask(("CONFIG", "GET", "appendfsync"), [node])[0]
-            if isinstance(reply, list) and len(reply) == 2:
-                fsync = readable(reply[1])
-        return NodeInfo(
-            node.name,
-            None,
-            latency,
-            version,
-            fields.get("role", "?"),
-            fields.get("maxmemory_policy", "?"),
-            int(fields.get("maxmemory", "0") or 0),
-            aof,
-            fsync,
-            fields.get("run_id"),
-            int(replicas) if (replicas := fields.get("connected_slaves", "")).isdigit() else None,
-        )

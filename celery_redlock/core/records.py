@@ -26,6 +26,7 @@ __all__ = [
     "Claim",
     "Finished",
     "Holder",
+    "NodeInfo",
     "RateSlot",
     "RateView",
     "Schedule",
@@ -254,3 +255,36 @@ class RateView(NamedTuple):
     def started(self, period: float, now: float) -> int:
         """How many recorded starts fall in the window of ``period`` seconds up to ``now``."""
         return sum(1 for t in self.starts if now - period < t <= now)
+
+
+class NodeInfo(NamedTuple):
+    """How one node is (:meth:`Redlock.node_info`); "-" or None where unknown."""
+
+    node: str
+    #: Why the node could not be asked (PING or INFO failed), or None.
+    error: str | None = None
+    #: Seconds the second PING took.
+    latency: float = 0.0
+    #: ``redis_version`` (``valkey X`` on Valkey; ``postgresql X`` on PostgreSQL).
+    version: str = "-"
+    #: ``master`` or ``slave`` (PostgreSQL: ``primary`` or ``standby``).
+    role: str = "-"
+    maxmemory_policy: str = "-"
+    maxmemory: int = 0
+    #: Whether AOF is on (None if INFO does not say).
+    aof: bool | None = None
+    #: ``appendfsync`` when AOF is on and CONFIG GET is allowed.
+    appendfsync: str | None = None
+    #: The server's ``run_id``: two nodes with one run_id are one server.
+    run_id: str | None = None
+    #: ``connected_slaves``: the replicas attached to a master (None if INFO does not say).
+    replicas: int | None = None
+    #: The lock node this is a shard master of, when that node is a Redis Cluster.
+    cluster: str | None = None
+    #: The kind of lock node (:mod:`celery_redlock.core.nodes`): which checks apply.
+    kind: str = "redis"
+
+    @property
+    def lock_node(self) -> str:
+        """The name of the lock node this row is about (the cluster, for a shard)."""
+        return self.cluster or self.node

@@ -27,11 +27,15 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
   ``nodes``, at once, within ``timeout``; one reply or exception per node;
 * ``command(nodes, command, timeout)``: the same for a plain read;
 * ``send(op, nodes, keys, args)``: write a deletion without waiting; the
-  indexes of the nodes it was not sent to (the caller runs a round there).
+  indexes of the nodes it was not sent to (the caller runs a round there);
+* ``node_info(node, ask)``: how the node is, as
+  :class:`~celery_redlock.core.records.NodeInfo` rows (``ask`` sends a plain
+  read to some nodes), for ``celery redlock nodes`` and the dashboard.
 
 A node has ``name`` (its URL, password masked), ``identity`` (equal for two
 specs of one server), ``kind`` (the subpackage's name), ``cluster`` (True for
-a Redis Cluster: its keys route by hash slot) and ``close()``. Every kind fails
+a Redis Cluster: its keys route by hash slot), ``members()`` (the servers a
+``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
 fast the same way: ``timeout`` bounds a call, a new connection gets its
 ``connect_timeout`` first, nothing retries in the client, a node that keeps
 timing out is skipped for a while, and an unanswered call is "not answering",

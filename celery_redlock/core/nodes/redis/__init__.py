@@ -16,11 +16,12 @@ import redis
 
 from . import rounds
 from .cluster import CLUSTER_SCHEMES, node_for
+from .info import node_info
 from .rounds import run_script
 from .unwaited import send_script
 from .urls import SCHEMES as _MASTER_SCHEMES
 
-__all__ = ["SCHEMES", "accepts", "command", "make", "run", "send"]
+__all__ = ["SCHEMES", "accepts", "command", "make", "node_info", "run", "send"]
 
 #: The URL schemes of a Redis node.
 SCHEMES = (*_MASTER_SCHEMES, *CLUSTER_SCHEMES)

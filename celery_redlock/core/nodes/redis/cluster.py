@@ -221,6 +221,10 @@ class ClusterNode:
     def mapped(self) -> bool:
         return self._slots is not None
 
+    def members(self) -> list[Node]:
+        """The servers a scan visits: the shard masters (:meth:`masters`)."""
+        return self.masters()
+
     def masters(self) -> list[Node]:
         """The shard masters of the slot map (read now if never read), in slot order."""
         if self._slots is None:

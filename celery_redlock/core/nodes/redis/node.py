@@ -133,6 +133,10 @@ class Node:
         self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
         self._probing = False
 
+    def members(self) -> list[Node]:
+        """The servers a scan visits: this one."""
+        return [self]
+
     def idle_connection(self) -> Any:
         """An idle connection of this process, or None."""
         if self._generation != _generation:  # after fork: the parent's sockets are not ours
