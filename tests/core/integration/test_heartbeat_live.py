@@ -82,7 +82,14 @@ def test_a_majority_of_nodes_down_loses_the_lease(redis_node_factory, default_he
     assert len(messages) == 1 and repr(lease.key) in messages[0] and "quorum" in messages[0]
 
 
-def test_a_round_sends_one_script_call_per_node_whatever_the_number_of_leases(nodes3):
+@pytest.fixture(params=["redis_nodes3", "redis_clusters3"], ids=["3masters", "3clusters"])
+def redis_nodes(request):
+    """Nodes whose command counts the test reads (``INFO commandstats``)."""
+    return request.getfixturevalue(request.param)
+
+
+def test_a_round_sends_one_script_call_per_node_whatever_the_number_of_leases(redis_nodes):
+    nodes3 = redis_nodes
     """On plain masters, one call per node; on clusters, one call per shard
     master, each renewing the leases of all its slots."""
     beat = Heartbeat(autostart=False)

@@ -1,4 +1,5 @@
-"""The Redlock core on real redis-server nodes (3 and 5), all healthy.
+"""The Redlock core on real lock nodes of every kind (3 and 5 Redis masters, 3
+Redis Clusters, 3 PostgreSQL servers and 1 alone), all healthy.
 
 Node failures (kill, SIGSTOP, restart) are in tests/core/faults/test_redlock_faults.py.
 """
@@ -24,10 +25,19 @@ NAME = "job"
 
 
 @pytest.fixture(
+    params=["redis_nodes3", "redis_nodes5", "redis_clusters3", "postgres_nodes3", "postgres_node1"],
+    ids=["3nodes", "5nodes", "3clusters", "3postgres", "1postgres"],
+)
+def nodes(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(
     params=["redis_nodes3", "redis_nodes5", "redis_clusters3"],
     ids=["3nodes", "5nodes", "3clusters"],
 )
-def nodes(request):
+def redis_nodes(request):
+    """For what only Redis nodes have (a script cache)."""
     return request.getfixturevalue(request.param)
 
 
@@ -437,7 +447,8 @@ def test_a_bare_set_nx_re_sent_where_the_key_is_mine_is_granted_and_refreshed(re
     assert healthy(redis_nodes3.urls).acquire(NAME, ttl=10, fence=False) is None
 
 
-def test_lost_script_cache_falls_back_to_eval(nodes):
+def test_lost_script_cache_falls_back_to_eval(redis_nodes):
+    nodes = redis_nodes
     rl = healthy(nodes.urls)
     rl.release(rl.acquire(NAME, ttl=10))
     evals_before = []

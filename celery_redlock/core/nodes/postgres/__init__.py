@@ -1,0 +1,217 @@
+"""The PostgreSQL kind of lock node: ``postgresql://`` (or ``postgres://``) URLs.
+
+One database is one lock node. Its keys live in a table of a schema of its
+own, with Redis's semantics (strings, hashes, sorted sets; expiry on the
+server's clock, ``clock_timestamp()``), and each operation is a PL/pgSQL
+function written as the Lua script of the same name
+(:mod:`celery_redlock.core.scripts`), so it answers with the same values. A
+call is one statement in its own transaction, which first takes a
+transaction-scoped advisory lock on each of its keys: the calls on one key
+run one after another, as scripts do on Redis. See :mod:`.node` for the
+connections and :mod:`.schema` for the SQL.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...records import NodeInfo
+from ...values import error_text
+from .node import NodeError, PostgresNode, execute, gather, text_array
+from .schema import ddl, install_sql
+
+__all__ = ["SCHEMES", "PostgresNode", "accepts", "command", "ddl", "install", "make", "run"]
+
+#: The URL schemes of a PostgreSQL node.
+SCHEMES = ("postgresql", "postgres")
+
+
+def make(
+    spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+) -> PostgresNode:
+    return PostgresNode(spec, timeout, min_replicas, connect_timeout)
+
+
+def accepts(spec: Any) -> bool:
+    """No client object: a PostgreSQL node is given by its URL."""
+    return False
+
+
+def run(
+    op: Any, nodes: Sequence[PostgresNode], keys: Sequence[str], args: Sequence[Any], timeout: float
+) -> list[Any]:
+    """One round of ``op`` on ``nodes``: one statement each, all at once."""
+    params = [op.name.encode(), text_array(keys), text_array(args)]
+    return gather(
+        nodes,
+        [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],
+        timeout,
+    )
+
+
+def send(op: Any, nodes: Sequence[PostgresNode], keys: Any, args: Any) -> list[int]:
+    """Nothing goes unwaited to PostgreSQL (a statement's reply is read on the
+    connection that sent it): every node is left to an ordinary round."""
+    return list(range(len(nodes)))
+
+
+# -- plain reads -----------------------------------------------------------------------------
+
+
+def _glob(pattern: str) -> str:
+    """A Redis glob as an anchored regular expression."""
+    out, i = ["^"], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 1
+        elif c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[" and "]" in pattern[i + 1 :]:
+            end = pattern.index("]", i + 2 if pattern[i + 1 : i + 2] == "]" else i + 1)
+            body = pattern[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body.startswith("^") else body) + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out) + "$"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _score(value: Any) -> bytes:
+    f = float(value)
+    return (str(int(f)) if f.is_integer() else repr(f)).encode()
+
+
+def _command(schema: str, cmd: tuple) -> tuple[str, list[Any], Callable[[Any], Any] | None]:
+    """(SQL returning one JSON value, its parameters, a reshaping of the reply) for ``cmd``."""
+    verb, *rest = cmd
+    verb = _text(verb).upper()
+    alive = "(expires_at IS NULL OR expires_at > clock_timestamp())"
+    if verb == "PING":
+        return "SELECT to_jsonb('PONG'::text)", [], None
+    if verb == "GET":
+        return f"SELECT to_jsonb({schema}.r_get($1))", rest[:1], None
+    if verb == "PTTL":
+        return f"SELECT to_jsonb({schema}.r_pttl($1))", rest[:1], None
+    if verb == "TYPE":
+        kind = f"(SELECT kind FROM {schema}.live($1))"
+        sql = f"SELECT to_jsonb(CASE {kind} WHEN 's' THEN 'string' WHEN 'h' THEN 'hash' "
+        return sql + "WHEN 'z' THEN 'zset' ELSE 'none' END)", rest[:1], None
+    if verb == "DEL":
+        return f"SELECT to_jsonb({schema}.r_del(VARIADIC $1::text[]))", [rest], None
+    if verb == "HGETALL":
+        sql = (
+            f"SELECT coalesce((SELECT jsonb_agg(x) FROM {schema}.live($1) l, "
+            "jsonb_each_text(l.map) e,"
+        )
+        return (
+            sql + " LATERAL (VALUES (e.key), (e.value)) v(x) WHERE l.kind = 'h'), '[]')",
+            rest[:1],
+            None,
+        )
+    if verb == "ZRANGE" and [_text(r).upper() for r in rest[1:]] == ["0", "-1", "WITHSCORES"]:
+        sql = (
+            "SELECT coalesce(jsonb_agg(jsonb_build_array(member, score)), '[]') "
+            f"FROM {schema}.zmembers($1)"
+        )
+        return sql, rest[:1], lambda pairs: [x for m, s in pairs for x in (m.encode(), _score(s))]
+    if verb == "SCAN" and len(rest) == 5:
+        cursor, count = int(_text(rest[0])), int(_text(rest[4]))
+        sql = (
+            f"SELECT coalesce(jsonb_agg(key), '[]') FROM (SELECT key FROM {schema}.kv "
+            f'WHERE key ~ $1 AND {alive} ORDER BY key COLLATE "C" OFFSET {cursor} LIMIT {count}) x'
+        )
+
+        def page(keys: list) -> list:
+            after = cursor + len(keys) if len(keys) == count else 0
+            return [str(after).encode(), [k.encode() for k in keys]]
+
+        return sql, [_glob(_text(rest[2]))], page
+    raise NodeError(f"the PostgreSQL node does not answer {verb}")
+
+
+def command(nodes: Sequence[PostgresNode], cmd: tuple, timeout: float) -> list[Any]:
+    """The plain read ``cmd`` on ``nodes``, with Redis's reply shapes."""
+    try:
+        shaped = [_command(node.schema, cmd) for node in nodes]
+    except NodeError as exc:
+        return [exc] * len(nodes)
+    queries: list[tuple[bytes, list[bytes | None]]] = [
+        (sql.encode(), [text_array(p) if isinstance(p, list) else _text(p).encode() for p in ps])
+        for sql, ps, _ in shaped
+    ]
+    reshape = shaped[0][2] if shaped else None
+    from .node import redis_shaped
+
+    replies = gather(nodes, queries, timeout, post=lambda r: r)
+    return [
+        r if isinstance(r, Exception) else reshape(r) if reshape else redis_shaped(r)
+        for r in replies
+    ]
+
+
+# -- the operator's view ---------------------------------------------------------------------
+
+
+def node_info(
+    node: PostgresNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]
+) -> list[NodeInfo]:
+    """How ``node`` is: PING latency (the second one), version, role, standbys."""
+    latency = 0.0
+    for _ in range(2):  # time the second: the first pays for connecting
+        started = time.perf_counter()
+        pong = ask(("PING",), [node])[0]
+        latency = time.perf_counter() - started
+        if isinstance(pong, Exception):
+            return [NodeInfo(node.name, error_text(pong), latency, kind="postgres")]
+    sql = (
+        "SELECT jsonb_build_array(current_setting('server_version'), pg_is_in_recovery(), "
+        "(SELECT count(*) FROM pg_stat_replication))"
+    )
+    reply = gather([node], [(sql.encode(), [])], node.timeout, post=lambda r: r)[0]
+    if isinstance(reply, Exception):
+        return [NodeInfo(node.name, error_text(reply), latency, kind="postgres")]
+    version, standby, replicas = reply
+    role = "standby" if standby else "primary"
+    return [
+        NodeInfo(
+            node.name,
+            None,
+            latency,
+            f"postgresql {version}",
+            role,
+            replicas=replicas,
+            kind="postgres",
+        )
+    ]
+
+
+def install(node: PostgresNode, timeout: float = 30.0) -> None:
+    """Create (or bring up to date) ``node``'s schema now.
+
+    Raises:
+        NodeError: the server refused it (say, the role may not create it).
+    """
+    from psycopg import pq
+
+    conn = pq.PGconn.connect(node.conninfo)
+    try:
+        if conn.status != pq.ConnStatus.OK:
+            raise NodeError(f"{node.name}: {conn.get_error_message().strip()}")
+        conn.nonblocking = 1
+        done = execute(conn, install_sql(node.schema), time.monotonic() + timeout)
+        if isinstance(done, Exception):
+            raise NodeError(f"{node.name}: {done}")
+    finally:
+        conn.finish()

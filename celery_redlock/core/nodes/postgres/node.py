@@ -1,0 +1,404 @@
+"""A PostgreSQL database as one lock node: its URL, its connections, and one
+round of calls on several such nodes at once, bounded on the client's side.
+
+psycopg's libpq object is driven non-blocking (``send_query_params``, then the
+sockets of every node of the round polled together until each has answered or
+its deadline passed): a paused or hung server costs one timeout, never a
+hang, and nothing retries in the client. A new connection gets the node's
+connect budget before the round's timeout starts for its reply, as on Redis.
+Connections are plain libpq sessions in autocommit with no session state, no
+advisory session lock and no named prepared statement, so a transaction
+pooler (pgbouncer ``pool_mode = transaction``) between client and server
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.errors import ProgrammingError
+
+from ...exceptions import ConfigurationError
+from ..redis.urls import mask_url
+from .schema import VERSION, check_sql, install_sql
+
+__all__ = ["NodeError", "PostgresNode", "gather"]
+
+#: Seconds a node whose connect timed out is skipped before the next try.
+SKIP_AFTER_CONNECT_TIMEOUT = 1.0
+#: Idle connections kept per node and process.
+MAX_IDLE = 8
+_IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_generation = 0
+
+
+def _forked() -> None:
+    # A child must not use its parent's sockets: each node forgets them.
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+class NodeError(ConnectionError):
+    """A PostgreSQL node did not answer a call, or answered it with an error."""
+
+
+class PostgresNode:
+    """One PostgreSQL database (a schema of its own in it) as a lock node.
+
+    Args:
+        url: ``postgresql://`` or ``postgres://``, libpq's URL with its query
+            options (``sslmode``, ``application_name``...), plus ``schema``
+            (default ``redlock``): where the node's tables live.
+        timeout: seconds a call gets for its reply.
+        min_replicas: > 0: each call's commit waits for a synchronous standby
+            to apply it (``synchronous_commit = remote_apply``); refused where
+            the server has no ``synchronous_standby_names``.
+        connect_timeout: seconds a new connection gets to open; None: ``timeout``.
+    """
+
+    kind = "postgres"
+    cluster = False
+
+    def __init__(
+        self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    ):
+        self.name = mask_url(url)
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        schema = dict(query).get("schema", "redlock")
+        if not _IDENT.fullmatch(schema):
+            raise ConfigurationError(
+                f"PostgreSQL node {self.name}: schema {schema!r} must be a lower-case SQL "
+                "name (letters, digits, underscores)"
+            )
+        conninfo = urlunsplit(
+            parts._replace(query=urlencode([q for q in query if q[0] != "schema"]))
+        )
+        try:
+            params = conninfo_to_dict(conninfo)
+        except ProgrammingError as exc:
+            raise ConfigurationError(f"PostgreSQL node {self.name}: {exc}") from exc
+        self.schema = schema
+        self.conninfo = conninfo.encode()
+        self.identity: tuple = (
+            "postgres",
+            params.get("host") or "localhost",
+            int(params.get("port") or 5432),
+            params.get("dbname") or params.get("user") or "",
+            schema,
+        )
+        self.timeout = timeout
+        self.min_replicas = min_replicas
+        self.connect_timeout = connect_timeout
+        self.run_sql = f"SELECT {schema}.run($1, $2, $3, $4)".encode()
+        self._idle: list[pq.abc.PGconn] = []
+        self._generation = _generation
+        self._checked = False
+        self._skip_until = 0.0
+
+    def __repr__(self) -> str:
+        return f"<PostgresNode {self.name}>"
+
+    def members(self) -> list[PostgresNode]:
+        """The servers a scan visits: this one."""
+        return [self]
+
+    # -- connections --------------------------------------------------------------------------
+
+    def idle_connection(self) -> pq.abc.PGconn | None:
+        if self._generation != _generation:  # forked: the parent's sockets are not ours
+            self._idle, self._generation, self._checked = [], _generation, False
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.status == pq.ConnStatus.OK:
+                return conn
+            conn.finish()
+        return None
+
+    def put_back(self, conn: pq.abc.PGconn) -> None:
+        if len(self._idle) < MAX_IDLE and conn.status == pq.ConnStatus.OK:
+            self._idle.append(conn)
+        else:
+            conn.finish()
+
+    def skipped(self) -> NodeError | None:
+        """An error while this node is skipped after a connect timed out, else None."""
+        if time.monotonic() < self._skip_until:
+            return NodeError(f"{self.name}: skipped for a while after a connect timed out")
+        return None
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().finish()
+
+    # -- the schema, checked on a process's first connection --------------------------------
+
+    def check(self, conn: pq.abc.PGconn, deadline: float) -> Exception | None:
+        """Check (or create) the schema on this node's first connection of the
+        process: None when it is there at this version, else the error."""
+        reply = execute(conn, check_sql(self.schema), deadline)
+        if isinstance(reply, Exception):
+            return reply
+        found, standbys = reply
+        if found is None:
+            installed = execute(
+                conn, install_sql(self.schema), max(deadline, time.monotonic() + 30)
+            )
+            if isinstance(installed, Exception):
+                return ConfigurationError(
+                    f"PostgreSQL node {self.name}: cannot create schema {self.schema!r} "
+                    f"({installed}); run `celery redlock schema --apply` as a role that may, "
+                    "or apply the SQL `celery redlock schema` prints"
+                )
+        elif found != VERSION:
+            return ConfigurationError(
+                f"PostgreSQL node {self.name}: schema {self.schema!r} is at version {found}, "
+                f"this celery_redlock needs {VERSION}; run `celery redlock schema --apply`"
+            )
+        if self.min_replicas and not standbys:
+            return ConfigurationError(
+                f"PostgreSQL node {self.name}: redlock_min_replicas={self.min_replicas} needs "
+                "a synchronous standby (synchronous_standby_names is empty on the server)"
+            )
+        self._checked = True
+        return None
+
+
+def text_array(items: Sequence[Any]) -> bytes:
+    """A PostgreSQL text[] literal of ``items``, each encoded as redis-py would
+    send it (bytes as UTF-8, numbers as their repr)."""
+    out = []
+    for item in items:
+        s = (
+            item.decode()
+            if isinstance(item, bytes)
+            else repr(item)
+            if isinstance(item, float)
+            else str(item)
+        )
+        out.append('"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return ("{" + ",".join(out) + "}").encode()
+
+
+def redis_shaped(value: Any) -> Any:
+    """A JSON reply as a Redis reply: strings as bytes, true as 1, false and null as None."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, list):
+        return [redis_shaped(v) for v in value]
+    if isinstance(value, bool):
+        return 1 if value else None
+    return value
+
+
+def _result(conn: pq.abc.PGconn, name: str) -> Any:
+    """The JSON of the call's one value, or its error."""
+    result, res = None, conn.get_result()
+    while res is not None:
+        result = result or res
+        res = conn.get_result()
+    if result is None:
+        return NodeError(f"{name}: no result")
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        message = (result.error_message or b"").decode(errors="replace").strip()
+        return NodeError(f"{name}: {message or pq.ExecStatus(result.status).name}")
+    raw = result.get_value(0, 0)
+    return None if raw is None else json.loads(raw)
+
+
+class _Call:
+    """One node's part of a round: connect (if need be), send, read."""
+
+    __slots__ = ("node", "conn", "sql", "params", "reply", "state", "deadline", "want", "reused")
+
+    def __init__(self, node: PostgresNode, sql: bytes, params: list[bytes | None]):
+        self.node, self.sql, self.params = node, sql, params
+        self.conn: Any = None
+        self.reply: Any = None
+        self.state = "done"  # connect -> send -> read -> ok, or done with an error
+        self.deadline = 0.0
+        self.want = select.POLLOUT
+        self.reused = False  # on an idle connection, which the server may have closed since
+
+
+def gather(
+    nodes: Sequence[PostgresNode],
+    queries: Sequence[tuple[bytes, list[bytes | None]]],
+    timeout: float,
+    post: Callable[[Any], Any] = redis_shaped,
+) -> list[Any]:
+    """Run ``queries[i]`` on ``nodes[i]``, all at once: each one's reply (its
+    one value, read as JSON and passed through ``post``) or an exception."""
+    now = time.monotonic()
+    calls = [_Call(node, sql, params) for node, (sql, params) in zip(nodes, queries)]
+    for call in calls:
+        node = call.node
+        call.conn = node.idle_connection()
+        if call.conn is not None:
+            call.reused = True
+            _send(call, now + timeout)
+            continue
+        call.reply = node.skipped()
+        if call.reply is None:
+            _connect(call, now, timeout)
+    _drive(calls, timeout)
+    return [post(c.reply) if c.state == "ok" else c.reply for c in calls]
+
+
+def _connect(call: _Call, now: float, timeout: float) -> None:
+    node = call.node
+    try:
+        call.conn = pq.PGconn.connect_start(node.conninfo)
+        call.conn.nonblocking = 1
+    except Exception as exc:  # noqa: BLE001 - libpq could not even start
+        call.conn = None
+        call.reply, call.state = NodeError(f"{node.name}: {exc}"), "done"
+        return
+    call.state, call.deadline = "connect", now + (node.connect_timeout or timeout)
+    call.want = select.POLLOUT
+
+
+def _broken(call: _Call, error: Exception, timeout: float) -> None:
+    """A connection that broke: once, where it was an idle one (the server
+    restarted, or closed it), the call goes again on a new connection; the
+    operations are safe to send twice."""
+    if call.reused and call.conn is not None and call.conn.status != pq.ConnStatus.OK:
+        call.conn.finish()
+        call.reused = False
+        _connect(call, time.monotonic(), timeout)
+        return
+    _fail(call, error)
+
+
+def _send(call: _Call, deadline: float) -> None:
+    try:
+        call.conn.send_query_params(call.sql, call.params)
+    except Exception as exc:  # noqa: BLE001 - a broken connection
+        _broken(call, NodeError(f"{call.node.name}: {exc}"), deadline - time.monotonic())
+        return
+    call.state, call.deadline, call.want = "send", deadline, select.POLLOUT
+    _step(call, 0, time.monotonic())
+
+
+def _fail(call: _Call, error: Exception) -> None:
+    if call.conn is not None:
+        call.conn.finish()
+        call.conn = None
+    call.reply, call.state = error, "done"
+
+
+def _step(call: _Call, timeout: float, now: float) -> None:
+    """Move ``call`` on as far as its socket allows without waiting."""
+    conn = call.conn
+    try:
+        if call.state == "connect":
+            status = conn.connect_poll()
+            if status == pq.PollingStatus.FAILED:
+                message = conn.get_error_message().strip()
+                _fail(call, NodeError(f"{call.node.name}: {message or 'cannot connect'}"))
+                return
+            if status != pq.PollingStatus.OK:
+                call.want = select.POLLIN if status == pq.PollingStatus.READING else select.POLLOUT
+                return
+            if not call.node._checked:
+                problem = call.node.check(conn, now + timeout)
+                if problem is not None:
+                    _fail(call, problem)
+                    return
+            _send(call, now + timeout)
+            return
+        if call.state == "send":
+            if conn.flush() != 0:
+                return
+            call.state, call.want = "read", select.POLLIN
+        if call.state == "read":
+            conn.consume_input()
+            if conn.is_busy():
+                return
+            call.reply = _result(conn, call.node.name)
+            if isinstance(call.reply, Exception) and conn.status != pq.ConnStatus.OK:
+                _broken(call, call.reply, timeout)
+                return
+            call.state = "done" if isinstance(call.reply, Exception) else "ok"
+            call.node.put_back(conn)
+            call.conn = None
+    except Exception as exc:  # noqa: BLE001 - the connection broke under us
+        _broken(call, NodeError(f"{call.node.name}: {exc}"), timeout)
+
+
+def _drive(calls: list[_Call], timeout: float) -> None:
+    """Poll every pending call's socket until each is done or past its deadline."""
+    while True:
+        now = time.monotonic()
+        poller = select.poll()
+        waiting: list[_Call] = []
+        for call in calls:
+            if call.state not in ("connect", "send", "read"):
+                continue
+            if now >= call.deadline:
+                if call.state == "connect":
+                    call.node._skip_until = now + SKIP_AFTER_CONNECT_TIMEOUT
+                why = "connect" if call.state == "connect" else "reply"
+                _fail(call, TimeoutError(f"{call.node.name}: no {why} in {timeout:g}s"))
+                continue
+            poller.register(call.conn.socket, call.want)
+            waiting.append(call)
+        if not waiting:
+            return
+        wait = min(c.deadline for c in waiting) - now
+        ready = {fd for fd, _ in poller.poll(max(wait, 0.0) * 1000 + 1)}
+        now = time.monotonic()
+        for call in waiting:
+            if call.conn is not None and call.conn.socket in ready:
+                _step(call, timeout, now)
+
+
+def execute(conn: Any, sql: str, deadline: float) -> Any:
+    """Run ``sql`` (one or more statements) on ``conn`` and wait for it until
+    ``deadline``: the last statement's first value as JSON, or the error."""
+    try:
+        conn.send_query(sql.encode())
+        while conn.flush() != 0:
+            if not _wait(conn, select.POLLOUT, deadline):
+                return TimeoutError("no reply in time")
+        while True:
+            conn.consume_input()
+            if not conn.is_busy():
+                break
+            if not _wait(conn, select.POLLIN, deadline):
+                return TimeoutError("no reply in time")
+    except Exception as exc:  # noqa: BLE001 - the connection broke
+        return NodeError(str(exc))
+    last, res = None, conn.get_result()
+    while res is not None:
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            last = NodeError((res.error_message or b"").decode(errors="replace").strip())
+        elif not isinstance(last, Exception):
+            last = res
+        res = conn.get_result()
+    if isinstance(last, Exception) or last is None or not last.ntuples:
+        return last
+    raw = last.get_value(0, 0)
+    return None if raw is None else json.loads(raw)
+
+
+def _wait(conn: Any, event: int, deadline: float) -> bool:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    poller = select.poll()
+    poller.register(conn.socket, event)
+    return bool(poller.poll(left * 1000))

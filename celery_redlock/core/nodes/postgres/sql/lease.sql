@@ -1,0 +1,214 @@
+-- The lease's operations and the helpers composed into them: each mirrors the
+-- Lua script of the same name (celery_redlock/core/scripts/), keys k and
+-- arguments a as KEYS and ARGV, the reply as JSON (strings, integers, null).
+
+-- Digits-only comparison: true when token a > token b.
+CREATE OR REPLACE FUNCTION {schema}.greater(x text, y text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(x) <> length(y) THEN length(x) > length(y)
+                ELSE x COLLATE "C" > y COLLATE "C" END;
+$$;
+
+CREATE OR REPLACE FUNCTION {schema}.owns(k text, owner text) RETURNS boolean
+LANGUAGE sql AS $$ SELECT {schema}.r_get(k) IS NOT DISTINCT FROM owner; $$;
+
+-- The fence value of a grant: the node's value moved on (kept when ``again``),
+-- or seeded with max(client clock, node clock to the second) in microseconds.
+CREATE OR REPLACE FUNCTION {schema}.advance(fkey text, again boolean, a text[]) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    fence text := {schema}.r_get(fkey);
+BEGIN
+    IF fence IS NOT NULL THEN
+        IF again THEN RETURN fence; END IF;
+        fence := (fence::numeric + 1)::text;
+    ELSE
+        fence := ({schema}.r_time())[1]::text || '000000';
+        IF {schema}.greater(a[4], fence) THEN fence := a[4]; END IF;
+    END IF;
+    PERFORM {schema}.r_set(fkey, fence, a[3]::bigint);
+    RETURN fence;
+END $$;
+
+-- The gates of an acquire (GATES): the claim the caller meets, and the reply
+-- that stops the grant, if any.
+CREATE OR REPLACE FUNCTION {schema}.flag(a text[], f text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT strpos(coalesce(a[6], ''), f) > 0; $$;
+
+CREATE OR REPLACE FUNCTION {schema}.gate_enter(k text[], a text[], OUT stop jsonb,
+                                               OUT claim text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    h text[];
+    winner text;
+BEGIN
+    IF {schema}.flag(a, 'r') AND {schema}.r_exists(k[3]) = 1 THEN
+        stop := '[2]';
+        RETURN;
+    END IF;
+    IF {schema}.flag(a, 'c') THEN
+        claim := {schema}.r_get(k[4]);
+        IF claim = '~' || a[5] THEN
+            claim := a[5];
+        ELSIF claim IS NOT NULL AND NOT {schema}.flag(a, 's') AND left(claim, 1) = '~' THEN
+            claim := NULL;
+        END IF;
+    END IF;
+    IF {schema}.flag(a, 't') AND coalesce(a[9], '') <> '' THEN
+        h := {schema}.r_hmget(k[5], ARRAY['due', 'id', 'pdue', 'pid']);
+        winner := CASE WHEN h[1] = a[9] AND h[2] IS NOT NULL THEN h[2]
+                       WHEN h[3] = a[9] AND h[4] IS NOT NULL THEN h[4] END;
+        IF winner IS NOT NULL AND winner <> a[5] THEN
+            stop := jsonb_build_array(3, winner, -1);
+            RETURN;
+        END IF;
+        claim := a[5];
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.gate_free(k text[], a text[], claim text) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    wait numeric;
+BEGIN
+    IF claim IS NOT NULL AND claim <> a[5] THEN
+        RETURN jsonb_build_array(3, claim, {schema}.r_pttl(k[4]));
+    END IF;
+    IF {schema}.flag(a, 't') THEN
+        wait := {schema}.r_hget(k[5], 'start')::numeric + a[7]::numeric - a[8]::numeric;
+        IF wait > 0 THEN RETURN jsonb_build_array(4, trunc(wait)); END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.gate_granted(k text[], a text[], claim text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    remaining bigint;
+BEGIN
+    IF claim IS NOT NULL AND {schema}.flag(a, 'w') THEN
+        remaining := {schema}.r_pttl(k[4]);
+        IF remaining > 0 THEN PERFORM {schema}.r_set(k[4], '~' || a[5], remaining); END IF;
+    END IF;
+    IF {schema}.flag(a, 't') THEN
+        PERFORM {schema}.r_hset(k[5], 'start', a[8]);
+        IF {schema}.r_pttl(k[5]) < a[7]::numeric THEN
+            PERFORM {schema}.r_pexpire(k[5], a[7]::bigint);
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.acquire(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    holder text;
+    g record;
+    stop jsonb;
+BEGIN
+    IF a[5] IS NULL THEN  -- no gate: one SET NX in the common case
+        IF {schema}.r_set(k[1], a[1], a[2]::bigint, true) THEN
+            IF a[3] = '' THEN RETURN '[1]'; END IF;
+            RETURN jsonb_build_array(1, {schema}.advance(k[2], false, a));
+        END IF;
+        holder := {schema}.r_get(k[1]);
+        IF holder IS DISTINCT FROM a[1] THEN
+            RETURN jsonb_build_array(0, holder, {schema}.r_pttl(k[1]), NULL);
+        END IF;
+        PERFORM {schema}.r_set(k[1], a[1], a[2]::bigint);
+        IF a[3] = '' THEN RETURN '[1]'; END IF;
+        RETURN jsonb_build_array(1, {schema}.advance(k[2], true, a));
+    END IF;
+    g := {schema}.gate_enter(k, a);
+    IF g.stop IS NOT NULL THEN RETURN g.stop; END IF;
+    holder := {schema}.r_get(k[1]);
+    IF holder IS NOT NULL AND holder <> a[1] THEN
+        RETURN jsonb_build_array(0, holder, {schema}.r_pttl(k[1]), g.claim);
+    END IF;
+    stop := {schema}.gate_free(k, a, g.claim);
+    IF stop IS NOT NULL THEN RETURN stop; END IF;
+    PERFORM {schema}.r_set(k[1], a[1], a[2]::bigint);
+    PERFORM {schema}.gate_granted(k, a, g.claim);
+    IF a[3] = '' THEN RETURN '[1]'; END IF;
+    RETURN jsonb_build_array(1, {schema}.advance(k[2], holder IS NOT NULL, a));
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.issue(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT {schema}.owns(k[1], a[1]) THEN RETURN 'null'; END IF;
+    RETURN to_jsonb({schema}.advance(k[2], false, a));
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.fence(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur text;
+BEGIN
+    IF NOT {schema}.owns(k[1], a[1]) THEN RETURN '0'; END IF;
+    cur := {schema}.r_get(k[2]);
+    IF cur IS NOT NULL AND NOT {schema}.greater(a[2], cur)
+       AND (cur <> a[2] OR a[4] IS NOT DISTINCT FROM 's') THEN
+        RETURN '0';
+    END IF;
+    PERFORM {schema}.r_set(k[2], a[2], a[3]::bigint);
+    RETURN '1';
+END $$;
+
+-- One call renews every lease a process holds on this node.
+CREATE OR REPLACE FUNCTION {schema}.extend(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    out jsonb := '[]';
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(k, 1), 0) LOOP
+        IF {schema}.owns(k[i], a[2 * i - 1]) THEN
+            PERFORM {schema}.r_pexpire(k[i], a[2 * i]::bigint);
+            out := out || '1'::jsonb;
+        ELSE
+            out := out || '0'::jsonb;
+        END IF;
+    END LOOP;
+    RETURN out;
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.release(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    out integer := 0;
+    remaining bigint;
+BEGIN
+    IF {schema}.owns(k[1], a[1]) THEN out := {schema}.r_del(k[1]); END IF;
+    IF coalesce(a[2], '') <> '' THEN PERFORM {schema}.r_set(k[2], '1', a[2]::bigint); END IF;
+    IF coalesce(a[3], '') <> '' AND {schema}.owns(k[3], a[3]) THEN
+        remaining := {schema}.r_pttl(k[3]);
+        IF remaining > 0 THEN
+            PERFORM {schema}.r_set(k[3], '~' || a[3], remaining);
+        ELSE
+            PERFORM {schema}.r_del(k[3]);
+        END IF;
+    END IF;
+    RETURN to_jsonb(out);
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.release_prefix(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    out integer := 0;
+    holder text;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(k, 1), 0) LOOP
+        holder := {schema}.r_get(k[i]);
+        IF holder IS NOT NULL AND starts_with(holder, a[1]) THEN
+            out := out + {schema}.r_del(k[i]);
+        END IF;
+    END LOOP;
+    RETURN to_jsonb(out);
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.inspect(k text[], a text[]) RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT jsonb_build_array({schema}.r_get(k[1]), {schema}.r_pttl(k[1]), {schema}.r_get(k[2]));
+$$;
+
+CREATE OR REPLACE FUNCTION {schema}.peek(k text[], a text[]) RETURNS jsonb
+LANGUAGE sql AS $$ SELECT jsonb_build_array({schema}.r_get(k[1]), {schema}.r_pttl(k[1])); $$;
