@@ -28,7 +28,7 @@ Keys are found with ``SCAN`` (never ``KEYS``) and the listings stop at
 from __future__ import annotations
 
 # Importing each command module adds its commands to the group.
-from . import beat_slots, locks, nodes, settings, status, web  # noqa: F401
+from . import beat_slots, locks, nodes, schema, settings, status, web  # noqa: F401
 from .base import redlock
 
 __all__ = ["redlock"]

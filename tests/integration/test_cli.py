@@ -24,6 +24,7 @@ from click.testing import CliRunner, Result
 from celery_redlock import LockedTask, plan_of
 from celery_redlock.cli import redlock
 from celery_redlock.core import RateKey, parse_rate
+from celery_redlock.core.nodes.postgres.schema import VERSION
 from celery_redlock.redlock import Lease, make_owner, mask_url
 from tests.support.deploy import primary_with_replicas
 from tests.support.kinds import is_redis, needs_three
@@ -601,3 +602,23 @@ def test_entry_point_through_celery(redis_nodes3):
     assert "Quorum: UNREACHABLE (1 of 3 nodes answered, 2 needed)\n" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert redis_nodes3.urls[0] in proc.stderr and redis_nodes3.urls[1] in proc.stderr
+
+
+def test_schema_prints_and_applies_the_sql_of_the_postgres_nodes(postgres_node1):
+    app = cli_app.make_app(postgres_node1.urls)
+    printed = invoke(app, "schema")
+    assert printed.exit_code == 0, printed.output
+    assert "CREATE TABLE IF NOT EXISTS redlock.kv" in printed.output
+    assert "CREATE OR REPLACE FUNCTION redlock.run(" in printed.output
+    server = postgres_node1[0]
+    server.sql("DROP SCHEMA IF EXISTS redlock CASCADE")
+    applied = invoke(app, "schema", "--apply")
+    assert applied.exit_code == 0, applied.output
+    assert "schema 'redlock' is installed" in applied.output
+    assert server.sql("SELECT version FROM redlock.meta") == [(VERSION,)]
+
+
+def test_schema_with_no_postgres_node_says_so(redis_nodes3):
+    result = invoke(cli_app.make_app(redis_nodes3.urls), "schema")
+    assert result.exit_code == 1
+    assert "has no PostgreSQL lock node" in result.output

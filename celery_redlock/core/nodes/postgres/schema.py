@@ -42,9 +42,12 @@ def install_sql(schema: str) -> str:
 
 def check_sql(schema: str) -> str:
     """One row: [the schema's version or null, synchronous_standby_names]."""
+    version = (
+        f"CASE WHEN to_regclass('{schema}.meta') IS NULL THEN 'SELECT NULL::int AS v' "
+        f"ELSE 'SELECT max(version) AS v FROM {schema}.meta' END"
+    )
     return (
-        "SELECT jsonb_build_array("
-        f"(xpath('/row/v/text()', query_to_xml(CASE WHEN to_regclass('{schema}.meta') IS NULL "
-        f"THEN 'SELECT NULL::int AS v' ELSE 'SELECT max(version) AS v FROM {schema}.meta' END, "
-        "false, false, '')))[1]::text::int, current_setting('synchronous_standby_names'))"
+        "SELECT jsonb_build_array((xpath('/table/row/v/text()', "
+        f"query_to_xml({version}, false, false, '')))[1]::text::int, "
+        "current_setting('synchronous_standby_names'))"
     )

@@ -1,0 +1,170 @@
+"""PostgreSQL lock nodes under the faults of their own kind, on real servers:
+a crash and restart with leases held, a paused server, backends killed in the
+middle of rounds, pgbouncer's transaction pooling, and the schema's life
+(created on first use, refused at another version, applied by the CLI)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_redlock.core import Redlock
+from celery_redlock.core.nodes import postgres
+from celery_redlock.core.nodes.postgres.schema import VERSION
+from celery_redlock.exceptions import QuorumUnavailable
+
+pytestmark = pytest.mark.integration
+
+NAME = "pay"
+
+
+def test_a_crash_keeps_the_leases_held_and_tokens_keep_growing(postgres_nodes3):
+    rl = Redlock(postgres_nodes3.urls, node_timeout=0.5)
+    held = rl.acquire(NAME, ttl=60)
+    assert held is not None
+    for server in postgres_nodes3:
+        server.crash()  # pg_ctl stop -m immediate: no shutdown checkpoint
+    for server in postgres_nodes3:
+        server.start()  # crash recovery replays the committed grants
+    assert rl.holder(NAME).owner == held.owner
+    assert rl.acquire(NAME, ttl=5) is None  # still held: no second holder
+    rl.release(held)
+    after = rl.acquire(NAME, ttl=5)
+    assert after is not None and after.fencing_token > held.fencing_token
+    rl.release(after)
+
+
+def test_a_paused_server_answers_nothing_and_the_round_ends(postgres_nodes3):
+    """SIGSTOP on every process of one server: the quorum carries on; with two
+    paused, the round ends as "not answering", never a hang."""
+    rl = Redlock(postgres_nodes3.urls, node_timeout=0.2)
+    rl.release(rl.acquire("warm", ttl=5))  # connections open before the pause
+    postgres_nodes3.pause(0)
+    lease = rl.acquire(NAME, ttl=5)
+    assert lease is not None
+    rl.release(lease)
+    postgres_nodes3.pause(1)
+    began = time.monotonic()
+    with pytest.raises(QuorumUnavailable, match="no reply"):
+        rl.try_acquire("other", ttl=5)
+    # one round of 0.2 s per node at once (plus a loaded host's slack), not a hang
+    assert time.monotonic() - began < 5
+    postgres_nodes3.resume(0)
+    postgres_nodes3.resume(1)
+
+
+def test_backends_killed_in_the_middle_of_rounds_lose_nothing(postgres_nodes3):
+    """pg_terminate_backend on every client backend, again and again, while
+    four threads take one name: the grants never overlap and the tokens
+    strictly grow in grant order."""
+    rl = Redlock(postgres_nodes3.urls, node_timeout=0.5)
+    stop = threading.Event()
+    grants: list[int] = []
+    inside = [0]
+    overlaps = [0]
+    guard = threading.Lock()
+
+    def take() -> None:
+        while not stop.is_set():
+            try:
+                lease = rl.acquire(NAME, ttl=5, blocking=True, timeout=1)
+            except QuorumUnavailable:
+                continue
+            if lease is None:
+                continue
+            with guard:
+                inside[0] += 1
+                overlaps[0] += inside[0] > 1
+                grants.append(lease.fencing_token)
+            time.sleep(0.001)
+            with guard:
+                inside[0] -= 1
+            rl.release(lease)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    killed = 0
+    failsafe = time.monotonic() + 120  # a hang, not a slow host: the run ends on the counts
+    try:
+        while (len(grants) < 100 or killed < 20) and time.monotonic() < failsafe:
+            killed += sum(server.kill_backends() for server in postgres_nodes3)
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert len(grants) >= 100 and killed >= 20
+    assert overlaps[0] == 0
+    assert grants == sorted(set(grants))  # strictly growing, in the order granted
+
+
+def test_transaction_pooling_keeps_exclusion_and_growing_tokens(postgres_node1):
+    """pgbouncer with two server connections in transaction pooling, six threads
+    on one name, each with its own client: every call is one transaction, so
+    nothing depends on which server connection ran it."""
+    from celery_redlock.testing.pgbouncer import PgBouncer
+
+    with PgBouncer(postgres_node1[0], pool_size=2) as bouncer:
+        grants: list[int] = []
+        inside = [0]
+        overlaps = [0]
+        guard = threading.Lock()
+
+        def take() -> None:
+            rl = Redlock([bouncer.url], node_timeout=1.0)
+            for _ in range(25):
+                lease = rl.acquire(NAME, ttl=5, blocking=True, timeout=10)
+                assert lease is not None
+                with guard:
+                    inside[0] += 1
+                    overlaps[0] += inside[0] > 1
+                    grants.append(lease.fencing_token)
+                with guard:
+                    inside[0] -= 1
+                rl.release(lease)
+
+        threads = [threading.Thread(target=take) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert overlaps[0] == 0
+    assert len(grants) == 150 and grants == sorted(set(grants))
+
+
+def test_the_schema_is_made_on_first_use_and_another_version_is_refused(postgres_node1):
+    server = postgres_node1[0]
+    server.sql("DROP SCHEMA IF EXISTS redlock CASCADE")
+    rl = Redlock(postgres_node1.urls, node_timeout=1.0)
+    rl.release(rl.acquire(NAME, ttl=5))  # the first call made the schema
+    assert server.sql("SELECT version FROM redlock.meta") == [(VERSION,)]
+    server.sql("UPDATE redlock.meta SET version = version + 1")
+    again = Redlock(postgres_node1.urls, node_timeout=1.0)  # a new process, in effect
+    for node in again.nodes:
+        node._checked = False
+    with pytest.raises(QuorumUnavailable, match="celery redlock schema --apply"):
+        again.try_acquire(NAME, ttl=5)
+    server.sql("UPDATE redlock.meta SET version = %s", VERSION)
+
+
+def test_a_role_that_may_not_create_the_schema_is_told_what_to_run(postgres_node1):
+    server = postgres_node1[0]
+    server.sql("DROP SCHEMA IF EXISTS redlock CASCADE")
+    server.sql("DROP ROLE IF EXISTS crl_app")
+    server.sql("CREATE ROLE crl_app LOGIN")
+    server.sql("REVOKE CREATE ON DATABASE postgres FROM PUBLIC")
+    url = server.url.replace("postgres@", "crl_app@")
+    rl = Redlock([url], node_timeout=1.0)
+    with pytest.raises(QuorumUnavailable, match="cannot create schema 'redlock'.*schema --apply"):
+        rl.try_acquire(NAME, ttl=5)
+    # the DBA applies the printed SQL; the role may then use what it may not create
+    postgres.install(Redlock(postgres_node1.urls, node_timeout=1.0).nodes[0])
+    server.sql("GRANT USAGE ON SCHEMA redlock TO crl_app")
+    server.sql("GRANT ALL ON ALL TABLES IN SCHEMA redlock TO crl_app")
+    ok = Redlock([url], node_timeout=1.0)
+    ok.release(ok.acquire(NAME, ttl=5))
+    server.sql("DROP OWNED BY crl_app")
+    server.sql("DROP ROLE crl_app")
