@@ -353,11 +353,22 @@ class Topology:
         self.hub.close()
 
 
-def make_topology(prefix: str, clusters: bool = False) -> Topology:
-    """The hub and three lock nodes: masters, or Redis Clusters of three masters each."""
+def make_topology(prefix: str, clusters: bool = False, postgres: bool = False) -> Topology:
+    """The hub and the lock nodes: three masters, three Redis Clusters of three
+    masters each, or (``postgres``) one PostgreSQL server alone."""
     hub = RedisNode()
     try:
-        quorum = RedisClusters(3, masters=3) if clusters else RedisNodes(3)
+        if postgres:
+            from celery_redlock.testing.postgres import PostgresServers
+
+            from celery_redlock.core.nodes import node_for, postgres as kind
+
+            quorum: Any = PostgresServers(1)
+            # as a deployment does (celery redlock schema --apply): no first call
+            # of a worker or producer pays for creating it
+            kind.install(node_for(quorum.urls[0], 1.0))
+        else:
+            quorum = RedisClusters(3, masters=3) if clusters else RedisNodes(3)
     except BaseException:
         hub.close()
         raise

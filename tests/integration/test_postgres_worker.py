@@ -1,0 +1,54 @@
+"""A prefork worker whose one lock node is a PostgreSQL database (the deployment
+of a team that already runs PostgreSQL): the plain suites' own tests of locked,
+retried, claimed, debounced, permit-limited and rated tasks run here unchanged
+(imported, not copied). After the module no lock key is left, and every claim,
+schedule and receipt key expires, as on Redis.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_coalesce import (  # noqa: F401 - fixtures and tests run here
+    _nothing_left_without_a_ttl,
+    coalesce_worker,
+    test_debounce_runs_once_after_the_burst_with_the_last_arguments,
+    test_result_of_a_debounced_call_is_the_run_that_replaced_it,
+)
+from tests.integration.test_enqueue import (  # noqa: F401
+    claims_worker,
+    hold,
+    test_raise_names_the_claiming_task,
+    test_until_finished_publishes_one_message_for_every_caller,
+    test_until_started_keeps_one_running_and_one_waiting,
+)
+from tests.integration.test_locked_task import (  # noqa: F401
+    test_different_lock_on_values_run_in_parallel,
+    test_heartbeat_keeps_the_lock_three_times_past_its_ttl,
+    test_lock_name_shared_by_two_tasks_excludes_across_them,
+    test_retry_that_runs_out_fails_loudly,
+)
+from tests.integration.test_permits_live import (  # noqa: F401
+    test_limit_3_twenty_tasks_under_retry,
+    test_named_limit_of_2_shared_by_three_tasks,
+)
+from tests.integration.test_rates_live import (  # noqa: F401
+    test_shared_rate_across_tasks,
+    two_workers,
+)
+from tests.support import harness
+from tests.support.postgres import require
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+PREFIX = "crl-pg"
+
+
+@pytest.fixture(scope="module")
+def topology():
+    from celery_redlock.testing.postgres import postgres_missing
+
+    require(postgres_missing())
+    with harness.make_topology(PREFIX, postgres=True) as topo:
+        yield topo
+        topo.assert_nothing_left()
