@@ -359,9 +359,9 @@ def make_topology(prefix: str, clusters: bool = False, postgres: bool = False) -
     hub = RedisNode()
     try:
         if postgres:
+            from celery_redlock.core.nodes import node_for
+            from celery_redlock.core.nodes import postgres as kind
             from celery_redlock.testing.postgres import PostgresServers
-
-            from celery_redlock.core.nodes import node_for, postgres as kind
 
             quorum: Any = PostgresServers(1)
             # as a deployment does (celery redlock schema --apply): no first call
