@@ -32,6 +32,7 @@ __all__ = ["PostgresServer", "PostgresServers", "postgres_bin", "postgres_missin
 _START_TIMEOUT = 30.0
 _template_lock = threading.Lock()
 _template: str | None = None
+_template_owner = 0  # the process that made it (a forked child leaves it alone)
 
 
 def postgres_bin() -> str | None:
@@ -89,7 +90,7 @@ def _own(path: str) -> None:
 
 def _template_dir() -> str:
     """The data directory every server copies: one initdb per process."""
-    global _template
+    global _template, _template_owner
     with _template_lock:
         if _template is None or not os.path.exists(_template):
             root = tempfile.mkdtemp(prefix="celery-redlock-pg-template-")
@@ -100,7 +101,7 @@ def _template_dir() -> str:
                  "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale", "C"],
                 check=True, capture_output=True, **_as_server_user(),
             )  # fmt: skip
-            _template = data
+            _template, _template_owner = data, os.getpid()
         return _template
 
 
@@ -454,7 +455,12 @@ def _arm() -> None:
 
 
 def close_all() -> None:
-    """Stop every PostgreSQL server this process started."""
+    """Stop every PostgreSQL server this process started, and drop the template."""
+    global _template
     for server in list(_live):
         if server._owner == os.getpid():
             server.close()
+    with _template_lock:
+        if _template is not None and _template_owner == os.getpid():
+            shutil.rmtree(os.path.dirname(_template), ignore_errors=True)
+            _template = None
