@@ -114,7 +114,7 @@ def outage(down: Sequence[tuple[str, str]], total: int, quorum: int) -> str | No
         return None
     names = "; ".join(f"{name} ({error})" for name, error in down)
     answered = total - len(down)
-    return f"only {answered} of {total} Redis nodes answered, {quorum} needed; down: {names}"
+    return f"only {answered} of {total} lock nodes answered, {quorum} needed; down: {names}"
 
 
 def echo_down(echo: Callable, down: Sequence[tuple[str, str]], suffix: str = "") -> None:

@@ -15,7 +15,7 @@ Output is plain text in aligned columns (``status --json`` for scripts).
 
 Exit codes: 0 done; 1 bad input, a misconfiguration, or nothing done
 (``release --task-id`` of a lock someone else holds); 2 fewer than a quorum of
-the Redis nodes answered (and Click's own usage errors).
+the lock nodes answered (and Click's own usage errors).
 
 The commands open their own connections with ``--timeout`` (default 0.5 s)
 per node and round instead of ``redlock_node_timeout``: an operator on another

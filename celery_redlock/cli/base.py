@@ -42,7 +42,7 @@ EX_DEGRADED = 3
 
 
 class Unavailable(click.ClickException):
-    """Fewer than a quorum of the Redis nodes answered, or Redis failed."""
+    """Fewer than a quorum of the lock nodes answered, or Redis failed."""
 
     exit_code = EX_UNAVAILABLE
 
@@ -58,7 +58,7 @@ def redlock() -> None:
     """Inspect and clear celery_redlock locks and beat claims.
 
     Exit codes: 0 done, 1 bad input or nothing done, 2 fewer than a quorum of
-    the Redis lock nodes answered, 3 (nodes only) a node is down but a quorum
+    the lock nodes answered, 3 (nodes only) a node is down but a quorum
     answered.
     """
 
@@ -127,7 +127,7 @@ def command(name: str, *params: Callable[..., Any], timeout: bool = True) -> Cal
             try:
                 f(ctx.obj.app, ctx.obj.echo, *args, **kwargs)
             except QuorumUnavailable as exc:
-                raise Unavailable(f"Redis quorum unavailable: {exc}") from exc
+                raise Unavailable(f"lock quorum unavailable: {exc}") from exc
             except ConfigurationError as exc:
                 raise click.ClickException(f"configuration: {exc}") from exc
             except LockKeyError as exc:

@@ -60,4 +60,4 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
         raise Unavailable(problem)
     if down:
         names = "; ".join(f"{name} ({error})" for name, error in down)
-        raise Degraded(f"{answered} of {total} Redis nodes answered, {spare}; down: {names}")
+        raise Degraded(f"{answered} of {total} lock nodes answered, {spare}; down: {names}")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..core.nodes import KINDS, node_for
+from ..core.nodes import kind_of, node_for
 from .base import TASK, command, option
 from .targets import target_settings
 
@@ -35,22 +35,20 @@ def schema(
     roles that may not. The SQL is idempotent: applying it twice changes nothing.
     """
     label, settings = target_settings(app, task)
-    urls = [
-        url
-        for url in settings.nodes or ()
-        if isinstance(url, str) and KINDS.get(url.partition("://")[0]) == "postgres"
+    nodes = [
+        node_for(url, timeout, connect_timeout=max(timeout, 2.0)) for url in settings.nodes or ()
     ]
-    if not urls:
-        raise click.ClickException(f"{label} has no PostgreSQL lock node (redlock_nodes)")
-    from ..core.nodes import postgres
-
-    for url in urls:
-        node = node_for(url, timeout, connect_timeout=max(timeout, 2.0))
-        try:
+    try:
+        with_schema = [node for node in nodes if hasattr(kind_of(node), "ddl")]
+        if not with_schema:
+            raise click.ClickException(f"{label} has no PostgreSQL lock node (redlock_nodes)")
+        for node in with_schema:
+            kind = kind_of(node)
             if apply:
-                postgres.install(node)
+                kind.install(node)
                 echo(f"{node.name}: schema {node.schema!r} is installed")
             else:
-                echo(f"-- lock node {node.name}\n{postgres.ddl(node.schema)}")
-        finally:
+                echo(f"-- lock node {node.name}\n{kind.ddl(node.schema)}")
+    finally:
+        for node in nodes:
             node.close()

@@ -72,7 +72,7 @@ class QuorumUnavailable(RedlockError):
         self.total = total
         detail = "; ".join(f"{node}: {err}" for node, err in self.errors.items())
         super().__init__(
-            f"only {total - len(self.errors)} of {total} Redis nodes answered, "
+            f"only {total - len(self.errors)} of {total} lock nodes answered, "
             f"{quorum} needed ({detail})"
         )
 

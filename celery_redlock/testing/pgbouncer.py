@@ -10,7 +10,7 @@ import tempfile
 import time
 
 from .nodes import HOST, free_port
-from .postgres import _START_TIMEOUT, PostgresServer, _as_server_user, _own
+from .postgres import START_TIMEOUT, PostgresServer, as_server_user, own_by_server_user
 
 __all__ = ["PgBouncer"]
 
@@ -27,7 +27,7 @@ class PgBouncer:
         self.server = server
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="celery-redlock-pgbouncer-")
-        _own(self.dir)
+        own_by_server_user(self.dir)
         config = os.path.join(self.dir, "pgbouncer.ini")
         with open(os.path.join(self.dir, "users.txt"), "w") as f:
             f.write('"postgres" ""\n')
@@ -40,12 +40,12 @@ class PgBouncer:
                 "max_client_conn = 200\nlogfile = " + os.path.join(self.dir, "pgbouncer.log") + "\n"
             )
         for name in os.listdir(self.dir):
-            _own(os.path.join(self.dir, name))
+            own_by_server_user(os.path.join(self.dir, name))
         self._proc = subprocess.Popen(
             [binary, config], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT, **_as_server_user(),
+            stderr=subprocess.STDOUT, **as_server_user(),
         )  # fmt: skip
-        deadline = time.monotonic() + _START_TIMEOUT
+        deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
                 import psycopg

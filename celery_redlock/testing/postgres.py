@@ -29,7 +29,7 @@ from .nodes import HOST, free_port
 
 __all__ = ["PostgresServer", "PostgresServers", "postgres_bin", "postgres_missing"]
 
-_START_TIMEOUT = 30.0
+START_TIMEOUT = 30.0
 _template_lock = threading.Lock()
 _template: str | None = None
 _template_owner = 0  # the process that made it (a forked child leaves it alone)
@@ -75,14 +75,14 @@ def _user(name: str) -> Any:
         return None
 
 
-def _as_server_user() -> dict[str, Any]:
+def as_server_user() -> dict[str, Any]:
     """Popen arguments that run a command as the server's user (postgres when root)."""
     if os.geteuid() != 0:
         return {}
     return {"user": "postgres", "group": "postgres", "extra_groups": []}
 
 
-def _own(path: str) -> None:
+def own_by_server_user(path: str) -> None:
     if os.geteuid() == 0:
         user = _user("postgres")
         shutil.chown(path, user.pw_uid, user.pw_gid)
@@ -94,12 +94,12 @@ def _template_dir() -> str:
     with _template_lock:
         if _template is None or not os.path.exists(_template):
             root = tempfile.mkdtemp(prefix="celery-redlock-pg-template-")
-            _own(root)
+            own_by_server_user(root)
             data = os.path.join(root, "data")
             subprocess.run(
                 [os.path.join(postgres_bin() or "", "initdb"), "-D", data, "-A", "trust",
                  "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale", "C"],
-                check=True, capture_output=True, **_as_server_user(),
+                check=True, capture_output=True, **as_server_user(),
             )  # fmt: skip
             _template, _template_owner = data, os.getpid()
         return _template
@@ -112,7 +112,7 @@ class PostgresServer:
         self.host = HOST
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="celery-redlock-pg-")
-        _own(self.dir)
+        own_by_server_user(self.dir)
         self.data = os.path.join(self.dir, "data")
         subprocess.run(["cp", "-a", _template_dir(), self.data], check=True)
         self.logfile = os.path.join(self.dir, "server.log")
@@ -172,13 +172,13 @@ class PostgresServer:
              "-c", f"unix_socket_directories={self.dir}", "-c", "fsync=off",
              "-c", "max_connections=200", "-c", "shared_buffers=16MB"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            **_as_server_user(),
+            **as_server_user(),
         )  # fmt: skip
         log.close()
         self._owner = os.getpid()
         _arm()
         _live.add(self)
-        deadline = time.monotonic() + _START_TIMEOUT
+        deadline = time.monotonic() + START_TIMEOUT
         while not self._answers():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()

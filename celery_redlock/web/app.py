@@ -206,7 +206,7 @@ class DashboardApp:
         except ActionRefused as exc:
             raise _Reply(exc.status, str(exc)) from exc
         except QuorumUnavailable as exc:
-            raise _Reply("503 Service Unavailable", f"Redis quorum unavailable: {exc}") from exc
+            raise _Reply("503 Service Unavailable", f"lock quorum unavailable: {exc}") from exc
         return self._json(done)
 
     # -- authentication -------------------------------------------------------

@@ -133,7 +133,7 @@ def test_a_new_process_fails_fast_naming_the_nodes_when_a_majority_hangs(grid: P
     print(f"\n{mode} on nodes {hung}: failed in {[round(t, 3) for t in took]}")
     for r in results:
         assert not r["ok"]
-        assert r["error"] and r["error"].startswith("only 2 of 5 Redis nodes answered"), r
+        assert r["error"] and r["error"].startswith("only 2 of 5 lock nodes answered"), r
         for i in hung:
             assert urls[i] in r["error"], (urls[i], r["error"])
     assert max(took) < CONNECT_TIMEOUT + 3 * NODE_TIMEOUT, took

@@ -237,7 +237,7 @@ def test_status_without_a_quorum_exits_2(app, redis_nodes3):
     result = invoke(app, "status", cli_app.SETTLE, "--args", "[7]")
     assert result.exit_code == 2, result.output
     assert "unknown: only 1 of 3 nodes answered" in result.stdout
-    assert "only 1 of 3 Redis nodes answered, 2 needed" in result.stderr
+    assert "only 1 of 3 lock nodes answered, 2 needed" in result.stderr
     data = json.loads(invoke(app, "status", cli_app.SETTLE, "--args", "[7]", "--json").stdout)
     assert data["held"] is False and "error" in data
 
@@ -592,7 +592,7 @@ def test_entry_point_through_celery(redis_nodes3):
     )
     assert "Traceback" not in proc.stderr
     assert (
-        f"2 of 3 Redis nodes answered, the quorum tolerates no further node failure; "
+        f"2 of 3 lock nodes answered, the quorum tolerates no further node failure; "
         f"down: {redis_nodes3.urls[0]} (" in proc.stderr
     )
 

@@ -238,7 +238,7 @@ def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, red
         take_down(nodes[1])
         status, state = site.call("/api/state")
         group = state["groups"][0]
-        assert status == 200 and "only 1 of 3 Redis nodes answered" in group["error"]
+        assert status == 200 and "only 1 of 3 lock nodes answered" in group["error"]
     finally:
         bring_back(nodes[1])
         bring_back(nodes[2])

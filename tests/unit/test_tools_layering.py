@@ -31,8 +31,8 @@ CORE = {"redlock", "exceptions", "metrics", "settings"} | {
     m for m in MODULES if m == "core" or m.startswith("core.")
 }
 #: The core's modules that only the core imports: everything but its package,
-#: its heartbeat and its exceptions.
-PUBLIC_CORE = {"core", "core.heartbeat", "core.exceptions"}
+#: its heartbeat, its exceptions and the node seam (kinds and tools meet there).
+PUBLIC_CORE = {"core", "core.heartbeat", "core.exceptions", "core.nodes"}
 INNER = {m for m in MODULES if m.startswith("core.")} - PUBLIC_CORE
 
 

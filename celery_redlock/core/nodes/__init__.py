@@ -28,6 +28,8 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 * ``command(nodes, command, timeout)``: the same for a plain read;
 * ``send(op, nodes, keys, args)``: write a deletion without waiting; the
   indexes of the nodes it was not sent to (the caller runs a round there);
+* optionally ``ddl(schema)`` and ``install(node)``: the SQL a node of the kind
+  needs before use, and applying it (``celery redlock schema``);
 * ``node_info(node, ask)``: how the node is, as
   :class:`~celery_redlock.core.records.NodeInfo` rows (``ask`` sends a plain
   read to some nodes), for ``celery redlock nodes`` and the dashboard.

@@ -53,7 +53,7 @@ def test_a_slow_connect_bounded_by_the_node_timeout_was_an_outage(grid: ProxyGri
     answered"."""
     grid.set("w", range(3), netproxy.SLOW_START, delay=SLOW_START)
     rl = Redlock(grid.urls("w", db=1), node_timeout=NODE_TIMEOUT, connect_timeout=NODE_TIMEOUT)
-    with pytest.raises(QuorumUnavailable, match="only 0 of 3 Redis nodes answered"):
+    with pytest.raises(QuorumUnavailable, match="only 0 of 3 lock nodes answered"):
         rl.try_acquire("slow-connect", ttl=10)
 
 
