@@ -112,20 +112,19 @@ def _command(schema: str, cmd: tuple) -> tuple[str, list[Any], Callable[[Any], A
         return f"SELECT to_jsonb({schema}.r_del(VARIADIC $1::text[]))", [rest], None
     if verb == "HGETALL":
         sql = (
-            f"SELECT coalesce((SELECT jsonb_agg(x) FROM {schema}.live($1) l, "
-            "jsonb_each_text(l.map) e,"
+            "SELECT coalesce(jsonb_agg(x), '[]') FROM "
+            f"jsonb_each_text(({schema}.typed($1, 'h')).map) e, "
+            "LATERAL (VALUES (e.key), (e.value)) v(x)"
         )
-        return (
-            sql + " LATERAL (VALUES (e.key), (e.value)) v(x) WHERE l.kind = 'h'), '[]')",
-            rest[:1],
-            None,
-        )
+        return sql, rest[:1], None
     if verb == "ZRANGE" and [_text(r).upper() for r in rest[1:]] == ["0", "-1", "WITHSCORES"]:
         sql = (
             "SELECT coalesce(jsonb_agg(jsonb_build_array(member, score)), '[]') "
             f"FROM {schema}.zmembers($1)"
         )
         return sql, rest[:1], lambda pairs: [x for m, s in pairs for x in (m.encode(), _score(s))]
+    if verb == "SET" and len(rest) == 5 and [_text(r).upper() for r in rest[2:4]] == ["NX", "PX"]:
+        return f"SELECT {schema}.set_nx($1, $2, $3::bigint)", [rest[0], rest[1], rest[4]], None
     if verb == "SCAN" and len(rest) == 5:
         cursor, count = int(_text(rest[0])), int(_text(rest[4]))
         sql = (

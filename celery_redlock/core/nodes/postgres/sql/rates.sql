@@ -209,5 +209,6 @@ BEGIN
         WHEN 'unstart' THEN {schema}.unstart(k, a)
     END;
     IF reply IS NULL THEN RAISE EXCEPTION 'no operation %', op; END IF;
+    IF op NOT IN ('inspect', 'peek') THEN PERFORM {schema}.sweep(); END IF;
     RETURN reply::text;
 END $$;

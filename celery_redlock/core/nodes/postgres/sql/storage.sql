@@ -35,13 +35,14 @@ LANGUAGE sql STABLE AS $$
      WHERE key = k AND (expires_at IS NULL OR expires_at > clock_timestamp());
 $$;
 
--- Writes clear a few expired rows as they go: keys used once do not pile up.
+-- Each call that may write clears a few expired rows: keys used once do not pile up.
 CREATE OR REPLACE FUNCTION {schema}.sweep() RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     DELETE FROM {schema}.kv WHERE key IN (
         SELECT key FROM {schema}.kv WHERE expires_at < clock_timestamp()
          ORDER BY expires_at LIMIT 4 FOR UPDATE SKIP LOCKED);
-$$;
+END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.expiry(px bigint) RETURNS timestamptz
 LANGUAGE sql AS $$
@@ -49,32 +50,49 @@ LANGUAGE sql AS $$
                 ELSE clock_timestamp() + px * interval '1 millisecond' END;
 $$;
 
+-- A command against a key of another type fails, as on Redis.
+CREATE OR REPLACE FUNCTION {schema}.typed(k text, want "char") RETURNS {schema}.kv
+LANGUAGE plpgsql AS $$
+DECLARE
+    r {schema}.kv;
+BEGIN
+    SELECT * INTO r FROM {schema}.kv
+     WHERE key = k AND (expires_at IS NULL OR expires_at > clock_timestamp());
+    IF FOUND AND r.kind <> want THEN
+        RAISE EXCEPTION 'WRONGTYPE Operation against a key holding the wrong kind of value';
+    END IF;
+    RETURN r;
+END $$;
+
 CREATE OR REPLACE FUNCTION {schema}.r_get(k text) RETURNS text
-LANGUAGE sql AS $$ SELECT val FROM {schema}.live(k) WHERE kind = 's'; $$;
+LANGUAGE plpgsql AS $$ BEGIN RETURN ({schema}.typed(k, 's')).val; END $$;
 
 -- SET k v [PX px] [NX]: true when set. Without px the key keeps no expiry.
 CREATE OR REPLACE FUNCTION {schema}.r_set(k text, v text, px bigint DEFAULT NULL,
                                           nx boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF nx AND EXISTS (SELECT 1 FROM {schema}.live(k)) THEN
+    IF nx AND {schema}.r_exists(k) = 1 THEN
         RETURN false;
     END IF;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
     VALUES (k, 's', v, NULL, {schema}.expiry(px))
     ON CONFLICT (key) DO UPDATE
        SET kind = 's', val = EXCLUDED.val, map = NULL, expires_at = EXCLUDED.expires_at;
-    PERFORM {schema}.sweep();
     RETURN true;
 END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_pttl(k text) RETURNS bigint
-LANGUAGE sql AS $$
-    SELECT coalesce((SELECT CASE WHEN expires_at IS NULL THEN -1
-                                 ELSE greatest(0, floor(extract(epoch FROM
-                                      expires_at - clock_timestamp()) * 1000))::bigint
-                            END FROM {schema}.live(k)), -2);
-$$;
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz;
+BEGIN
+    SELECT expires_at INTO t FROM {schema}.kv
+     WHERE key = k AND (expires_at IS NULL OR expires_at > clock_timestamp());
+    IF NOT FOUND THEN RETURN -2; END IF;
+    IF t IS NULL THEN RETURN -1; END IF;
+    RETURN greatest(0, floor(extract(epoch FROM t - clock_timestamp()) * 1000))::bigint;
+END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_pexpire(k text, ms bigint) RETURNS integer
 LANGUAGE sql AS $$
@@ -91,25 +109,39 @@ LANGUAGE sql AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_exists(k text) RETURNS integer
-LANGUAGE sql AS $$ SELECT count(*)::int FROM {schema}.live(k); $$;
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {schema}.kv
+     WHERE key = k AND (expires_at IS NULL OR expires_at > clock_timestamp());
+    RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $$;
+
+-- SET k v NX PX px as a plain command: 'OK' or null.
+CREATE OR REPLACE FUNCTION {schema}.set_nx(k text, v text, px bigint) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {schema}.lock_keys(ARRAY[k]);
+    RETURN CASE WHEN {schema}.r_set(k, v, px, true) THEN '"OK"'::jsonb ELSE 'null'::jsonb END;
+END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_hget(k text, f text) RETURNS text
-LANGUAGE sql AS $$ SELECT map ->> f FROM {schema}.live(k) WHERE kind = 'h'; $$;
+LANGUAGE plpgsql AS $$ BEGIN RETURN ({schema}.typed(k, 'h')).map ->> f; END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_hmget(k text, fs text[]) RETURNS text[]
 LANGUAGE sql AS $$
-    SELECT ARRAY(SELECT (SELECT map ->> f FROM {schema}.live(k) WHERE kind = 'h')
-                   FROM unnest(fs) WITH ORDINALITY AS x(f, i) ORDER BY i);
+    SELECT ARRAY(SELECT m ->> f FROM unnest(fs) WITH ORDINALITY AS x(f, i),
+                                     (SELECT ({schema}.typed(k, 'h')).map AS m) y ORDER BY i);
 $$;
 
 -- HSET k f1 v1 f2 v2 ...: the number of fields added.
 CREATE OR REPLACE FUNCTION {schema}.r_hset(k text, VARIADIC fv text[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur jsonb := (SELECT map FROM {schema}.live(k) WHERE kind = 'h');
+    r {schema}.kv := {schema}.typed(k, 'h');
+    cur jsonb := r.map;
     added integer := 0;
     i integer := 1;
-    ttl timestamptz := (SELECT expires_at FROM {schema}.live(k) WHERE kind = 'h');
+    ttl timestamptz := r.expires_at;
 BEGIN
     cur := coalesce(cur, '{}'::jsonb);
     WHILE i < array_length(fv, 1) LOOP
@@ -136,7 +168,7 @@ END $$;
 CREATE OR REPLACE FUNCTION {schema}.r_hdel(k text, VARIADIC fs text[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur jsonb := (SELECT map FROM {schema}.live(k) WHERE kind = 'h');
+    cur jsonb := ({schema}.typed(k, 'h')).map;
     gone integer;
 BEGIN
     IF cur IS NULL THEN RETURN 0; END IF;
@@ -155,8 +187,9 @@ CREATE OR REPLACE FUNCTION {schema}.r_zadd(k text, score double precision, m tex
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur jsonb := coalesce((SELECT map FROM {schema}.live(k) WHERE kind = 'z'), '{}'::jsonb);
-    ttl timestamptz := (SELECT expires_at FROM {schema}.live(k) WHERE kind = 'z');
+    r {schema}.kv := {schema}.typed(k, 'z');
+    cur jsonb := coalesce(r.map, '{}'::jsonb);
+    ttl timestamptz := r.expires_at;
     added integer := CASE WHEN cur ? m THEN 0 ELSE 1 END;
 BEGIN
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
@@ -171,8 +204,7 @@ CREATE OR REPLACE FUNCTION {schema}.zmembers(k text)
 RETURNS TABLE (member text, score double precision)
 LANGUAGE sql AS $$
     SELECT e.key, e.value::text::double precision
-      FROM {schema}.live(k) l, jsonb_each(l.map) e
-     WHERE l.kind = 'z' ORDER BY 2, e.key COLLATE "C";
+      FROM jsonb_each(({schema}.typed(k, 'z')).map) e ORDER BY 2, e.key COLLATE "C";
 $$;
 
 -- Keep ``keep`` (member -> score) as the set, or drop the key when empty.
@@ -185,7 +217,7 @@ $$;
 CREATE OR REPLACE FUNCTION {schema}.r_zrem(k text, VARIADIC ms text[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur jsonb := (SELECT map FROM {schema}.live(k) WHERE kind = 'z');
+    cur jsonb := ({schema}.typed(k, 'z')).map;
     gone integer;
 BEGIN
     IF cur IS NULL THEN RETURN 0; END IF;
@@ -206,7 +238,7 @@ DECLARE
     keep jsonb;
     gone integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM {schema}.live(k) WHERE kind = 'z') THEN RETURN 0; END IF;
+    IF ({schema}.typed(k, 'z')).key IS NULL THEN RETURN 0; END IF;
     SELECT coalesce(jsonb_object_agg(member, score) FILTER (WHERE NOT hit), '{}'::jsonb),
            count(*) FILTER (WHERE hit)
       INTO keep, gone

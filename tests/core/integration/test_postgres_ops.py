@@ -1,0 +1,340 @@
+"""A PostgreSQL node gives the replies a Redis node gives: every operation of the
+lease, the permits and inspection, and the plain commands, run on a real
+redis-server and on a PostgreSQL database, step by step, replies compared
+exactly (TTLs within a few hundred ms), and the two stores' contents compared
+at the end. Random sequences over a few names, owners and gate flags, and
+hand-picked ones for the rules a random walk reaches rarely."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from celery_redlock.core import scripts
+from celery_redlock.core.nodes import command, node_for, scatter
+from tests.support.pg_nodes import TTL_SLACK, pg_urls, same_reply
+
+pytestmark = pytest.mark.integration
+
+T = 5.0  # a round's timeout: nothing here is about timeouts
+SHORT = 25  # ms: a TTL that runs out before the next step (which waits for it)
+OWNERS = ["t1|a", "t1|b", "t2|a", "t3|a"]
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    with pg_urls(1) as urls:
+        yield urls[0]
+
+
+class Both:
+    """A Redis node and a PostgreSQL node, sent every step alike."""
+
+    def __init__(self, redis_url: str, pg_url: str):
+        self.r = node_for(redis_url, T)
+        self.p = node_for(pg_url, T)
+        self.p_ = f"t{uuid.uuid4().hex[:8]}"
+        self.steps: list[str] = []
+        self.short = False
+
+    def close(self) -> None:
+        self.r.close()
+        self.p.close()
+
+    def k(self, family: str, name: str, *more: str) -> str:
+        return ":".join((self.p_, family, name, *more))
+
+    def _check(self, where: str, a: Any, b: Any) -> Any:
+        self.steps.append(where)
+        assert not isinstance(b, TimeoutError), f"{where}: {b!r}"
+        same_reply(a, b, f"step {len(self.steps)}: {where}")
+        return a
+
+    def op(self, op: scripts.Script, keys: list[str], args: list[Any]) -> Any:
+        a = scatter(op, [self.r], keys, args, T)[0]
+        b = scatter(op, [self.p], keys, args, T)[0]
+        return self._check(f"{op.name} {keys} {args}", a, b)
+
+    def cmd(self, *cmd: Any) -> Any:
+        a = command([self.r], cmd, T)[0]
+        b = command([self.p], cmd, T)[0]
+        return self._check(" ".join(map(str, cmd)), a, b)
+
+    def settle(self) -> None:
+        """Wait out the short TTLs of the last step on both stores."""
+        if self.short:
+            time.sleep(0.12)
+            self.short = False
+
+    def scan(self, node: Any, match: str) -> set[bytes]:
+        found: set[bytes] = set()
+        cursor: Any = b"0"
+        while True:
+            reply = command([node], ("SCAN", cursor, "MATCH", match, "COUNT", 7), T)[0]
+            assert not isinstance(reply, Exception), reply
+            cursor, keys = reply
+            found.update(keys)
+            if int(cursor) == 0:
+                return found
+
+    def same_contents(self) -> None:
+        """Both stores hold the same keys, values and TTLs under the prefix."""
+        match = self.p_ + ":*"
+        keys = self.scan(self.r, match)
+        assert keys == self.scan(self.p, match)
+        for key in sorted(keys):
+            kind = self.cmd("TYPE", key)
+            if kind == b"string":
+                self.cmd("GET", key)
+            elif kind == b"hash":
+                self.cmd("HGETALL", key)
+            elif kind == b"zset":
+                self.cmd("ZRANGE", key, 0, -1, "WITHSCORES")
+            self.cmd("PTTL", key)
+
+
+@pytest.fixture
+def both(redis_nodes3, pg_url):
+    pair = Both(redis_nodes3.urls[0], pg_url)
+    yield pair
+    pair.close()
+
+
+def now_us() -> str:
+    return str(time.time_ns() // 1000)
+
+
+# -- a random walk ----------------------------------------------------------------
+
+
+def ttl(rng: random.Random, both: Both) -> int:
+    value = rng.choice([60000, 60000, 30000, SHORT])
+    both.short |= value == SHORT
+    return value
+
+
+def permit_keys(both: Both, name: str, gated: bool, task: str) -> list[str]:
+    lock = both.k("lock", name)
+    extra = [both.k("receipt", name, task), both.k("claim", name), both.k("throttle", name)]
+    return [lock, both.k("fence", name), *(extra if gated else [lock] * 3)] + [
+        f"{lock}#{i}" for i in (1, 2)
+    ]
+
+
+def gate_args(rng: random.Random, both: Both, task: str) -> list[Any]:
+    flags = "".join(rng.sample("rcswt", rng.randint(0, 3)))
+    period = rng.choice(["1", "600000"]) if "t" in flags else "2000"
+    both.short |= period == "1"
+    return [task, flags, period, time.time_ns() // 1_000_000, ""]
+
+
+def step(rng: random.Random, both: Both) -> None:
+    name, other = rng.sample(["n1", "n2"], 2)
+    owner = rng.choice(OWNERS)
+    task = owner.split("|")[0]
+    lock, fence = both.k("lock", name), both.k("fence", name)
+    fencing = rng.choice(["", "600000"])
+    what = rng.randrange(15)
+    if what == 0:
+        both.op(scripts.ACQUIRE, [lock, fence], [owner, ttl(rng, both), fencing, now_us()])
+    elif what == 1:
+        keys = [lock, fence, both.k("receipt", name, task), both.k("claim", name)]
+        keys.append(both.k("throttle", name))
+        args = [owner, ttl(rng, both), fencing, now_us(), *gate_args(rng, both, task)]
+        both.op(scripts.ACQUIRE, keys, args)
+    elif what in (2, 3):
+        gated = rng.random() < 0.4
+        keys = permit_keys(both, name, gated, task)
+        gates = gate_args(rng, both, task) if gated else ["", "", "", "", ""]
+        args = [owner, ttl(rng, both), fencing, now_us(), *gates, rng.choice(["", "0", "1", "2"])]
+        if what == 3:  # another name's permit with it
+            args[5] += "a"
+            args += [3, 3, rng.choice(["", "0", "2"])]
+            keys += [both.k("fence", other), *permit_keys(both, other, False, task)[5:]]
+            keys.insert(-2, both.k("lock", other))
+        both.op(scripts.ACQUIRE_PERMIT, keys, args)
+    elif what == 4:
+        o2 = rng.choice(OWNERS)
+        args = [owner, ttl(rng, both), o2, ttl(rng, both)]
+        both.op(scripts.EXTEND, [lock, both.k("lock", other)], args)
+    elif what == 5:
+        keys = [lock, both.k("receipt", name, task), both.k("claim", name)]
+        args = [owner, rng.choice(["", "60000"]), rng.choice(["", task])]
+        both.op(scripts.RELEASE, keys, args)
+    elif what == 6:
+        keys = [lock, f"{lock}#1", f"{lock}#2"]
+        both.op(scripts.RELEASE_PREFIX, keys, [rng.choice(["t1|", "t2|", "t1|a", "t"])])
+    elif what == 7:
+        have = both.cmd("GET", fence)
+        base = int(have) if have is not None and have.isdigit() else 10**15
+        token = str(base + rng.choice([-1, 0, 0, 1, 10**6]))
+        args = [owner, token, rng.choice(["600000", str(SHORT)]), rng.choice(["", "s"])]
+        both.short |= args[2] == str(SHORT)
+        both.op(scripts.FENCE, [lock, fence], args)
+    elif what == 8:
+        both.op(scripts.ISSUE, [lock, fence], [owner, "", rng.choice(["600000"]), now_us()])
+    elif what == 9:
+        both.op(scripts.INSPECT, [rng.choice([lock, f"{lock}#1"]), fence], [])
+    elif what == 10:
+        key = rng.choice([lock, fence, both.k("claim", name), both.k("throttle", name)])
+        both.op(scripts.PEEK, [key], [])
+    elif what == 11:
+        claim = rng.choice([task, "~" + task, "t9"])
+        both.cmd("SET", both.k("claim", name), claim, "NX", "PX", ttl(rng, both))
+    else:
+        key = rng.choice(
+            [lock, fence, f"{lock}#1", both.k("claim", name), both.k("throttle", name)]
+            + [both.k("receipt", name, t) for t in ("t1", "t2")]
+        )
+        verb = rng.choice(["GET", "PTTL", "TYPE", "DEL", "HGETALL", "ZRANGE"])
+        if verb == "ZRANGE":
+            both.cmd(verb, key, 0, -1, "WITHSCORES")
+        else:
+            both.cmd(verb, key)
+    both.settle()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_random_walk_gets_the_replies_redis_gives(both, seed):
+    rng = random.Random(seed)
+    for _ in range(150):
+        step(rng, both)
+    both.same_contents()
+
+
+# -- hand-picked ------------------------------------------------------------------
+
+
+def test_acquire_extend_release_and_the_fence(both):
+    lock, fence = both.k("lock", "a"), both.k("fence", "a")
+    first = both.op(scripts.ACQUIRE, [lock, fence], ["t1|a", 10000, "600000", now_us()])
+    assert first[0] == 1
+    again = both.op(scripts.ACQUIRE, [lock, fence], ["t1|a", 10000, "600000", now_us()])
+    assert again == first  # a re-sent acquire returns the value its first send wrote
+    held = both.op(scripts.ACQUIRE, [lock, fence], ["t2|a", 10000, "600000", now_us()])
+    assert held[:2] == [0, b"t1|a"] and held[3] is None
+    assert both.op(scripts.EXTEND, [lock, lock], ["t1|a", 20000, "t2|a", 5]) == [1, 0]
+    assert both.op(scripts.ISSUE, [lock, fence], ["t2|a", "", "600000", now_us()]) is None
+    issued = both.op(scripts.ISSUE, [lock, fence], ["t1|a", "", "600000", now_us()])
+    assert int(issued) == int(first[1]) + 1
+    # fence: a larger token lands, an equal one too unless strict, a smaller one never
+    big = str(int(issued) + 5)
+    assert both.op(scripts.FENCE, [lock, fence], ["t1|a", big, "600000"]) == 1
+    assert both.op(scripts.FENCE, [lock, fence], ["t1|a", big, "600000"]) == 1
+    assert both.op(scripts.FENCE, [lock, fence], ["t1|a", big, "600000", "s"]) == 0
+    assert both.op(scripts.FENCE, [lock, fence], ["t1|a", issued, "600000"]) == 0
+    assert both.op(scripts.RELEASE, [lock], ["t2|a"]) == 0
+    assert both.op(scripts.RELEASE, [lock], ["t1|a"]) == 1
+    assert both.op(scripts.INSPECT, [lock, fence], [])[:2] == [None, -2]
+    both.same_contents()
+
+
+def test_a_fence_of_nines_carries_and_a_seed_takes_the_larger_clock(both):
+    lock, fence = both.k("lock", "b"), both.k("fence", "b")
+    both.cmd("SET", fence, "999", "NX", "PX", 60000)
+    assert both.op(scripts.ACQUIRE, [lock, fence], ["o", 5000, "60000", "0"]) == [1, b"1000"]
+    lock2, fence2 = both.k("lock", "c"), both.k("fence", "c")
+    future = str((int(time.time()) + 3600) * 10**6)
+    assert both.op(scripts.ACQUIRE, [lock2, fence2], ["o", 5000, "60000", future]) == [
+        1,
+        future.encode(),
+    ]
+    # a seed from the node's clock (the client's is 0): the same second on both
+    lock3, fence3 = both.k("lock", "d"), both.k("fence", "d")
+    a = scatter(scripts.ACQUIRE, [both.r], [lock3, fence3], ["o", 5000, "60000", "0"], T)[0]
+    b = scatter(scripts.ACQUIRE, [both.p], [lock3, fence3], ["o", 5000, "60000", "0"], T)[0]
+    assert a[1].endswith(b"000000") and b[1].endswith(b"000000")
+    assert abs(int(a[1]) - int(b[1])) <= 2 * 10**6
+
+
+def test_permits_fill_then_name_the_holder_that_frees_first(both):
+    keys = permit_keys(both, "p", False, "")
+    none = ["", "", "", "", ""]
+    got = [
+        both.op(scripts.ACQUIRE_PERMIT, keys, [o, t, "600000", now_us(), *none, "1"])
+        for o, t in (("t1|a", 30000), ("t2|a", 10000), ("t3|a", 20000))
+    ]
+    assert [g[0] for g in got] == [1, 1, 1] and [g[2] for g in got] == [1, 0, 2]
+    full = both.op(scripts.ACQUIRE_PERMIT, keys, ["t4|a", 5000, "", now_us(), *none, ""])
+    assert full[:2] == [0, b"t2|a"] and full[3] is None
+    # another copy of a task id stops the grant as if every permit were held
+    copy = both.op(scripts.ACQUIRE_PERMIT, keys, ["t1|b", 5000, "", now_us(), "t1", *none[1:]])
+    assert copy[:2] == [0, b"t1|a"]
+    assert both.op(scripts.RELEASE_PREFIX, keys[5:] + keys[:1], ["t2|"]) == 1
+    # all or nothing across names: the other name is full
+    other = permit_keys(both, "q", False, "")
+    for o in ("x|1", "x|2", "x|3"):
+        both.op(scripts.ACQUIRE_PERMIT, other, [o, 60000, "", now_us(), *none, ""])
+    both_names = keys + [other[1], other[0], *other[5:]]
+    args = ["t5|a", 5000, "600000", now_us(), "", "a", "", "", "", "", 3, 3, ""]
+    assert both.op(scripts.ACQUIRE_PERMIT, both_names, args)[:2] == [5, 1]
+    both.op(scripts.RELEASE_PREFIX, other[5:] + other[:1], ["x|"])
+    granted = both.op(scripts.ACQUIRE_PERMIT, both_names, args)
+    assert granted[0] == 1 and len(granted) == 5
+    both.same_contents()
+
+
+def test_the_gates(both):
+    lock, fence = both.k("lock", "g"), both.k("fence", "g")
+    receipt, claim, throttle = both.k("rc", "g", "t1"), both.k("claim", "g"), both.k("thr", "g")
+    keys = [lock, fence, receipt, claim, throttle]
+
+    def acquire(owner: str, flags: str, period: str = "", now: int = 0) -> Any:
+        args = [owner, 10000, "600000", now_us(), owner.split("|")[0], flags]
+        if period:
+            args += [period, now]
+        return both.op(scripts.ACQUIRE, keys, args)
+
+    both.cmd("SET", claim, "t2", "NX", "PX", 30000)
+    assert acquire("t1|a", "c")[:2] == [3, b"t2"]  # claimed by another id
+    assert acquire("t2|a", "cw")[0] == 1  # its claimant takes it and withdraws the claim
+    assert both.cmd("GET", claim) == b"~t2"
+    both.op(scripts.RELEASE, [lock, receipt, claim], ["t2|a", "60000", "t2"])
+    assert acquire("t1|a", "r") == [2]  # the receipt written at release: t1 finished
+    assert acquire("t1|a", "c")[0] == 1  # a started mark counts as no claim ...
+    both.op(scripts.RELEASE, [lock], ["t1|a"])
+    assert acquire("t3|a", "cs")[:2] == [3, b"~t2"]  # ... but for one claimed at publish
+    now = time.time_ns() // 1_000_000
+    assert acquire("t3|a", "t", "5000", now)[0] == 1
+    both.op(scripts.RELEASE, [lock], ["t3|a"])
+    assert acquire("t3|a", "t", "5000", now + 1000) == [4, 4000]
+    assert acquire("t3|a", "t", "5000", now + 6000)[0] == 1
+    both.same_contents()
+
+
+def test_errors_and_plain_commands(both):
+    thr = both.k("thr", "e")
+    lock = both.k("lock", "e")
+    keys = [lock, both.k("fence", "e"), both.k("rc", "e"), both.k("cl", "e"), thr]
+    both.op(scripts.ACQUIRE, keys, ["t1|a", 5000, "", now_us(), "t1", "t", "60000", 1, ""])
+    assert both.cmd("TYPE", thr) == b"hash"
+    assert both.cmd("HGETALL", thr) == [b"start", b"1"]
+    assert isinstance(both.cmd("GET", thr), Exception)  # WRONGTYPE on both
+    assert isinstance(both.op(scripts.INSPECT, [thr, lock], []), Exception)
+    assert both.cmd("ZRANGE", both.k("none", "e"), 0, -1, "WITHSCORES") == []
+    assert both.cmd("SET", lock, "x", "NX", "PX", 100) is None
+    assert both.cmd("DEL", lock, thr, both.k("none", "e")) == 2
+    assert both.cmd("PTTL", lock) == -2 and both.cmd("TYPE", lock) == b"none"
+    assert both.cmd("PING") == b"PONG"
+    odd = both.k("o", "a*b?[c]\\x")
+    both.cmd("SET", odd, "1", "NX", "PX", 60000)
+    both.cmd("SET", both.k("o", "aXb"), "1", "NX", "PX", 60000)
+    pattern = both.p_ + ":o:a\\*b\\?\\[c]\\\\*"
+    assert both.scan(both.r, pattern) == both.scan(both.p, pattern) == {odd.encode()}
+    pattern = both.p_ + ":o:a[*X]b*"
+    assert len(both.scan(both.r, pattern)) == len(both.scan(both.p, pattern)) == 2
+    assert isinstance(command([both.p], ("INCR", lock), T)[0], Exception)
+
+
+def test_ttls_run_out_alike(both):
+    lock, fence = both.k("lock", "x"), both.k("fence", "x")
+    both.op(scripts.ACQUIRE, [lock, fence], ["t1|a", SHORT, str(SHORT), now_us()])
+    time.sleep(0.12)
+    assert both.op(scripts.INSPECT, [lock, fence], []) == [None, -2, None]
+    both.op(scripts.ACQUIRE, [lock, fence], ["t1|a", 60000, "", now_us()])
+    left = both.op(scripts.PEEK, [lock], [])[1]
+    assert 60000 - TTL_SLACK < left <= 60000
