@@ -281,3 +281,63 @@ def celery_task(app: Any, body: Callable[[], None]) -> Any:
     figures), fencing and heartbeat on, one lock key per argument.
     """
     return locked_task(app, body, name="anchors.candidate", nodes=celery_nodes())
+
+
+class PostgresFloorAdapter:
+    """The raw floor of a PostgreSQL lease: one lease-table row per name, taken
+    with one ``INSERT ... ON CONFLICT ... WHERE expired`` (a row back: granted,
+    with its fence) and freed with one ``UPDATE``, two commits, through psycopg
+    with nothing of ours in between."""
+
+    key = "pg-floor"
+    label = "raw lease table (PostgreSQL, 2 statements)"
+    n_nodes = 1
+    fencing = True
+
+    def __init__(self, url: str, *, ttl: float = TTL) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_lease (name text PRIMARY KEY, owner text NOT NULL,"
+            " fence bigint NOT NULL, expires_at timestamptz NOT NULL)"
+        )
+        self.ms = int(ttl * 1000)
+
+    def new(self, key: str) -> str:
+        return key
+
+    def acquire(self, h: str, timeout: float | None = None) -> bool:
+        row = self.conn.execute(
+            "INSERT INTO bench_lease AS l (name, owner, fence, expires_at) VALUES"
+            " (%s, 'me', 1, clock_timestamp() + %s * interval '1 millisecond')"
+            " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1,"
+            " expires_at = EXCLUDED.expires_at WHERE l.expires_at < clock_timestamp()"
+            " RETURNING fence",
+            (h, self.ms),
+        ).fetchone()
+        return row is not None
+
+    def release(self, h: str) -> None:
+        self.conn.execute(
+            "UPDATE bench_lease SET expires_at = '-infinity' WHERE name = %s AND owner = 'me'",
+            (h,),
+        )
+
+    def extend(self, h: str) -> None:
+        self.conn.execute(
+            "UPDATE bench_lease SET expires_at = clock_timestamp() + %s * interval '1 millisecond'"
+            " WHERE name = %s AND owner = 'me'",
+            (self.ms, h),
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def postgres_adapters(url: str) -> list[Any]:
+    """celery_redlock on one PostgreSQL node, and the raw lease-table floor beside it."""
+    node = CeleryRedlockAdapter([url], fencing=True)
+    node.key = "celery_redlock-1pg"
+    node.label = "celery_redlock (1 PostgreSQL node, fencing on)"
+    return [node, PostgresFloorAdapter(url)]

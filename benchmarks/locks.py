@@ -12,7 +12,11 @@ extend to the full TTL again and again):
 * pottery ``Redlock`` on 3 and 5 nodes;
 * celery_redlock on 3 nodes that are each a Redis Cluster of 3 masters
   (``redis+cluster://``), beside the same lock on 3 plain masters
-  (``--no-clusters`` leaves them out).
+  (``--no-clusters`` leaves them out);
+* celery_redlock on one PostgreSQL node, beside the raw lease-table floor on
+  the same server (two statements: ``INSERT ... ON CONFLICT ... WHERE
+  expired``, then ``UPDATE``), on a throwaway server of its own
+  (``--no-postgres`` leaves them out; skipped where PostgreSQL is missing).
 
 It starts its own redis-server nodes on free loopback ports
 (``celery_redlock.testing.RedisNodes``) and stops them at the end. Inside each
@@ -73,6 +77,10 @@ TARGETS = [
      CLUSTERS_KEY, "celery_redlock-3", ("max", 1.3)),
     ("extend-3-clusters", "3 clusters of 3 masters: extend <= 1.3x 3 plain masters", "extend",
      CLUSTERS_KEY, "celery_redlock-3", ("max", 1.3)),
+    ("cycle-1pg-floor", "1 PostgreSQL node: cycle <= 1.3x the raw lease-table floor", "cycle",
+     "celery_redlock-1pg", "pg-floor", ("max", 1.3)),
+    ("cycle-1pg-vs-3", "1 PostgreSQL node against 3 Redis masters: cycle ratio (reported)",
+     "cycle", "celery_redlock-1pg", "celery_redlock-3", ("max", 10.0)),
 ]  # fmt: skip
 
 
@@ -193,7 +201,12 @@ def run_pings(client: Any, n: int) -> list[float]:
 
 
 def bench(
-    nodes: list[tuple[str, int]], reps: int, n: int, block: int, clusters: list[str] | None = None
+    nodes: list[tuple[str, int]],
+    reps: int,
+    n: int,
+    block: int,
+    clusters: list[str] | None = None,
+    postgres: str | None = None,
 ) -> dict[str, Any]:
     """reps x n cycles and n extends per lock, interleaved in blocks of ``block``.
 
@@ -209,6 +222,8 @@ def bench(
     ads = _adapters.reference_adapters(nodes) + _adapters.adapters(nodes)
     if clusters:
         ads.append(cluster_adapter(clusters))
+    if postgres:
+        ads += _adapters.postgres_adapters(postgres)
     ping_client = redis.Redis(host=nodes[0][0], port=nodes[0][1])
     # Same key and one lock object for every cycle of a lock, but no key shared
     # between locks: pottery's release returns at quorum, and its calls to the
@@ -448,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-clusters", action="store_true", help="leave out the 3 Redis Cluster nodes"
     )
+    ap.add_argument(
+        "--no-postgres", action="store_true", help="leave out the PostgreSQL node and its floor"
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.reps, a.n, a.block = 3, 200, 50
@@ -463,15 +481,23 @@ def main(argv: list[str] | None = None) -> int:
         "ttl_s": _adapters.TTL, "n_nodes": N_NODES,
     }  # fmt: skip
     from celery_redlock.testing import RedisClusters
+    from celery_redlock.testing.postgres import PostgresServers, postgres_missing
 
+    missing = None if a.no_postgres else postgres_missing()
+    if missing:
+        log(f"no PostgreSQL node: {missing}")
     log(f"starting {N_NODES} redis-server nodes on loopback ...")
-    with start_nodes(N_NODES) as nodes, RedisClusters(0 if a.no_clusters else 3) as clusters:
+    with (
+        start_nodes(N_NODES) as nodes,
+        RedisClusters(0 if a.no_clusters else 3) as clusters,
+        PostgresServers(0 if a.no_postgres or missing else 1) as pg,
+    ):
         addrs = [(HOST, node.port) for node in nodes]
         with nodes[0].client() as c:
             meta["redis_server"] = c.info("server")["redis_version"]
         meta["ports"] = [p for _, p in addrs]
         log(f"nodes up on ports {meta['ports']}; {a.reps} reps x {a.n}")
-        raw = bench(addrs, a.reps, a.n, a.block, clusters.urls)
+        raw = bench(addrs, a.reps, a.n, a.block, clusters.urls, pg.urls[0] if pg.urls else None)
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0
     summ = summarize(raw)

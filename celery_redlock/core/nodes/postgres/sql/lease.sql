@@ -10,7 +10,7 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION {schema}.owns(k text, owner text) RETURNS boolean
-LANGUAGE sql AS $$ SELECT {schema}.r_get(k) IS NOT DISTINCT FROM owner; $$;
+LANGUAGE plpgsql AS $$ BEGIN RETURN {schema}.r_get(k) IS NOT DISTINCT FROM owner; END $$;
 
 -- The fence value of a grant: the node's value moved on (kept when ``again``),
 -- or seeded with max(client clock, node clock to the second) in microseconds.

@@ -23,10 +23,15 @@ CREATE INDEX IF NOT EXISTS kv_expires_at ON {schema}.kv (expires_at)
 
 -- Serialize the calls on ``keys`` (see above).
 CREATE OR REPLACE FUNCTION {schema}.lock_keys(keys text[]) RETURNS void
-LANGUAGE sql AS $$
-    SELECT count(pg_advisory_xact_lock(h))::int * 0
-      FROM (SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest(keys) k ORDER BY 1) x;
-$$;
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF array_length(keys, 1) = 1 THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(keys[1], 0));
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(h)
+       FROM (SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest(keys) k ORDER BY 1) x;
+END $$;
 
 -- The live row of ``k`` (none when missing or expired).
 CREATE OR REPLACE FUNCTION {schema}.live(k text) RETURNS SETOF {schema}.kv
@@ -44,13 +49,6 @@ BEGIN
          ORDER BY expires_at LIMIT 4 FOR UPDATE SKIP LOCKED);
 END $$;
 
-CREATE OR REPLACE FUNCTION {schema}.expiry(px bigint) RETURNS timestamptz
-LANGUAGE sql AS $$
-    SELECT CASE WHEN px IS NULL THEN NULL
-                ELSE clock_timestamp() + px * interval '1 millisecond' END;
-$$;
-
--- A command against a key of another type fails, as on Redis.
 CREATE OR REPLACE FUNCTION {schema}.typed(k text, want "char") RETURNS {schema}.kv
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -76,7 +74,7 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
-    VALUES (k, 's', v, NULL, {schema}.expiry(px))
+    VALUES (k, 's', v, NULL, clock_timestamp() + px * interval '1 millisecond')
     ON CONFLICT (key) DO UPDATE
        SET kind = 's', val = EXCLUDED.val, map = NULL, expires_at = EXCLUDED.expires_at;
     RETURN true;
@@ -95,18 +93,23 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_pexpire(k text, ms bigint) RETURNS integer
-LANGUAGE sql AS $$
-    WITH u AS (UPDATE {schema}.kv SET expires_at = {schema}.expiry(ms)
-                WHERE key = k AND (expires_at IS NULL OR expires_at > clock_timestamp())
-               RETURNING 1)
-    SELECT count(*)::int FROM u;
-$$;
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE {schema}.kv SET expires_at = clock_timestamp() + ms * interval '1 millisecond'
+     WHERE key = k AND (expires_at IS NULL OR expires_at > clock_timestamp());
+    RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_del(VARIADIC ks text[]) RETURNS integer
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
     WITH d AS (DELETE FROM {schema}.kv WHERE key = ANY(ks) RETURNING expires_at)
-    SELECT count(*)::int FROM d WHERE expires_at IS NULL OR expires_at > clock_timestamp();
-$$;
+    SELECT count(*)::int INTO n FROM d
+     WHERE expires_at IS NULL OR expires_at > clock_timestamp();
+    RETURN n;
+END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.r_exists(k text) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -272,7 +275,9 @@ END $$;
 
 -- TIME: {seconds, microseconds} of the server's clock.
 CREATE OR REPLACE FUNCTION {schema}.r_time() RETURNS bigint[]
-LANGUAGE sql AS $$
-    SELECT ARRAY[floor(e)::bigint, ((e - floor(e)) * 1000000)::bigint]
-      FROM (SELECT extract(epoch FROM clock_timestamp()) AS e) x;
-$$;
+LANGUAGE plpgsql AS $$
+DECLARE
+    e numeric := extract(epoch FROM clock_timestamp());
+BEGIN
+    RETURN ARRAY[floor(e)::bigint, ((e - floor(e)) * 1000000)::bigint];
+END $$;
