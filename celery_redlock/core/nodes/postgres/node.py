@@ -318,7 +318,9 @@ def _step(call: _Call, timeout: float, now: float) -> None:
                 if problem is not None:
                     _fail(call, problem)
                     return
-            _send(call, now + timeout)
+            # the reply's timeout starts now: the connect (and a first use's
+            # schema creation) had budgets of their own
+            _send(call, time.monotonic() + timeout)
             return
         if call.state == "send":
             if conn.flush() != 0:
