@@ -61,7 +61,7 @@ from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["KINDS", "command", "kind_of", "node_for", "scatter", "send"]
+__all__ = ["KINDS", "command", "kind_of", "node_for", "ping_latency", "scatter", "send"]
 
 #: URL scheme -> the subpackage of the kind of node it names.
 KINDS: dict[str, str] = {
@@ -173,3 +173,16 @@ def send(op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any]
         some = [nodes[i] for i in at]
         missed += [at[j] for j in kind_of(some[0]).send(op, some, keys, args)]
     return sorted(missed)
+
+
+def ping_latency(node: Any, ask: Any) -> tuple[float, Exception | None]:
+    """The seconds a ``PING`` of ``node`` took (the second one: the first pays for
+    connecting), and its error if it failed; ``ask`` as in ``node_info``."""
+    latency = 0.0
+    for _ in range(2):
+        started = time.perf_counter()
+        pong = ask(("PING",), [node])[0]
+        latency = time.perf_counter() - started
+        if isinstance(pong, Exception):
+            return latency, pong
+    return latency, None

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...records import NodeInfo
 from ...values import error_text
+from .. import ping_latency
 from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
 
@@ -167,13 +168,9 @@ def node_info(
     node: PostgresNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]
 ) -> list[NodeInfo]:
     """How ``node`` is: PING latency (the second one), version, role, standbys."""
-    latency = 0.0
-    for _ in range(2):  # time the second: the first pays for connecting
-        started = time.perf_counter()
-        pong = ask(("PING",), [node])[0]
-        latency = time.perf_counter() - started
-        if isinstance(pong, Exception):
-            return [NodeInfo(node.name, error_text(pong), latency, kind="postgres")]
+    latency, down = ping_latency(node, ask)
+    if down is not None:
+        return [NodeInfo(node.name, error_text(down), latency, kind="postgres")]
     sql = (
         "SELECT jsonb_build_array(current_setting('server_version'), pg_is_in_recovery(), "
         "(SELECT count(*) FROM pg_stat_replication))"

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...records import NodeInfo
 from ...values import error_text, readable
+from .. import ping_latency
 
 __all__ = ["node_info"]
 
@@ -31,13 +31,9 @@ def node_info(node: Any, ask: Ask) -> list[NodeInfo]:
 
 
 def _one(node: Any, ask: Ask) -> NodeInfo:
-    latency = 0.0
-    for _ in range(2):  # time the second: the first pays for connecting
-        started = time.perf_counter()
-        pong = ask(("PING",), [node])[0]
-        latency = time.perf_counter() - started
-        if isinstance(pong, Exception):
-            return NodeInfo(node.name, error_text(pong), latency)
+    latency, down = ping_latency(node, ask)
+    if down is not None:
+        return NodeInfo(node.name, error_text(down), latency)
     info = ask(("INFO",), [node])[0]
     if isinstance(info, Exception):
         return NodeInfo(node.name, f"INFO failed: {error_text(info)}", latency)
