@@ -283,6 +283,8 @@ class Topology:
     quorum: RedisNodes | RedisClusters
     prefix: str
     apps: list[Celery] = field(default_factory=list)
+    #: The apps' ``redlock_node_timeout``, where the default (50 ms) is not it.
+    node_timeout: float | None = None
 
     def url(self, db: int) -> str:
         return f"redis://{self.hub.host}:{self.hub.port}/{db}"
@@ -295,6 +297,7 @@ class Topology:
             "CRL_NODES": ",".join(self.quorum.urls),
             "CRL_RECORDER_URL": self.url(RECORDER_DB),
             "CRL_PREFIX": self.prefix,
+            **({"CRL_NODE_TIMEOUT": str(self.node_timeout)} if self.node_timeout else {}),
         }
 
     def app(self, broker_db: int, backend_db: int, main: str = "lockapp-client") -> Celery:
@@ -372,7 +375,9 @@ def make_topology(prefix: str, clusters: bool = False, postgres: bool = False) -
     except BaseException:
         hub.close()
         raise
-    return Topology(hub, quorum, prefix)
+    # A PostgreSQL call costs a commit, and a database on a loaded 2-core host
+    # stalls longer than a Redis node does: the timeout the docs advise for it.
+    return Topology(hub, quorum, prefix, node_timeout=0.5 if postgres else None)
 
 
 @dataclass

@@ -588,6 +588,11 @@ def app_from_env(env: Any = os.environ, main: str = "lockapp") -> Celery:
         recorder=env["CRL_RECORDER_URL"],
         prefix=env["CRL_PREFIX"],
         main=main,
+        **(
+            {"redlock_node_timeout": float(env["CRL_NODE_TIMEOUT"])}
+            if env.get("CRL_NODE_TIMEOUT")
+            else {}
+        ),
         **json.loads(env.get("CRL_CONF") or "{}"),
     )
 
