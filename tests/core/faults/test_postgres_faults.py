@@ -5,8 +5,10 @@ middle of rounds, pgbouncer's transaction pooling, and the schema's life
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +20,30 @@ from celery_redlock.exceptions import QuorumUnavailable
 pytestmark = pytest.mark.integration
 
 NAME = "pay"
+
+
+class Section:
+    """The critical section the threads of a test take turns in: the tokens in
+    grant order, and how often a holder found another one inside."""
+
+    def __init__(self) -> None:
+        self.grants: list[int] = []
+        self.overlaps = 0
+        self._inside = 0
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def held(self, token: int) -> Iterator[None]:
+        with self._guard:
+            self._inside += 1
+            self.overlaps += self._inside > 1
+            self.grants.append(token)
+        try:
+            time.sleep(0.001)  # a window for a second holder to be seen in
+            yield
+        finally:
+            with self._guard:
+                self._inside -= 1
 
 
 def test_a_crash_keeps_the_leases_held_and_tokens_keep_growing(postgres_nodes3):
@@ -61,10 +87,8 @@ def test_backends_killed_in_the_middle_of_rounds_lose_nothing(postgres_nodes3):
     strictly grow in grant order."""
     rl = Redlock(postgres_nodes3.urls, node_timeout=0.5)
     stop = threading.Event()
-    grants: list[int] = []
-    inside = [0]
-    overlaps = [0]
-    guard = threading.Lock()
+    section = Section()
+    grants = section.grants
 
     def take() -> None:
         while not stop.is_set():
@@ -74,13 +98,8 @@ def test_backends_killed_in_the_middle_of_rounds_lose_nothing(postgres_nodes3):
                 continue
             if lease is None:
                 continue
-            with guard:
-                inside[0] += 1
-                overlaps[0] += inside[0] > 1
-                grants.append(lease.fencing_token)
-            time.sleep(0.001)
-            with guard:
-                inside[0] -= 1
+            with section.held(lease.fencing_token):
+                pass
             rl.release(lease)
 
     threads = [threading.Thread(target=take) for _ in range(4)]
@@ -97,7 +116,7 @@ def test_backends_killed_in_the_middle_of_rounds_lose_nothing(postgres_nodes3):
         for t in threads:
             t.join(30)
     assert len(grants) >= 100 and killed >= 20
-    assert overlaps[0] == 0
+    assert section.overlaps == 0
     assert grants == sorted(set(grants))  # strictly growing, in the order granted
 
 
@@ -107,23 +126,16 @@ def test_transaction_pooling_keeps_exclusion_and_growing_tokens(postgres_node1):
     nothing depends on which server connection ran it."""
     from celery_redlock.testing.pgbouncer import PgBouncer
 
+    section = Section()
     with PgBouncer(postgres_node1[0], pool_size=2) as bouncer:
-        grants: list[int] = []
-        inside = [0]
-        overlaps = [0]
-        guard = threading.Lock()
 
         def take() -> None:
             rl = Redlock([bouncer.url], node_timeout=1.0)
             for _ in range(25):
                 lease = rl.acquire(NAME, ttl=5, blocking=True, timeout=10)
-                assert lease is not None
-                with guard:
-                    inside[0] += 1
-                    overlaps[0] += inside[0] > 1
-                    grants.append(lease.fencing_token)
-                with guard:
-                    inside[0] -= 1
+                assert lease is not None  # else the count below comes up short
+                with section.held(lease.fencing_token):
+                    pass
                 rl.release(lease)
 
         threads = [threading.Thread(target=take) for _ in range(6)]
@@ -131,7 +143,8 @@ def test_transaction_pooling_keeps_exclusion_and_growing_tokens(postgres_node1):
             t.start()
         for t in threads:
             t.join(120)
-    assert overlaps[0] == 0
+    grants = section.grants
+    assert section.overlaps == 0
     assert len(grants) == 150 and grants == sorted(set(grants))
 
 
