@@ -21,7 +21,7 @@ from .exceptions import (
 )
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
-from .nodes.redis.cluster import check_together
+from .nodes import check_together
 from .quorum import DRIFT_FLOOR
 from .rates import peek_rate, reserve_place, reserve_rates
 from .records import (

@@ -17,7 +17,7 @@ from collections import Counter
 from . import scripts
 from .keyspace import KeySpace
 from .lease import Leases
-from .nodes.redis.replicas import NotReplicated
+from .nodes import NotReplicated
 from .quorum import Quorum
 from .records import STARTED_MARK, Claim, Schedule, agree
 from .scripts import Script

@@ -3,8 +3,8 @@
 :func:`~celery_redlock.core.nodes.redis.rounds.gather` opens a round's new connections all
 at once, each in a thread of :func:`connector` with a timeout of its own
 (:mod:`~celery_redlock.core.nodes.redis.opening`), and a ``sentinel://`` node asks its
-sentinels all at once (:class:`Sentinels`): a hung node or sentinel then costs
-its own timeout, never the others' time.
+sentinels all at once (:mod:`~celery_redlock.core.nodes.redis.sentinels`): a hung
+node or sentinel then costs its own timeout, never the others' time.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import redis
-import redis.sentinel
-
-__all__ = ["Connector", "Sentinels", "connector"]
+__all__ = ["Connector", "connector"]
 
 
 class Connector:
@@ -86,36 +83,3 @@ def _forget_connector() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_connector)
-
-
-class Sentinels(redis.sentinel.Sentinel):
-    """redis-py's ``Sentinel``, but every sentinel is asked at once (in threads of
-    :func:`connector`), and the first valid answer wins: a hung sentinel costs
-    nothing while another answers. redis-py asks one after another, each within
-    its timeout, so a hung first sentinel delays every new connection."""
-
-    def discover_master(self, service_name: str) -> tuple[str, int]:
-        sentinels = list(self.sentinels)
-        if len(sentinels) < 2:
-            return super().discover_master(service_name)
-        answers: queue.SimpleQueue = queue.SimpleQueue()
-        for sentinel in sentinels:
-            connector().submit(_ask_sentinel, sentinel, answers)
-        errors = []
-        for _ in sentinels:  # each ask ends within its sentinel's own timeouts
-            sentinel, masters, error = answers.get()
-            if error is not None:
-                errors.append(f"{sentinel} - {error!r}")
-                continue
-            state = masters.get(service_name)
-            if state and self.check_master_state(state, service_name):
-                return state["ip"], state["port"]
-        detail = f" : {', '.join(errors)}" if errors else ""
-        raise redis.sentinel.MasterNotFoundError(f"No master found for {service_name!r}{detail}")
-
-
-def _ask_sentinel(sentinel: redis.Redis, answers: queue.SimpleQueue) -> None:
-    try:
-        answers.put((sentinel, sentinel.sentinel_masters(), None))
-    except Exception as exc:  # whatever it is, the lookup must hear back
-        answers.put((sentinel, None, exc))

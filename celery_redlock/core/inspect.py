@@ -11,8 +11,7 @@ from typing import Any, NamedTuple
 from . import nodes as kinds
 from . import scripts
 from .keyspace import KeySpace
-from .nodes import node_for
-from .nodes.redis.urls import mask_url
+from .nodes import mask_url, node_for
 from .quorum import Quorum
 from .records import Holder, NodeInfo, agree
 from .values import error_text, readable, text

@@ -67,7 +67,7 @@ a Redis Cluster (CROSSSLOT); the all-or-nothing check of one call per node
 needs every name on one shard. So on a cluster node, ``also`` takes only
 names that share one hash tag (``"order-1:{pay}"`` with ``"payment-api:{pay}"``):
 any other is refused with :class:`ConfigurationError` naming the option
-(:func:`~celery_redlock.core.nodes.redis.cluster.check_together`).
+(:func:`~celery_redlock.core.nodes.check_together`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 from . import scripts, settings
 from .fencing import candidate
 from .lease import Lease, Leases, gate_flags
-from .nodes.redis.cluster import check_together
+from .nodes import check_together
 from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
 from .values import checked, ms
 

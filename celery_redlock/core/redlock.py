@@ -72,8 +72,7 @@ from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
 from .lease import Lease, Leases
-from .nodes.redis.cluster import check_together
-from .nodes.redis.node import Node, NodeSpec
+from .nodes import Node, NodeSpec, check_together
 from .permits import Permits
 from .quorum import Quorum
 from .rates import RatedRound, Rates

@@ -72,7 +72,7 @@ def make_app(
         auth: a token string (log in with it, or send ``Authorization: Bearer``),
             or a ``(user, password)`` pair for HTTP basic authentication; None
             for an open, read-only page.
-        timeout: seconds each Redis node gets to answer one round.
+        timeout: seconds each lock node gets to answer one round.
         refresh: seconds between the page's reads.
         scan_count: the COUNT of each SCAN call (keys examined per node and page).
 

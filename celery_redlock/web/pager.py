@@ -12,8 +12,10 @@ string) starts a pass; a pass has ended when every node's cursor is ``-``.
 A node that is a Redis Cluster sends one SCAN to each of its shard masters:
 its cursor is theirs joined by ``.`` (``"2048.-.96"``).
 
-The reads go through redis-py's public client on each node's own connection
-pool (the fail-fast pool ``Redlock`` built: its timeouts, no retries).
+The reads go through the node seam (:func:`celery_redlock.core.nodes.command`),
+so they work on a node of any kind, within the client's node timeout (a new
+connection gets its connect timeout first); a key is read on every node at
+once.
 """
 
 from __future__ import annotations
@@ -21,11 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import redis
-from redis.exceptions import RedisError
-
 from .._format import glob_escape
 from ..core import Redlock
+from ..core.nodes import command
 
 __all__ = ["Page", "Pager", "RawKey", "END"]
 
@@ -68,16 +68,12 @@ class Pager:
     def __init__(self, client: Redlock, count: int = 1000):
         self.client = client
         self.count = count
-        self._conns: dict[int, redis.Redis] = {}
         #: SCAN calls sent, per node name (read by tests and the ``/api/state`` timing).
         self.scan_calls = 0
 
-    def _conn(self, node: Any) -> redis.Redis:
-        """redis-py's client on the pool of ``node`` (a master, or a cluster's shard master)."""
-        conn = self._conns.get(id(node))
-        if conn is None:
-            conn = self._conns[id(node)] = redis.Redis(connection_pool=node.pool)
-        return conn
+    def _ask(self, cmd: tuple, nodes: Sequence[Any]) -> list[Any]:
+        """``cmd`` on ``nodes`` at once: a reply or an exception each."""
+        return command(nodes, cmd, self.client.node_timeout)
 
     def split(self, cursor: str | None) -> list[str]:
         """The per-node cursors of ``cursor`` (a fresh pass for a cursor that does not fit)."""
@@ -88,27 +84,30 @@ class Pager:
         return parts if ok else ["0"] * len(self.client.nodes)
 
     def _scan(self, node: Any, at: str, match: str) -> tuple[str, list[Any]]:
-        """One SCAN page of ``node`` from its cursor ``at`` (one per shard master
-        of a cluster): the next cursor and the keys."""
-        if not node.cluster:
-            self.scan_calls += 1
-            after, keys = self._conn(node).scan(int(at), match=match, count=self.count)
-            return (END if int(after) == 0 else str(after)), keys
-        shards = node.masters()
+        """One SCAN page of ``node`` from its cursor ``at`` (one per server of a node
+        of several, a cluster's shard masters): the next cursor and the keys.
+
+        Raises:
+            Exception: the error of a server that did not answer.
+        """
+        servers = node.members()
         parts = at.split(".")
-        if len(parts) != len(shards):  # a fresh pass (or the map changed since)
-            parts = ["0"] * len(shards)
+        if len(parts) != len(servers):  # a fresh pass (or the map changed since)
+            parts = ["0"] * len(servers)
         nexts: list[str] = []
         found: list[Any] = []
-        count = max(1, self.count // len(shards))  # a page about as large as a master's
-        for shard, part in zip(shards, parts):
+        count = max(1, self.count // len(servers))  # a page about as large as one server's
+        for server, part in zip(servers, parts):
             if part == END:
                 nexts.append(END)
                 continue
             self.scan_calls += 1
-            after, keys = self._conn(shard).scan(int(part), match=match, count=count)
+            reply = self._ask(("SCAN", int(part), "MATCH", match, "COUNT", count), [server])[0]
+            if isinstance(reply, Exception):
+                raise reply
+            after, keys = reply
             found += keys
-            nexts.append(END if int(after) == 0 else str(after))
+            nexts.append(END if int(after) == 0 else _text(after))
         return (END if all(n == END for n in nexts) else ".".join(nexts)), found
 
     def page(
@@ -127,7 +126,7 @@ class Pager:
                 continue
             try:
                 after, keys = self._scan(node, at, match)
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever the kind's error, the node failed
                 skip[node.name] = str(exc) or type(exc).__name__
                 nexts.append(at)  # read again from here once the node is back
                 continue
@@ -139,66 +138,54 @@ class Pager:
         return Page(sorted(found), ",".join(cursors), None if ended else ",".join(nexts), errors)
 
     def read(self, keys: Sequence[str], skip: dict[str, str] | None = None) -> list[list[RawKey]]:
-        """Per key, each node's copy (type, PTTL, value), two pipelined round trips per node."""
+        """Per key, each node's copy (type, PTTL, value): three rounds per key, every
+        node (not in ``skip``) asked at once."""
         skip = skip or {}
-        out: list[list[RawKey]] = [[] for _ in keys]
-        for node in self.client.nodes:
-            if node.name in skip:
-                for views in out:
-                    views.append(RawKey(node.name, error=skip[node.name]))
-                continue
-            try:
-                # a cluster: each key read on its shard master, the views kept in key order
-                shards = _servers(node, keys)
-                mine: dict[int, RawKey] = {}
-                for shard in {id(s): s for s in shards}.values():
-                    at = [j for j, s in enumerate(shards) if s is shard]
-                    for j, view in zip(at, self._read(node.name, shard, [keys[j] for j in at])):
-                        mine[j] = view
-            except (RedisError, OSError) as exc:
-                for views in out:
-                    views.append(RawKey(node.name, error=str(exc) or type(exc).__name__))
-                continue
-            for j, views in enumerate(out):
-                views.append(mine[j])
+        nodes = [node for node in self.client.nodes if node.name not in skip]
+        out: list[list[RawKey]] = []
+        for key in keys:
+            read = dict(zip((node.name for node in nodes), self._read(key, nodes)))
+            out.append(
+                [read.get(node.name) or RawKey(node.name, error=skip[node.name])
+                 for node in self.client.nodes]
+            )  # fmt: skip
         return out
 
-    def _read(self, name: str, server: Any, keys: Sequence[str]) -> list[RawKey]:
-        """Type, PTTL and value of ``keys`` on one server, two pipelined round trips."""
-        conn = self._conn(server)
-        head = conn.pipeline(transaction=False)
-        for key in keys:
-            head.type(key)
-            head.pttl(key)
-        replies = head.execute()
-        types = [_text(t) for t in replies[0::2]]
-        body = conn.pipeline(transaction=False)
-        for key, kind in zip(keys, types):
-            if kind == "string":
-                body.get(key)
-            elif kind == "hash":
-                body.hscan(key, 0, count=FIELDS_SHOWN)
-            elif kind == "zset":
-                body.zrange(key, 0, FIELDS_SHOWN - 1, withscores=True)
+    def _read(self, key: str, nodes: Sequence[Any]) -> list[RawKey]:
+        """Type, PTTL and value of ``key`` on ``nodes``."""
+        types = self._ask(("TYPE", key), nodes)
+        ttls = self._ask(("PTTL", key), nodes)
+        views: list[RawKey | None] = [None] * len(nodes)
+        wanted: dict[str, list[int]] = {}
+        for i, (node, kind, pttl) in enumerate(zip(nodes, types, ttls)):
+            failed = kind if isinstance(kind, Exception) else pttl
+            if isinstance(failed, Exception):
+                views[i] = RawKey(node.name, error=str(failed) or type(failed).__name__)
             else:
-                body.echo(b"")
-        values = body.execute()
-        return [
-            RawKey(name, kind, int(pttl), _value(kind, value))
-            for kind, pttl, value in zip(types, replies[1::2], values)
-        ]
+                wanted.setdefault(_text(kind), []).append(i)
+        for kind, at in wanted.items():
+            cmd = _VALUE_OF.get(kind)
+            values = self._ask((cmd[0], key, *cmd[1:]), [nodes[i] for i in at]) if cmd else []
+            for j, i in enumerate(at):
+                value = values[j] if cmd else None
+                if isinstance(value, Exception):
+                    views[i] = RawKey(nodes[i].name, error=str(value) or type(value).__name__)
+                else:
+                    views[i] = RawKey(nodes[i].name, kind, int(ttls[i]), _value(kind, value))
+        return views  # type: ignore[return-value]
 
 
-def _servers(node: Any, keys: Sequence[str]) -> list[Any]:
-    """The server of each key: the node, or the shard master of the key's slot."""
-    return [node.slot_master(key) for key in keys] if node.cluster else [node] * len(keys)
+#: The read that gives a key's value, by its type.
+_VALUE_OF = {"string": ("GET",), "hash": ("HGETALL",), "zset": ("ZRANGE", 0, -1, "WITHSCORES")}
 
 
 def _value(kind: str, reply: Any) -> Any:
     if kind == "string":
         return _text(reply)
-    if kind == "hash":
-        return {_text(k): _text(v) for k, v in reply[1].items()}
-    if kind == "zset":
-        return [[_text(member), score] for member, score in reply]
+    if kind == "hash":  # field, value, field, value...
+        pairs = list(zip(reply[0::2], reply[1::2]))[:FIELDS_SHOWN]
+        return {_text(k): _text(v) for k, v in pairs}
+    if kind == "zset":  # member, score, member, score...
+        pairs = list(zip(reply[0::2], reply[1::2]))[:FIELDS_SHOWN]
+        return [[_text(member), float(score)] for member, score in pairs]
     return None

@@ -84,8 +84,9 @@ def _database(pg_missing: str | None, tmp: pytest.TempPathFactory) -> Iterator[d
     if pg_missing is not None:
         yield {"CRL_DJANGO_SQLITE": str(tmp.mktemp("django") / "db.sqlite3")}
         return
+    host, port = postgres.address()
     with postgres.throwaway_database() as name:
-        yield {"CRL_DJANGO_DB": name}
+        yield {"CRL_DJANGO_DB": name, "CRL_DJANGO_DB_HOST": host, "CRL_DJANGO_DB_PORT": str(port)}
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The dashboard's JSON API and its guards, over real redis-server nodes (no browser).
+"""The dashboard's JSON API and its guards, over real lock nodes (no browser): three
+Redis masters, three Redis Clusters, three PostgreSQL databases.
 
 The browser tests are in test_web_browser.py.
 """
@@ -26,10 +27,17 @@ PREFIX = "crl-web"
 TOKEN = "s3cret-token-for-tests"
 
 
-@pytest.fixture(scope="module", params=["3masters", "3clusters"])
-def nodes(request) -> Iterator[RedisNodes | RedisClusters]:
-    """Three plain masters, or the session's three Redis Clusters of three masters
-    (a row per shard), emptied before and after."""
+@pytest.fixture(scope="module", params=["3masters", "3clusters", "3postgres"])
+def nodes(request) -> Iterator[Any]:
+    """Three plain masters, the session's three Redis Clusters of three masters
+    (a row per shard), or its three PostgreSQL servers, emptied before and after."""
+    if request.param == "3postgres":
+        servers = request.getfixturevalue("postgres_servers_session")
+        servers.flushall()
+        yield servers
+        servers.heal()
+        servers.flushall()
+        return
     if request.param == "3clusters":
         clusters: RedisClusters = request.getfixturevalue("redis_clusters_session")
         clusters.flushall()
@@ -40,10 +48,23 @@ def nodes(request) -> Iterator[RedisNodes | RedisClusters]:
         yield started
 
 
+def node_timeout(nodes: Any) -> float:
+    """A PostgreSQL node's call is a commit: the 500 ms its page advises; Redis's default."""
+    return 0.5 if is_postgres(nodes) else 0.05
+
+
+def is_postgres(nodes: Any) -> bool:
+    return nodes.urls[0].startswith("postgresql://")
+
+
 @pytest.fixture
-def celery_app(nodes: RedisNodes | RedisClusters) -> Celery:
+def celery_app(nodes: Any) -> Celery:
     app = Celery("web-api", set_as_current=False)
-    app.conf.update(redlock_nodes=nodes.urls, redlock_key_prefix=PREFIX)
+    app.conf.update(
+        redlock_nodes=nodes.urls,
+        redlock_key_prefix=PREFIX,
+        redlock_node_timeout=node_timeout(nodes),
+    )
 
     @app.task(base=LockedTask, shared=False, name="web.settle", lock_on=("account",))
     def settle(account: int) -> None:
@@ -53,9 +74,13 @@ def celery_app(nodes: RedisNodes | RedisClusters) -> Celery:
 
 
 @pytest.fixture
-def redlock(nodes: RedisNodes | RedisClusters) -> Iterator[Redlock]:
-    client = Redlock(nodes.urls, key_prefix=PREFIX)
+def redlock(nodes: Any) -> Iterator[Redlock]:
+    client = Redlock(nodes.urls, key_prefix=PREFIX, node_timeout=node_timeout(nodes))
     yield client
+    if is_postgres(nodes):
+        nodes.flushall()
+        client.close()
+        return
     for node in nodes:
         with node.client() as c:  # in one pipeline: a test leaves 10,000 keys a node
             pipe = c.pipeline(transaction=False)
@@ -248,6 +273,9 @@ def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, red
 def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, redlock, serve):
     """The first read and each refresh stay fast; SCAN calls per refresh are bounded."""
     families = 7  # lock, permit, claim, burst, throttle, rate, beat
+    if is_postgres(nodes):
+        postgres_ten_thousand_keys(celery_app, nodes, redlock, serve, families)
+        return
     for node in nodes:
         with node.client() as c:
             pipe = c.pipeline(transaction=False)
@@ -291,3 +319,32 @@ def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, 
         assert others_after - others <= 5 * len(lock["rows"]) * len(nodes) + 100
         cursor = lock["next"] if refresh % 2 else cursor  # stay, then page on
     print(f"\n/api/state over 10,000 held keys: {', '.join(f'{t:.3f}' for t in timings)} s")
+
+
+def postgres_ten_thousand_keys(
+    celery_app: Celery, nodes: Any, redlock: Redlock, serve: Any, families: int
+) -> None:
+    """The PostgreSQL nodes' share of the test above: each refresh sends one SCAN per
+    family per node (the pager's count) and pages on through 10,000 held keys."""
+    assert redlock.holder("web.settle:{none}").owner is None  # the schema is there
+    for node in nodes:
+        node.sql(
+            "INSERT INTO redlock.kv (key, kind, val, expires_at) SELECT "
+            "%s || ':lock:web.settle:{' || lpad(to_hex(i), 32, '0') || '}', 's', "
+            "'task-' || i || '|0|host|' || i || '|abcdef', clock_timestamp() + interval '120 s' "
+            "FROM generate_series(0, 9999) i",
+            PREFIX,
+        )
+    site = serve(make_app(celery_app))
+    cursor, pages = None, set()
+    for _ in range(4):
+        query = "" if cursor is None else f"?cursor.0.lock={cursor}"
+        status, state = site.call("/api/state" + query)
+        assert status == 200
+        assert state["scan_calls"] <= families * len(nodes)
+        lock = state["groups"][0]["families"]["lock"]
+        assert lock["rows"] and lock["next"], lock["cursor"]
+        assert len(lock["rows"]) < 10_000 // 2
+        pages.add(lock["rows"][0]["digest"])
+        cursor = lock["next"]
+    assert len(pages) == 4  # each refresh read the next page

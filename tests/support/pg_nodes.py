@@ -1,6 +1,6 @@
-"""PostgreSQL lock nodes for tests: throwaway databases on this machine's server
-as ``postgresql://`` URLs, and a comparison of a PostgreSQL node's replies with
-a Redis node's."""
+"""PostgreSQL lock nodes for tests: throwaway databases on the tests' own server
+(:mod:`tests.support.postgres`) as ``postgresql://`` URLs, and a comparison of a
+PostgreSQL node's replies with a Redis node's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tests.support.postgres import HOST, PORT, require, throwaway_database, unreachable
+from tests.support.postgres import address, require, throwaway_database, unreachable
 
 __all__ = ["pg_urls", "same_reply", "url_of"]
 
@@ -19,7 +19,8 @@ TTL_SLACK = 250
 
 def url_of(dbname: str, user: str = "postgres", **options: str) -> str:
     query = "&".join(f"{k}={v}" for k, v in options.items())
-    return f"postgresql://{user}@{HOST}:{PORT}/{dbname}" + (f"?{query}" if query else "")
+    host, port = address()
+    return f"postgresql://{user}@{host}:{port}/{dbname}" + (f"?{query}" if query else "")
 
 
 @contextlib.contextmanager

@@ -288,6 +288,19 @@ def test_the_celery_layer_needs_celery():
     assert "refused" in done.stderr
 
 
+def test_the_core_above_the_seam_imports_no_kind_of_node():
+    """Above ``core.nodes``, the core names operations and reads replies: no module
+    imports a kind's subpackage or its client library (a new kind is a folder)."""
+    modules = _modules()
+    graph = _package_graph()
+    for name, deps in graph.items():
+        if not name.startswith("core") or name.startswith("core.nodes"):
+            continue
+        kinds = sorted(dep for dep in deps if dep.startswith("core.nodes."))
+        clients = {d.split(".")[0] for d in _imports(name, modules[name])} & {"redis", "psycopg"}
+        assert not kinds and not clients, (name, kinds, clients)
+
+
 def test_redis_internals_live_in_one_module():
     """redis-py's private names (``redis._parsers``, ``conn._sock``...) only in the wire
     module (``core.nodes.redis.wire``)."""

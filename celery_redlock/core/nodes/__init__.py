@@ -30,6 +30,9 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
   indexes of the nodes it was not sent to (the caller runs a round there);
 * optionally ``ddl(schema)`` and ``install(node)``: the SQL a node of the kind
   needs before use, and applying it (``celery redlock schema``);
+* optionally ``check_together(nodes, names, option)``: refuse, with a
+  ``ConfigurationError``, names held together in one call that its nodes
+  cannot take in one call (a Redis Cluster: keys of several hash slots);
 * ``node_info(node, ask)``: how the node is, as
   :class:`~celery_redlock.core.records.NodeInfo` rows (``ask`` sends a plain
   read to some nodes), for ``celery redlock nodes`` and the dashboard.
@@ -41,7 +44,9 @@ a Redis Cluster: its keys route by hash slot), ``members()`` (the servers a
 fast the same way: ``timeout`` bounds a call, a new connection gets its
 ``connect_timeout`` first, nothing retries in the client, a node that keeps
 timing out is skipped for a while, and an unanswered call is "not answering",
-never "free".
+never "free". A write that stands on the node but that its replicas did not
+confirm (``redlock_min_replicas``) is answered as a :class:`NotReplicated`
+error carrying the node's reply.
 
 :func:`scatter` is the one scatter-gather across kinds: a quorum of one kind
 (the common case) is a call of that kind's ``run``; a mixed one runs each
@@ -53,15 +58,29 @@ from __future__ import annotations
 
 import importlib
 import queue
+import re
 import time
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["KINDS", "command", "kind_of", "node_for", "ping_latency", "scatter", "send"]
+__all__ = [
+    "KINDS",
+    "Node",
+    "NodeSpec",
+    "NotReplicated",
+    "check_together",
+    "command",
+    "kind_of",
+    "mask_url",
+    "node_for",
+    "ping_latency",
+    "scatter",
+    "send",
+]
 
 #: URL scheme -> the subpackage of the kind of node it names.
 KINDS: dict[str, str] = {
@@ -74,6 +93,54 @@ KINDS: dict[str, str] = {
     "postgresql": "postgres",
     "postgres": "postgres",
 }
+
+
+#: What names a lock node: a URL, or a client object a kind accepts (a ``redis.Redis``).
+NodeSpec = Any
+
+
+class Node(Protocol):
+    """What the core sees of a node of any kind (see the module's docstring)."""
+
+    name: str
+    kind: str
+    cluster: bool
+
+    @property
+    def identity(self) -> Any: ...
+
+    def members(self) -> Sequence[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class NotReplicated(Exception):
+    """A node's write that its replicas did not confirm in time: it does not count.
+
+    Attributes:
+        reply: the node's reply to the operation, which stands only on the primary.
+        confirmed: how many replicas confirmed it.
+    """
+
+    def __init__(self, message: str, reply: Any = None, confirmed: int = 0):
+        super().__init__(message)
+        self.reply = reply
+        self.confirmed = confirmed
+
+
+# user:password@ (greedy: a password may contain "@"; a "/" or a space ends the
+# URL), and a password given in the query string.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^\s/]+@")
+_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]+", re.IGNORECASE)
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the password of every lock node URL in it replaced by ``***``.
+
+    For messages and logs: ``redis://user:pw@h``, ``unix:///s?password=pw`` and
+    ``postgresql://user:pw@h/db`` alike, one URL or a list of them.
+    """
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def kind_of(node: Any) -> ModuleType:
@@ -139,7 +206,9 @@ def _spread(nodes: Sequence[Any], timeout: float, call: Any) -> list[Any]:
     for at in rest:
         connector().submit(one, at)
     one(first)
-    deadline = time.monotonic() + timeout + 1.0
+    # each kind bounds its round by a new connection's budget plus ``timeout``
+    budget = max((node.connect_timeout or timeout) for node in nodes)
+    deadline = time.monotonic() + budget + timeout + 1.0
     for _ in groups:
         try:
             at, got = done.get(timeout=max(deadline - time.monotonic(), 0.001))
@@ -173,6 +242,20 @@ def send(op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any]
         some = [nodes[i] for i in at]
         missed += [at[j] for j in kind_of(some[0]).send(op, some, keys, args)]
     return sorted(missed)
+
+
+def check_together(nodes: Sequence[Any], names: Sequence[str], option: str = "also") -> None:
+    """Refuse names held together in one call (``also``, ``lock_also``, a rate's
+    windows) that some kind among ``nodes`` cannot take in one call.
+
+    Raises:
+        ConfigurationError: naming ``option``, the node and the fix.
+    """
+    for at in _groups(nodes).values():
+        kind = kind_of(nodes[at[0]])
+        check = getattr(kind, "check_together", None)
+        if check is not None:
+            check([nodes[i] for i in at], names, option)
 
 
 def ping_latency(node: Any, ask: Any) -> tuple[float, Exception | None]:

@@ -1,5 +1,6 @@
 """A PostgreSQL node gives the replies a Redis node gives: every operation of the
-lease, the permits and inspection, and the plain commands, run on a real
+lease, the permits, the claims (one-shot, next, debounce, throttle), the rates'
+booking phases and inspection, and the plain commands, run on a real
 redis-server and on a PostgreSQL database, step by step, replies compared
 exactly (TTLs within a few hundred ms), and the two stores' contents compared
 at the end. Random sequences over a few names, owners and gate flags, and
@@ -62,6 +63,8 @@ class Both:
     def cmd(self, *cmd: Any) -> Any:
         a = command([self.r], cmd, T)[0]
         b = command([self.p], cmd, T)[0]
+        if cmd[0] == "HGETALL" and isinstance(a, list) and isinstance(b, list):
+            a, b = fields(a), fields(b)  # a hash's fields come in no set order
         return self._check(" ".join(map(str, cmd)), a, b)
 
     def settle(self) -> None:
@@ -95,6 +98,11 @@ class Both:
             elif kind == b"zset":
                 self.cmd("ZRANGE", key, 0, -1, "WITHSCORES")
             self.cmd("PTTL", key)
+
+
+def fields(flat: list) -> list:
+    """HGETALL's field, value, field, value... as sorted [field, value] pairs."""
+    return sorted([list(pair) for pair in zip(flat[0::2], flat[1::2])])
 
 
 @pytest.fixture
@@ -138,7 +146,11 @@ def step(rng: random.Random, both: Both) -> None:
     task = owner.split("|")[0]
     lock, fence = both.k("lock", name), both.k("fence", name)
     fencing = rng.choice(["", "600000"])
-    what = rng.randrange(15)
+    what = rng.randrange(19)
+    if what >= 15:
+        claim_step(rng, both, name, task, what)
+        both.settle()
+        return
     if what == 0:
         both.op(scripts.ACQUIRE, [lock, fence], [owner, ttl(rng, both), fencing, now_us()])
     elif what == 1:
@@ -196,6 +208,26 @@ def step(rng: random.Random, both: Both) -> None:
         else:
             both.cmd(verb, key)
     both.settle()
+
+
+def claim_step(rng: random.Random, both: Both, name: str, task: str, what: int) -> None:
+    """A step of the claims: a one-shot claim, the next holder's, a debounce, a throttle."""
+    claim = both.k("claim", name)
+    now_ms = time.time_ns() // 1_000_000  # one client clock, sent to both
+    if what == 15:
+        both.op(scripts.CLAIM, [claim], [rng.choice([task, "t9", "~" + task]), ttl(rng, both)])
+    elif what == 16:
+        both.op(scripts.CLAIM_NEXT, [claim], [task, ttl(rng, both), rng.choice(["", "1"])])
+    elif what == 17:
+        delay = rng.choice([SHORT, 2000])
+        args = [task, now_ms, delay, rng.choice(["", "3000", str(SHORT)]), 5000]
+        both.short |= delay == SHORT
+        both.op(scripts.DEBOUNCE, [claim, both.k("burst", name)], args)
+    else:
+        period = rng.choice([SHORT, 3000])
+        both.short |= period == SHORT
+        args = [task, now_ms, period, rng.choice(["1", ""]), rng.choice([SHORT, 5000])]
+        both.op(scripts.THROTTLE, [claim, both.k("throttle", name)], args)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -312,7 +344,7 @@ def test_errors_and_plain_commands(both):
     keys = [lock, both.k("fence", "e"), both.k("rc", "e"), both.k("cl", "e"), thr]
     both.op(scripts.ACQUIRE, keys, ["t1|a", 5000, "", now_us(), "t1", "t", "60000", 1, ""])
     assert both.cmd("TYPE", thr) == b"hash"
-    assert both.cmd("HGETALL", thr) == [b"start", b"1"]
+    assert both.cmd("HGETALL", thr) == [[b"start", b"1"]]
     assert isinstance(both.cmd("GET", thr), Exception)  # WRONGTYPE on both
     assert isinstance(both.op(scripts.INSPECT, [thr, lock], []), Exception)
     assert both.cmd("ZRANGE", both.k("none", "e"), 0, -1, "WITHSCORES") == []
@@ -338,3 +370,53 @@ def test_ttls_run_out_alike(both):
     both.op(scripts.ACQUIRE, [lock, fence], ["t1|a", 60000, "", now_us()])
     left = both.op(scripts.PEEK, [lock], [])[1]
     assert 60000 - TTL_SLACK < left <= 60000
+
+
+# -- rates: the booking phases ------------------------------------------------------
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def windows(rng: random.Random) -> list[Any]:
+    """A key's windows as the rate round sends them: count, then field, T, tau, period."""
+    # A window's period only sets the hash's TTL here: an hour, so the walk's clock
+    # (run ahead of the servers') never makes a TTL that ends between two calls.
+    shapes = [("s", 100, 0, 3_600_000), ("s", 100, 200, 3_600_000), ("h", 7200, 0, 3_600_000)]
+    chosen = rng.sample(shapes, rng.randint(1, 2))
+    return [str(len(chosen))] + [str(x) for w in chosen for x in w]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rate_bookings_give_the_replies_redis_gives(both, seed):
+    """Phase 1 (book), phase 2 (compare-and-set at s*) and undo, on one or two keys
+    at a time, with fresh and stale versions: the same replies and hashes."""
+    rng = random.Random(seed)
+    names = [both.k("rate", "r1"), both.k("rate", "r2")]
+    shape = {name: windows(rng) for name in names}
+    booked: dict[tuple, list] = {}  # keys -> the last phase 1 reply for them
+    now = time.time_ns() // 1_000_000
+    for _ in range(120):
+        now += rng.choice([0, 0, 30, 100, 700])
+        keys = rng.sample(names, rng.randint(1, 2))
+        last = booked.get(tuple(keys))
+        phase = rng.choice(["1", "1", "2", "0"]) if last else "1"
+        if phase == "1":
+            third = rng.choice(["", "", str(now + rng.choice([-50, 0, 400]))])
+        elif phase == "2":
+            third = str(int(last[1]) + rng.choice([0, 0, 50, -50]))
+        else:
+            third = " ".join(
+                x.decode() if isinstance(x, bytes) else x for x in last[2 + len(keys) :]
+            )
+        args: list[Any] = [phase, str(now), third]
+        for i, key in enumerate(keys):
+            version = last[2 + i] if last and phase != "1" else b""
+            if last and phase != "1" and rng.random() < 0.2:
+                version = b"9999"  # a stale version: a booking came in between
+            args += [text(version), *shape[key]]
+        reply = both.op(scripts.RATE, keys, args)
+        if phase == "1" and isinstance(reply, list) and reply[0] == 1:
+            booked[tuple(keys)] = reply
+    both.same_contents()

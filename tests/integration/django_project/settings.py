@@ -1,7 +1,8 @@
 """Settings from the environment: ``CRL_DJANGO_DB`` (a PostgreSQL database on
-127.0.0.1:5432, user postgres) or ``CRL_DJANGO_SQLITE`` (a file), and the
-topology's ``CRL_BROKER_URL``, ``CRL_BACKEND_URL`` (default: django-celery-results'
-``django-db``), ``CRL_NODES``, ``CRL_PREFIX``."""
+``CRL_DJANGO_DB_HOST``:``CRL_DJANGO_DB_PORT``, user postgres) or
+``CRL_DJANGO_SQLITE`` (a file), and the topology's ``CRL_BROKER_URL``,
+``CRL_BACKEND_URL`` (default: django-celery-results' ``django-db``), ``CRL_NODES``,
+``CRL_PREFIX``."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ if os.environ.get("CRL_DJANGO_DB"):
             "ENGINE": "django.db.backends.postgresql",
             "NAME": os.environ["CRL_DJANGO_DB"],
             "USER": "postgres",
-            "HOST": "127.0.0.1",
-            "PORT": 5432,
+            "HOST": os.environ.get("CRL_DJANGO_DB_HOST", "127.0.0.1"),
+            "PORT": int(os.environ.get("CRL_DJANGO_DB_PORT", "5432")),
         }
     }
 else:

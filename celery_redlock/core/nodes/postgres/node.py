@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import ProgrammingError
 
 from ...exceptions import ConfigurationError
-from ..redis.urls import mask_url
+from .. import mask_url
 from .schema import VERSION, check_sql, install_sql
 
 __all__ = ["NodeError", "PostgresNode", "gather"]

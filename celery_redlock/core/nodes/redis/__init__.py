@@ -15,13 +15,13 @@ from typing import Any
 import redis
 
 from . import rounds
-from .cluster import CLUSTER_SCHEMES, node_for
+from .cluster import CLUSTER_SCHEMES, check_together, node_for
 from .info import node_info
 from .rounds import run_script
 from .unwaited import send_script
 from .urls import SCHEMES as _MASTER_SCHEMES
 
-__all__ = ["SCHEMES", "accepts", "command", "make", "node_info", "run", "send"]
+__all__ = ["SCHEMES", "accepts", "check_together", "command", "make", "node_info", "run", "send"]
 
 #: The URL schemes of a Redis node.
 SCHEMES = (*_MASTER_SCHEMES, *CLUSTER_SCHEMES)

@@ -42,8 +42,9 @@ from ...connect import connector
 from ...exceptions import ConfigurationError
 from ...keyspace import tagged
 from ...scripts import Script
+from .. import mask_url
 from .node import Node
-from .urls import client_for, mask_url
+from .urls import client_for
 
 __all__ = [
     "BATCHES",

@@ -18,7 +18,8 @@ import redis.sentinel
 from redis.exceptions import RedisError
 
 from ...exceptions import ConfigurationError
-from .urls import address, client_for, describe, mask_url
+from .. import mask_url
+from .urls import address, client_for, describe
 
 __all__ = ["BREAKER_MAX", "Node", "NodeSpec"]
 

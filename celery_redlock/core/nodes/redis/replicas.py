@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ...scripts import Script
+from .. import NotReplicated
 from .cluster import LockNode
 
-__all__ = ["CONFIRMED", "NotReplicated", "confirmed", "wait_after"]
+__all__ = ["CONFIRMED", "confirmed", "wait_after"]
 
 #: The scripts whose writes a lease or a claim rests on: a grant, a renewal, a
 #: fence write, a beat slot or enqueue claim, a debounce or throttle schedule.
@@ -36,20 +35,6 @@ CONFIRMED = frozenset(
         "rate",
     }
 )
-
-
-class NotReplicated(RedisError):
-    """A node's write that its replicas did not confirm in time: it does not count.
-
-    Attributes:
-        reply: the node's reply to the script, which stands only on the primary.
-        confirmed: how many replicas confirmed it.
-    """
-
-    def __init__(self, message: str, reply: Any = None, confirmed: int = 0):
-        super().__init__(message)
-        self.reply = reply
-        self.confirmed = confirmed
 
 
 def wait_after(script: Script, nodes: Sequence[LockNode], timeout: float) -> tuple | None:

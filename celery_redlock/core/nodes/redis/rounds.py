@@ -456,7 +456,7 @@ def _unask(parts: Sequence[Part], replies: list[Any]) -> list[Any]:
 
 
 #: The commands whose second argument is their one key: sent to its shard.
-_KEYED = frozenset({"GET", "DEL", "HGETALL", "PTTL", "EXISTS", "TYPE", "UNLINK"})
+_KEYED = frozenset({"GET", "DEL", "HGETALL", "PTTL", "EXISTS", "TYPE", "UNLINK", "ZRANGE"})
 
 
 def spread_command(

@@ -9,7 +9,7 @@ commands that are not idempotent).
 
 A ``sentinel://`` node is a client from redis-py's public
 ``redis.sentinel.Sentinel.master_for``: each new connection asks the sentinels
-(all at once: :class:`~celery_redlock.core.connect.Sentinels`) where the
+(all at once: :class:`~celery_redlock.core.nodes.redis.sentinels.Sentinels`) where the
 master is, so after a failover the connection that fails is dropped and the
 next one reaches the new master.
 
@@ -19,14 +19,14 @@ next one reaches the new master.
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
 
-from ...connect import Sentinels
 from ...exceptions import ConfigurationError
+from .. import mask_url
+from .sentinels import Sentinels
 
 __all__ = [
     "SCHEMES",
@@ -223,7 +223,7 @@ def _sentinel_master(url: str, fail_fast: dict[str, Any], connect_timeout: float
     The master is looked up when a connection is opened, so after a failover
     the next new connection reaches the new master. The sentinels are asked
     within the node's connect timeout, all at once
-    (:class:`~celery_redlock.core.connect.Sentinels`).
+    (:class:`~celery_redlock.core.nodes.redis.sentinels.Sentinels`).
     """
     options = sentinel_options(url)
     asking = {**fail_fast, "socket_timeout": connect_timeout}
@@ -240,21 +240,6 @@ def _sentinel_master(url: str, fail_fast: dict[str, Any], connect_timeout: float
 def address(kw: dict[str, Any]) -> tuple[str, int]:
     """``(host, port)`` of a connection's keyword arguments, redis-py's defaults filled in."""
     return kw.get("host") or "localhost", int(kw.get("port") or 6379)
-
-
-# user:password@ (greedy: a password may contain "@"; a "/" or a space ends the
-# URL), and a password given in the query string.
-_URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^\s/]+@")
-_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]+", re.IGNORECASE)
-
-
-def mask_url(text: str) -> str:
-    """``text`` with the password of every Redis URL in it replaced by ``***``.
-
-    For messages and logs: ``redis://user:pw@h`` and ``unix:///s?password=pw``
-    alike, one URL or a list of them.
-    """
-    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def describe(client: redis.Redis) -> str:
