@@ -224,7 +224,7 @@ def net_workers(
         errors = []
         for proc in procs.values():
             try:
-                proc.stop()
+                proc.stop(now=True)
             except RuntimeError as exc:
                 errors.append(exc)
         grid.close()

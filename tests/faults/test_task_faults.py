@@ -57,7 +57,7 @@ def workers(
         errors = []
         for proc in procs:
             try:
-                proc.stop()
+                proc.stop(now=True)
             except RuntimeError as exc:
                 errors.append(exc)
         if errors:

@@ -64,7 +64,7 @@ def prefork_worker(
     try:
         yield WorkerHandle("prefork", topology.app(0, 1), topology, proc)
     finally:
-        proc.stop()
+        proc.stop(now=True)
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +96,7 @@ def amqp_worker(
             topology.apps.append(app)
             yield WorkerHandle("prefork-amqp", app, topology, proc)
         finally:
-            proc.stop()
+            proc.stop(now=True)
     finally:
         harness.delete_amqp_queue(amqp_url, queue)
 

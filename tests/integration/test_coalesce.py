@@ -39,7 +39,7 @@ def coalesce_worker(topology: Topology, tmp_path_factory, pytestconfig):
     try:
         yield WorkerHandle("prefork", app, topology, proc)
     finally:
-        proc.stop()
+        proc.stop(now=True)
 
 
 @pytest.fixture(autouse=True)

@@ -44,7 +44,7 @@ def slow_nodes_worker(
         try:
             yield proc, app, grid
         finally:
-            proc.stop()
+            proc.stop(now=True)
 
 
 def test_every_childs_first_lock_is_taken_despite_slow_connects(slow_nodes_worker):

@@ -101,7 +101,7 @@ def pg_worker(
     try:
         yield project
     finally:
-        proc.stop()
+        proc.stop(now=True)
 
 
 @pytest.fixture

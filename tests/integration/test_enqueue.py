@@ -58,7 +58,7 @@ def claims_worker(request, topology: Topology, tmp_path_factory, pytestconfig):
     try:
         yield WorkerHandle(request.param, app, topology, proc)
     finally:
-        proc.stop()
+        proc.stop(now=True)
         delete(app, queue)
 
 
@@ -417,7 +417,7 @@ def redelivering_workers(topology: Topology, tmp_path_factory):
         yield WorkerHandle("prefork", app, topology, procs[0])
     finally:
         for proc in procs:
-            proc.stop()
+            proc.stop(now=True)
 
 
 def test_a_redelivered_copy_neither_runs_nor_rewrites_the_state(redelivering_workers, run):

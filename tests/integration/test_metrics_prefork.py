@@ -62,7 +62,7 @@ def metrics_worker(topology: Topology, tmp_path_factory, pytestconfig):
         topology.apps.append(app)
         yield WorkerHandle("prefork", app, topology, proc), port, before
     finally:
-        proc.stop()
+        proc.stop(now=True)
 
 
 def test_one_scrape_adds_up_every_pool_child(metrics_worker, run):

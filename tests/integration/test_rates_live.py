@@ -45,7 +45,7 @@ def two_workers(
     try:
         yield prefork_worker
     finally:
-        second.stop()
+        second.stop(now=True)
 
 
 def joined(procs: list) -> None:
@@ -65,10 +65,10 @@ def starts(worker: WorkerHandle, run: str, n: int, timeout: float) -> list[float
 
 
 def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) -> None:
-    """A run of 200 rated calls at 10/s, sent at once from 4 producer processes to 2
-    prefork workers x 4, while an unrated task is sent every second: no window of 1 s
-    holds more than 11 starts (N + 1), and every call runs once. On a quiet host the
-    starts span about 20 s (19.9 s at the full rate) and each unrated call starts
+    """A run of rated calls at 10/s (200: 19.9 s at the full rate), sent at once from
+    4 producer processes to 2 prefork workers x 4, while an unrated task is sent every
+    second: no window of 1 s holds more than 11 starts (N + 1), and every call runs
+    once. On a quiet host the starts span about the ideal and each unrated call starts
     within 0.5 s of its sending (``benchmarks/rates.py`` measures both); a loaded
     host delays deliveries, so the bounds here are 1.2x the ideal span and 3x the
     probe's 0.5 s: a schedule that loses a fifth of the limit, or unrated work held
@@ -86,7 +86,8 @@ def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) ->
     records = worker.records(run, "start")
     assert len(records) == len({r["id"] for r in records}) == len(calls)  # each ran once
     assert most_in_window(got, 1.0) <= 10 + 1, most_in_window(got, 1.0)
-    assert max(got) - min(got) <= 1.2 * 19.9, max(got) - min(got)
+    ideal = (len(calls) - 1) / 10
+    assert max(got) - min(got) <= 1.2 * ideal, (max(got) - min(got), ideal)
     wait_for(lambda: len(worker.records(probe_run, "start")) == len(sent), 10, "probes")
     probes = {r["id"]: r["start"] for r in worker.records(probe_run, "start")}
     waits = sorted(probes[i] - sent[i] for i in sent)
@@ -99,9 +100,10 @@ def test_ten_per_second_uses_the_limit(two_workers: WorkerHandle, topology: Topo
 
 
 def test_a_shared_rate_across_two_tasks_is_used(two_workers: WorkerHandle, topology: Topology):
-    """Two tasks of 20 keys each book one lock_also rate, "crl-rate" (10/s)."""
+    """Two tasks of 20 keys each book one lock_also rate, "crl-rate" (10/s): 100 calls
+    (``benchmarks/rates.py`` runs 200)."""
     run = harness.new_run()
-    calls = [(f"rate_also_{'ab'[i % 2]}", f"{run}-{i % 20}", {"run": run}) for i in range(200)]
+    calls = [(f"rate_also_{'ab'[i % 2]}", f"{run}-{i % 20}", {"run": run}) for i in range(100)]
     full_run(two_workers, topology, calls, run)
 
 

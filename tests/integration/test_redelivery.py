@@ -245,7 +245,7 @@ def two_workers(request, topology, tmp_path_factory, pytestconfig):
         yield harness.WorkerHandle(f"prefork-{request.param}", app, topology), procs
     finally:
         for proc in procs:
-            proc.stop()
+            proc.stop(now=True)
         if request.param == "amqp":
             harness.delete_amqp_queue(env["CRL_BROKER_URL"], queue)
 

@@ -35,7 +35,7 @@ def _worker(
     try:
         yield WorkerHandle("prefork", app, topology, proc)
     finally:
-        proc.stop()
+        proc.stop(now=True)
 
 
 @pytest.fixture(scope="module")

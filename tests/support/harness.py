@@ -207,8 +207,11 @@ class PreforkWorker:
                 out.append(pid)
         return out
 
-    def stop(self, term_timeout: float = 10.0) -> None:
+    def stop(self, term_timeout: float = 10.0, *, now: bool = False) -> None:
         """SIGTERM the main process, SIGKILL it after ``term_timeout``, then any leftover, by pid.
+
+        ``now``: SIGKILL at once, for a fixture's teardown that tests nothing of a
+        warm shutdown (which waits for the tasks still running).
 
         Raises:
             RuntimeError: a process of the worker's session is still alive afterwards.
@@ -217,8 +220,10 @@ class PreforkWorker:
             return
         try:
             for pid in self.session_pids():  # a test may have left one stopped
-                _signal(pid, signal.SIGCONT)
-            if self.proc.poll() is None:
+                _signal(pid, signal.SIGKILL if now else signal.SIGCONT)
+            if now:
+                self.proc.wait(10)
+            elif self.proc.poll() is None:
                 _signal(self.proc.pid, signal.SIGTERM)
                 try:
                     self.proc.wait(term_timeout)
