@@ -31,8 +31,7 @@ QUEUE = "claims"  # the worker's queue is this plus a random suffix
 NODE_TIMEOUT = 0.5
 
 
-@pytest.fixture(scope="module", params=["redis", "amqp"])
-def claims_worker(request, topology: Topology, tmp_path_factory, pytestconfig):
+def start_claims_worker(request, topology: Topology, tmp_path_factory, pytestconfig):
     """A prefork worker (-c 4) consuming ``claims``, on a Redis broker and on RabbitMQ.
 
     Results go to a Redis DB of the topology either way.
@@ -60,6 +59,11 @@ def claims_worker(request, topology: Topology, tmp_path_factory, pytestconfig):
     finally:
         proc.stop(now=True)
         delete(app, queue)
+
+
+claims_worker = pytest.fixture(scope="module", params=["redis", "amqp"], name="claims_worker")(
+    start_claims_worker
+)
 
 
 @pytest.fixture(autouse=True)
