@@ -113,7 +113,11 @@ def both(redis_nodes3, pg_url):
 
 
 def now_us() -> str:
-    return str(time.time_ns() // 1000)
+    """The client's clock for a fence seed, a second ahead: a new fence seeds from
+    max(this, the server's clock in whole seconds), and the two calls of a step
+    (Redis's, then PostgreSQL's) may fall on both sides of a second's turn on a
+    loaded host; ahead, the seed is this on both."""
+    return str(time.time_ns() // 1000 + 1_000_000)
 
 
 # -- a random walk ----------------------------------------------------------------
