@@ -67,7 +67,7 @@ def starts(worker: WorkerHandle, run: str, n: int, timeout: float) -> list[float
 def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) -> None:
     """A run of rated calls at 10/s (200: 19.9 s at the full rate), sent at once from
     4 producer processes to 2 prefork workers x 4, while an unrated task is sent every
-    second: no window of 1 s holds more than 11 starts (N + 1), and every call runs
+    second: no window of 1 s holds more than 12 starts (see below), and every call runs
     once. On a quiet host the starts span about the ideal and each unrated call starts
     within 0.5 s of its sending (``benchmarks/rates.py`` measures both); a loaded
     host delays deliveries, so the bounds here are 1.2x the ideal span and 3x the
@@ -85,7 +85,10 @@ def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) ->
     time.sleep(0.5)
     records = worker.records(run, "start")
     assert len(records) == len({r["id"] for r in records}) == len(calls)  # each ran once
-    assert most_in_window(got, 1.0) <= 10 + 1, most_in_window(got, 1.0)
+    # N + ceil((g + d) / T) (the rates page): N + 1 while the lock's round between the
+    # grace's check and the body (d) stays under T / 2, N + 2 under 1.5 T (150 ms),
+    # which a loaded host's round can reach (12 seen beside two busy loops)
+    assert most_in_window(got, 1.0) <= 10 + 2, most_in_window(got, 1.0)
     ideal = (len(calls) - 1) / 10
     assert max(got) - min(got) <= 1.2 * ideal, (max(got) - min(got), ideal)
     wait_for(lambda: len(worker.records(probe_run, "start")) == len(sent), 10, "probes")
