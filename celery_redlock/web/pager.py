@@ -139,12 +139,16 @@ class Pager:
 
     def read(self, keys: Sequence[str], skip: dict[str, str] | None = None) -> list[list[RawKey]]:
         """Per key, each node's copy (type, PTTL, value): three rounds per key, every
-        node (not in ``skip``) asked at once."""
-        skip = skip or {}
-        nodes = [node for node in self.client.nodes if node.name not in skip]
+        node (not in ``skip``) asked at once; a node that fails is not asked for the
+        keys after, so a node lost mid-read costs one timeout, not one per key."""
+        skip = dict(skip or {})
         out: list[list[RawKey]] = []
         for key in keys:
-            read = dict(zip((node.name for node in nodes), self._read(key, nodes)))
+            nodes = [node for node in self.client.nodes if node.name not in skip]
+            read = {view.node: view for view in self._read(key, nodes)}
+            for name, view in read.items():
+                if view.error is not None:  # failed now: not asked again for the next keys
+                    skip[name] = view.error
             out.append(
                 [read.get(node.name) or RawKey(node.name, error=skip[node.name])
                  for node in self.client.nodes]
