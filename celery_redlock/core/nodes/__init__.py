@@ -39,7 +39,7 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 
 A node has ``name`` (its URL, password masked), ``identity`` (equal for two
 specs of one server), ``kind`` (the subpackage's name), ``cluster`` (True for
-a Redis Cluster: its keys route by hash slot), ``members()`` (the servers a
+a Redis Cluster: its keys route by hash slot), ``connect_timeout``, ``members()`` (the servers a
 ``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
 fast the same way: ``timeout`` bounds a call, a new connection gets its
 ``connect_timeout`` first, nothing retries in the client, a node that keeps
@@ -105,6 +105,8 @@ class Node(Protocol):
     name: str
     kind: str
     cluster: bool
+    #: Seconds a new connection gets to open; None: the round's timeout.
+    connect_timeout: float | None
 
     @property
     def identity(self) -> Any: ...
