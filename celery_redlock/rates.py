@@ -53,6 +53,7 @@ from .core import (
     RateKey,
     RateSlot,
     full_jitter,
+    paced,
     peek_rate,
     reserve_place,
     reserve_rates,
@@ -364,15 +365,21 @@ def status(client: Any, settings: Any, name: str, args: Any, kwargs: Any) -> tup
         ["Rate key:", view.key],
     ]
     out: dict = {"rate": [str(w) for w in windows], "burst": settings.rate_burst, "windows": []}
+    pace = paced(windows)
     for window, booked_to in view.windows:
         started = view.started(window.period, now)
-        ahead = _booked_ahead(window, booked_to, now)
-        until = "" if booked_to is None else f", booked up to {slot_time(booked_to)}"
+        if window == pace:
+            ahead = _booked_ahead(window, booked_to, now)
+            until = "" if booked_to is None else f", booked up to {slot_time(booked_to)}"
+            state = f"{ahead} booked ahead{until}"
+        else:  # a counted window: its bookings are a log, not a spacing
+            ahead = None
+            again = "now" if booked_to is None else f"at {slot_time(booked_to)}"
+            state = f"counted; admits a start {again}"
         rows.append(
             [
                 f"  {window}:",
-                f"{started} of {window.starts} started in the last {window.period:g} s "
-                f"({ahead} booked ahead{until})",
+                f"{started} of {window.starts} started in the last {window.period:g} s ({state})",
             ]
         )
         out["windows"].append(

@@ -38,7 +38,7 @@ from .records import (
     make_owner,
 )
 from .redlock import Redlock
-from .windows import RateKey, Window, check_rate, parse_rate, resolve_rate
+from .windows import RateKey, Window, check_rate, paced, parse_rate, resolve_rate
 
 __all__ = [
     "DRIFT_FLOOR",
@@ -75,6 +75,7 @@ __all__ = [
     "make_owner",
     "mask_url",
     "node_name",
+    "paced",
     "parse_rate",
     "peek_rate",
     "reserve_place",

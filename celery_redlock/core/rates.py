@@ -9,8 +9,17 @@ hash per key, ``{prefix}:rate:{name}`` (in the name's hash slot, next to its
 lock key), on every node: per window its *theoretical arrival time* (TAT, ms,
 the clients' clock) and a version counter ``v``.
 
-The algorithm is GCRA (the generic cell rate algorithm) per window, with the
-interval ``T = period / count`` and the burst tolerance ``tau = (burst - 1) * T``.
+With several windows, the one of the shortest interval **paces** the starts
+and each other window **counts** them (:func:`.windows.paced`): ``("10/s",
+"500/h")`` goes at 10/s until 500 are booked within an hour. The paced window
+is GCRA (the generic cell rate algorithm), with the interval ``T = period /
+count`` and the burst tolerance ``tau = (burst - 1) * T``. A counted window
+keeps the key's bookings in a log beside the hash, ``{prefix}:booked:{name}``
+(a sorted set: member the booking's id, the hash's version ``v`` it made;
+score its instant), and admits ``s`` only when its ``count``-th latest
+booking is at or before ``s - period``: then every window of the period that
+holds ``s`` holds at most ``count`` bookings of that node (the bookings after
+that one are fewer than ``count``), wherever ``s`` falls among them.
 A reservation does not ask "may I start now": it asks for the first instant
 every window admits, and books it.
 
@@ -28,15 +37,19 @@ schedule on. Nodes that answered earlier get a phase-2
 compare-and-set: if their version is still the one they answered
 (no other reservation came in between), ``TAT := max(TAT - T, s*) + T``
 (their booking moved from their ``s`` to ``s*``) and ``v += 1``; otherwise,
-if GCRA admits ``s*`` there (``s* >= TAT - tau`` in every window), ``s*`` is
-booked anew beside their own booking, which stays (wasted). The
-reservation stands when ``s*`` is booked on a quorum; otherwise it failed
-(bookings left on some nodes waste capacity there, never add any), and the
-client tries again after a short jittered pause, a few times, then reports it
-unreserved.
+if GCRA admits ``s*`` there (``s* >= TAT - tau``), ``s*`` is booked anew
+beside their own booking, which stays (wasted). A counted window must admit
+``s*`` there in both cases; its log moves the booking (by id). The
+reservation stands when ``s*`` is booked on a quorum: then each node that
+answered but did not book it takes its own booking back where nothing was
+booked after it (the TATs), and its log moves the booking to ``s*``, so every
+node that answered counts the reservation where it stands. Otherwise it
+failed: its bookings are taken back on every node that answered (the TATs
+where nothing was booked after them, the logs always), and the client tries
+again after a short jittered pause, a few times, then reports it unreserved.
 
 Why it holds. Each node's bookings, in the order it made them, are a sequence
-GCRA accepted: phase 1 books an instant GCRA admits, a compare-and-set that
+the paced window's GCRA accepted: phase 1 books an instant GCRA admits, a compare-and-set that
 lands replaces the node's last booking with a later instant, which GCRA admits
 too, and a booking anew is made only where GCRA admits it. Two reservations
 that stand were each booked on a quorum, so both were
@@ -49,7 +62,11 @@ interleaved. With ``burst = B`` one node's sequence holds at most
 ``count + B - 1`` instants in any window; reservations that raced on
 different quorums can each be counted on different nodes, so across the
 quorum the bound is ``floor(n / q * (count + B - 1))`` for n nodes and quorum
-q (one node alone: ``count + B - 1``). Distinct reservations of a key get
+q (one node alone: ``count + B - 1``). A counted window is the same:
+``count`` on each node, ``floor(n / q * count)`` across them in the worst case;
+a reservation that stood is in the log of every node that answered, so only
+reservations in flight together can each be missed on the other's nodes.
+Distinct reservations of a key get
 distinct instants (each pushes the TAT on by ``T``): concurrent callers are
 handed a schedule, not one next instant to fight over.
 
@@ -85,7 +102,7 @@ from .keyspace import KeySpace
 from .nodes import NotReplicated, check_together
 from .quorum import Quorum
 from .records import NEAR, RateSlot, RateView
-from .windows import RateKey, checked_burst, checked_rate
+from .windows import RateKey, Window, checked_burst, checked_rate, paced
 
 __all__ = ["RatedRound", "Rates", "peek_rate", "reserve_place", "reserve_rates"]
 
@@ -159,7 +176,7 @@ class RatedRound:
         ]
         if not self.booked:
             keep += _args(rated, now)
-        all_keys = [*keys, *(k.key for k in rated), *(k.starts for k in rated)]
+        all_keys = [*keys, *_booking_keys(rated), *(k.starts for k in rated)]
         replies = self.rates.quorum.run(script, all_keys, [len(keys), len(args), *args, *keep])
         for i, reply in enumerate(replies):
             into = self.answers
@@ -218,10 +235,18 @@ def _args(
     args: list[Any] = [phase, str(now_ms), third]
     for i, key in enumerate(keys):
         args += [_text(versions[i]) if versions else "", str(len(key.windows))]
+        pace = key.pace
         for w in key.windows:
             interval = _ms(w.interval)
-            args += [w.field, str(interval), str((key.burst - 1) * interval), str(_ms(w.period))]
+            tau = (key.burst - 1) * interval
+            counted = 0 if w == pace else w.starts
+            args += [w.field, str(interval), str(tau), str(_ms(w.period)), str(counted)]
     return args
+
+
+def _booking_keys(keys: Sequence[RateKey]) -> list[str]:
+    """:data:`.scripts.rates.RATE`'s keys: the rate hashes, then their logs."""
+    return [*(k.key for k in keys), *(k.log for k in keys)]
 
 
 def _text(value: Any) -> str:
@@ -316,7 +341,7 @@ class Rates:
         if not keys:
             raise ConfigurationError("a reservation needs at least one rated key")
         q = self.quorum
-        names = [k.key for k in keys]
+        names = _booking_keys(keys)
         check_together(q.nodes, names)
         if self.unsure:
             # Every round during an outage would book on the minority that answers,
@@ -361,18 +386,28 @@ class Rates:
         needed and keep their own booking; the others move to s* (phase 2, one
         call per such node). Not ``reserved`` when s* did not land on a quorum.
         """
-        q, names = self.quorum, [k.key for k in keys]
+        q, names = self.quorum, _booking_keys(keys)
         best = sorted(int(r[1]) for _, r in answers)[q.needed - 1]
-        booked = sum(1 for _, r in answers if int(r[1]) == best)
+        booked: list[tuple[int, Any]] = []
+        missed: list[tuple[int, Any]] = []
         for i, r in answers:
             if int(r[1]) < best:  # move this node's booking to s*: phase 2
                 args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
-                booked += _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
-        # a node ahead of s* needs no booking of mine: take it back where nothing was
-        # booked after it, so concurrent callers leave no stray bookings to drift on
-        self._undo(keys, now, [(i, r) for i, r in answers if int(r[1]) > best])
+                moved = _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
+                (booked if moved else missed).append((i, r))
+            else:
+                (booked if int(r[1]) == best else missed).append((i, r))
         wait = max(0, best - now) / 1000.0
-        return RateSlot(best / 1000.0, wait, reserved=q.has_quorum(booked))
+        if q.has_quorum(len(booked)):
+            # The nodes that did not book s* (ahead of it: bookings they alone hold)
+            # take their own back where nothing was booked after it, so concurrent
+            # callers leave no stray bookings to drift on; their logs count it at s*.
+            self._undo(keys, now, missed, at=best)
+            return RateSlot(best / 1000.0, wait)
+        # the attempt did not stand: its bookings go where they can (from the logs
+        # always), so a counted window does not count a start twice
+        self._undo(keys, now, booked + missed)
+        return RateSlot(best / 1000.0, wait, reserved=False)
 
     def fell_short(
         self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]
@@ -383,11 +418,18 @@ class Rates:
         self.unsure = True
         self._undo(keys, now, answers)
 
-    def _undo(self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]) -> None:
-        """Take phase 1's bookings back where nothing was booked after them."""
-        q, k, names = self.quorum, len(keys), [key.key for key in keys]
+    def _undo(
+        self,
+        keys: Sequence[RateKey],
+        now: int,
+        answers: Sequence[tuple[int, Any]],
+        at: int | None = None,
+    ) -> None:
+        """Take phase 1's bookings back where nothing was booked after them; in the
+        logs, out, or (``at``: the reservation stood there) moved to ``at``."""
+        q, k, names = self.quorum, len(keys), _booking_keys(keys)
         for i, r in answers:
-            before = " ".join(_text(t) for t in r[2 + k :])
+            before = " ".join(["-" if at is None else str(at), *(_text(t) for t in r[2 + k :])])
             q.run(scripts.RATE, names, _args(keys, now, "0", before, r[2 : 2 + k]), [q.nodes[i]])
 
     def peek(
@@ -406,12 +448,20 @@ class Rates:
         q.check(replies)
         starts = self.keyspace.coalesce_key(name, "starts") if key is None else _starts_key(key)
         recorded = q.gather(("ZRANGE", starts, 0, -1, "WITHSCORES"))
-        now_s = time.time() if now is None else now
+        pace = paced(windows)
+        logs: list[tuple[float, ...]] = [()] * len(replies)
+        if len(windows) > 1:
+            log = RateKey(full_key, windows).log
+            logs = [_scores(r) for r in q.gather(("ZRANGE", log, 0, -1, "WITHSCORES"))]
         rows = []
-        nxt = now_s
+        nxt = time.time() if now is None else now
         for w in windows:
-            tats = [_tat(r, w.field) for r in replies if not isinstance(r, BaseException)]
-            latest = max((t for t in tats if t is not None), default=None)
+            ats = [
+                _admits(r, log, w, w != pace)
+                for r, log in zip(replies, logs)
+                if not isinstance(r, BaseException)
+            ]
+            latest = max((t for t in ats if t is not None), default=None)
             if latest is not None:
                 nxt = max(nxt, latest)
             rows.append((w, latest))
@@ -457,7 +507,15 @@ def _union(replies: Sequence[Any]) -> tuple[float, ...]:
     return tuple(sorted(score / 1000.0 for score in seen.values()))
 
 
-def _tat(reply: Any, field: str) -> float | None:
+def _admits(reply: Any, log: Sequence[float], window: Window, counted: bool) -> float | None:
+    """When ``window`` admits a start again on the node that answered ``reply`` (its
+    rate hash) and ``log`` (its bookings' instants, epoch ms, oldest first): the
+    paced window's TAT, a full counted window's N-th latest booking plus the period
+    (see :data:`.scripts.rates.RATE`); None when it admits one now."""
+    if counted:
+        if len(log) < window.starts:
+            return None
+        return (log[-window.starts] + _ms(window.period)) / 1000.0
     if isinstance(reply, dict):
         pairs = list(reply.items())
     elif isinstance(reply, list):
@@ -465,10 +523,18 @@ def _tat(reply: Any, field: str) -> float | None:
     else:
         return None
     for k, v in pairs:
-        k = k.decode() if isinstance(k, bytes) else k
-        if k == field:
+        if _text(k) == window.field:
             return int(v) / 1000.0
     return None
+
+
+def _scores(reply: Any) -> tuple[float, ...]:
+    """A ZRANGE ... WITHSCORES reply's scores, in order (none for a node that failed)."""
+    if isinstance(reply, BaseException) or not reply:
+        return ()
+    # RESP2 answers member, score, member, ...; RESP3 [member, score] pairs
+    pairs = reply if isinstance(reply[0], list) else zip(reply[::2], reply[1::2])
+    return tuple(float(score) for _, score in pairs)
 
 
 def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:

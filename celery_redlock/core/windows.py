@@ -18,6 +18,7 @@ __all__ = [
     "check_rate",
     "checked_burst",
     "checked_rate",
+    "paced",
     "parse_rate",
     "resolve_rate",
 ]
@@ -136,6 +137,26 @@ class RateKey(NamedTuple):
     windows: tuple[Window, ...]
     burst: int = 1
     starts: str = ""
+
+    @property
+    def log(self) -> str:
+        """The sorted set of the bookings its counted windows count, beside the hash
+        (``{prefix}:rate:{name}`` -> ``{prefix}:booked:{name}``, in its hash slot)."""
+        head, brace, name = self.key.partition("{")
+        family, sep, tail = head.rpartition(":rate:")
+        return (family + ":booked:" + tail if sep else head + "booked:") + brace + name
+
+    @property
+    def pace(self) -> Window:
+        """The window that spaces starts (GCRA, with the burst): the shortest interval."""
+        return paced(self.windows)
+
+
+def paced(windows: tuple[Window, ...]) -> Window:
+    """Of several windows, the one that spaces the starts: the shortest interval (then
+    the shortest period). Each other window counts its starts instead: ``("10/s",
+    "500/h")`` goes at 10/s until an hour's 500 are booked."""
+    return min(windows, key=lambda w: (w.interval, w.period))
 
 
 def resolve_rate(rate: Any, /, *args: Any, **kwargs: Any) -> tuple[Window, ...]:

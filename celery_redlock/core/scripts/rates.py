@@ -12,48 +12,82 @@ from .shared import Script
 
 __all__ = ["ACQUIRE_PERMIT_RATED", "ACQUIRE_RATED", "RATE", "UNSTART", "rated"]
 
-# KEYS the rate hashes of the keys booked together.
+# KEYS the rate hashes of the keys booked together, then as many sorted sets of
+# their bookings (the log: member the booking's id, score its instant).
 # ARGV[1] '1' (phase 1: book the first admitted instant), '2' (phase 2:
 # compare-and-set) or '0' (undo phase 1); ARGV[2] the client's clock in ms;
-# ARGV[3] s* in ms (phase 2), the TATs before phase 1 (undo: one per window
-# in order, '-' where there was none, separated by spaces), or in phase 1 ''
-# or the instant (ms) before which it books nothing: then an earlier first
-# admitted instant s is answered {2, s} and nothing changes; then per
-# key: the version phase 1 answered (phases 2 and 0) or '', the count m of its
-# windows, then m times: field, T ms, tau ms, period ms.
+# ARGV[3] s* in ms (phase 2); in an undo, where the booking goes in the logs ('-':
+# out; an instant: there, the reservation stood at it) and the paced windows'
+# TATs before phase 1 (one per window in order, '-' where there was none or the
+# window counts), separated by spaces; or in phase 1 '' or the instant (ms) before which it books
+# nothing: then an earlier first admitted instant s is answered {2, s} and
+# nothing changes; then per key: the version phase 1 answered (phases 2 and 0;
+# it is the booking's id) or '', the count m of its windows, then m times:
+# field, T ms, tau ms, period ms, and N for a counted window or 0 for the paced one.
+# The paced window's field holds its TAT (GCRA). A counted window admits s when
+# its N-th latest booking in the log is at or before s - period (so every window
+# of the period holding s holds at most N, wherever in the log s falls); the
+# log keeps the bookings of the longest counted period.
 # Phase 1 returns {1, s, v_1, ..., v_k, tat_1, ...}: the instant booked, each
-# hash's new version, and each window's TAT before (or '-'). Phase 2 returns
-# {1} when every hash still had the version given, and then moves this node's
-# last booking from its own instant to s*; or, a booking came in between,
-# when GCRA admits s* here, booked anew beside it; else {0}. Undo returns {1}
-# when every hash still had the version given, and then puts the TATs back as
-# they were before phase 1 (the booking is gone); else {0}: a booking came
-# after mine, which stays.
+# hash's new version (the booking's id), and each window's TAT before (or '-').
+# Phase 2 first takes this booking out of the logs; it returns {1} when every
+# hash still had the version given, and then moves this node's last booking from
+# its own instant to s* (the TATs; the logs where they admit s*); or, a booking
+# came in between, when every window admits s* here, booked anew beside it (the
+# logs: moved); else {0}. Undo takes the booking out of the logs or moves it to
+# where it stood (always: a log knows its bookings by id), and returns {1} when
+# every hash still had the version given, and then puts the TATs back as they
+# were before phase 1; else {0}: a booking came after mine, whose TATs stay.
 RATE = Script(
     "rate",
     """
 local phase, now = ARGV[1], tonumber(ARGV[2])
-local keys, a = {}, 4
-for i, key in ipairs(KEYS) do
-  local k = {key = key, version = ARGV[a], windows = {}}
+local keys, a, nk = {}, 4, #KEYS / 2
+for i = 1, nk do
+  local k = {key = KEYS[i], log = KEYS[nk + i], version = ARGV[a], windows = {}, counts = 0}
   local m = tonumber(ARGV[a + 1])
   a = a + 2
   for j = 1, m do
-    k.windows[j] = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])}
-    a = a + 4
+    local w = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+               tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])}
+    k.windows[j] = w
+    if w[5] > 0 then k.counts = math.max(k.counts, w[4]) end
+    a = a + 5
   end
   keys[i] = k
 end
+local function ms(t) return string.format('%d', t) end
 local function tat(key, field) return tonumber(redis.call('HGET', key, field) or '0') end
+-- the first instant window w of key k admits
+local function admits(k, w)
+  if w[5] == 0 then return tat(k.key, w[1]) - w[3] end
+  local nth = redis.call('ZREVRANGE', k.log, w[5] - 1, w[5] - 1, 'WITHSCORES')
+  if #nth == 0 then return 0 end
+  return tonumber(nth[2]) + w[4]
+end
+local function same(k) return (redis.call('HGET', k.key, 'v') or '') == k.version end
+local before = string.gmatch(ARGV[3], '%S+')
+local at = phase == '0' and before() or '-'
+for _, k in ipairs(keys) do
+  if phase ~= '1' and k.counts > 0 then
+    if at == '-' then
+      redis.call('ZREM', k.log, k.version)
+    else
+      redis.call('ZADD', k.log, at, k.version)
+      local ttl = tonumber(at) - now + k.counts
+      if redis.call('PTTL', k.log) < ttl then redis.call('PEXPIRE', k.log, ms(ttl)) end
+    end
+  end
+end
 if phase == '0' then
   for _, k in ipairs(keys) do
-    if (redis.call('HGET', k.key, 'v') or '') ~= k.version then return {0} end
+    if not same(k) then return {0} end
   end
-  local before = string.gmatch(ARGV[3], '%S+')
   for _, k in ipairs(keys) do
     for _, w in ipairs(k.windows) do
       local t = before()
-      if t == nil or t == '-' then
+      if w[5] > 0 then
+      elseif t == nil or t == '-' then
         redis.call('HDEL', k.key, w[1])
       else
         redis.call('HSET', k.key, w[1], t)
@@ -67,39 +101,49 @@ local start
 if phase == '1' then
   start = now
   for _, k in ipairs(keys) do
-    for _, w in ipairs(k.windows) do start = math.max(start, tat(k.key, w[1]) - w[3]) end
+    for _, w in ipairs(k.windows) do start = math.max(start, admits(k, w)) end
   end
-  if ARGV[3] ~= '' and start < tonumber(ARGV[3]) then return {2, string.format('%d', start)} end
+  if ARGV[3] ~= '' and start < tonumber(ARGV[3]) then return {2, ms(start)} end
 else
   start = tonumber(ARGV[3])
   for _, k in ipairs(keys) do
-    if (redis.call('HGET', k.key, 'v') or '') ~= k.version then phase = '3' end
+    if not same(k) then phase = '3' end
   end
-  if phase == '3' then
-    -- another booking came in between: keep mine where it is, and book s* anew
-    -- only if GCRA admits it here
-    for _, k in ipairs(keys) do
-      for _, w in ipairs(k.windows) do
-        if tat(k.key, w[1]) - w[3] > start then return {0} end
-      end
+  -- the counted windows must admit s* here; after another booking came in
+  -- between, the paced ones too (mine stays where it is and s* is booked anew)
+  for _, k in ipairs(keys) do
+    for _, w in ipairs(k.windows) do
+      if (w[5] > 0 or phase == '3') and admits(k, w) > start then return {0} end
     end
   end
 end
-local out, before = {1, string.format('%d', start)}, {}
+local out, before = {1, ms(start)}, {}
 for _, k in ipairs(keys) do
-  for _, w in ipairs(k.windows) do before[#before + 1] = redis.call('HGET', k.key, w[1]) or '-' end
+  for _, w in ipairs(k.windows) do
+    before[#before + 1] = w[5] == 0 and redis.call('HGET', k.key, w[1]) or '-'
+  end
 end
 for _, k in ipairs(keys) do
   local horizon, longest = start, 0
   for _, w in ipairs(k.windows) do
-    local t = tat(k.key, w[1])
-    if phase == '2' then t = t - w[2] end
-    t = math.max(t, start) + w[2]
-    redis.call('HSET', k.key, w[1], string.format('%d', t))
-    horizon, longest = math.max(horizon, t), math.max(longest, w[4])
+    if w[5] == 0 then
+      local t = tat(k.key, w[1])
+      if phase == '2' then t = t - w[2] end
+      t = math.max(t, start) + w[2]
+      redis.call('HSET', k.key, w[1], ms(t))
+      horizon = math.max(horizon, t)
+    end
+    longest = math.max(longest, w[4])
   end
-  out[#out + 1] = redis.call('HINCRBY', k.key, 'v', 1)
-  redis.call('PEXPIRE', k.key, string.format('%d', math.max(1, horizon - now + longest)))
+  local v = redis.call('HINCRBY', k.key, 'v', 1)
+  out[#out + 1] = v
+  local ttl = ms(math.max(1, horizon - now + longest))
+  redis.call('PEXPIRE', k.key, ttl)
+  if k.counts > 0 then
+    redis.call('ZADD', k.log, start, phase == '1' and v or k.version)
+    redis.call('ZREMRANGEBYSCORE', k.log, '-inf', '(' .. ms(now - k.counts))
+    redis.call('PEXPIRE', k.log, ttl)
+  end
 end
 if phase ~= '1' then return {1} end
 for _, t in ipairs(before) do out[#out + 1] = t end
@@ -113,15 +157,15 @@ def rated(acquire: Script) -> Script:
 
     Each script runs as a function of its own ``KEYS`` and ``ARGV`` (the
     parameters shadow the globals), so both keep their documented layout.
-    KEYS: the acquire's keys (ARGV[1] of them), then the r rate hashes, then
-    the r keys of their recorded starts. ARGV[2] the count of the acquire's
-    args, then those args, then: mode ('b' book a start, 'r' the start was
-    booked before: record it only), the client's clock in ms, the instant up
-    to which a booking counts as due now (ms), how long starts are kept (ms,
-    the longest period), how many are kept at most, the member recording this
-    start (the owner value), the positions among the acquire's keys of the
-    keys a grant sets to the owner value (separated by spaces), r, then
-    (mode 'b') RATE's args for phase 1.
+    KEYS: the acquire's keys (ARGV[1] of them), then the r rate hashes, the r
+    logs of their bookings, and the r keys of their recorded starts. ARGV[2]
+    the count of the acquire's args, then those args, then: mode ('b' book a
+    start, 'r' the start was booked before: record it only), the client's clock
+    in ms, the instant up to which a booking counts as due now (ms), how long
+    starts are kept (ms, the longest period), how many are kept at most, the
+    member recording this start (the owner value), the positions among the
+    acquire's keys of the keys a grant sets to the owner value (separated by
+    spaces), r, then (mode 'b') RATE's args for phase 1.
     A grant books the start (a contended start books nothing). Where this
     node's instant is due, it records the start in each sorted set of starts
     (score: the client's clock) and its reply is the acquire's; where it is
@@ -152,7 +196,7 @@ local member, held, nr = ARGV[o + 5], ARGV[o + 6], tonumber(ARGV[o + 7])
 local booking, at = false, now
 if mode == 'b' then
   local rkeys, rargs = {{}}, {{}}
-  for i = 1, nr do rkeys[i] = KEYS[na + i] end
+  for i = 1, 2 * nr do rkeys[i] = KEYS[na + i] end
   for i = o + 8, #ARGV do rargs[#rargs + 1] = ARGV[i] end
   booking = book(rkeys, rargs)
   at = tonumber(booking[2])
@@ -165,7 +209,7 @@ if at > due then
   reply = {{7}}
 else
   for i = 1, nr do
-    local starts = KEYS[na + nr + i]
+    local starts = KEYS[na + 2 * nr + i]
     redis.call('ZADD', starts, now, member)
     redis.call('ZREMRANGEBYSCORE', starts, '-inf', '(' .. string.format('%d', now - keep))
     redis.call('ZREMRANGEBYRANK', starts, 0, -(cap + 1))

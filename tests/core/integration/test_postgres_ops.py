@@ -384,10 +384,16 @@ def text(value: Any) -> str:
 
 
 def windows(rng: random.Random) -> list[Any]:
-    """A key's windows as the rate round sends them: count, then field, T, tau, period."""
+    """A key's windows as the rate round sends them: count, then field, T, tau,
+    period, N (0: paced; else counted, in the key's log)."""
     # A window's period only sets the hash's TTL here: an hour, so the walk's clock
     # (run ahead of the servers') never makes a TTL that ends between two calls.
-    shapes = [("s", 100, 0, 3_600_000), ("s", 100, 200, 3_600_000), ("h", 7200, 0, 3_600_000)]
+    shapes = [
+        ("s", 100, 0, 3_600_000, 0),
+        ("s", 100, 200, 3_600_000, 0),
+        ("h", 7200, 0, 3_600_000, 0),
+        ("c", 0, 0, 3_600_000, 3),
+    ]
     chosen = rng.sample(shapes, rng.randint(1, 2))
     return [str(len(chosen))] + [str(x) for w in chosen for x in w]
 
@@ -395,9 +401,11 @@ def windows(rng: random.Random) -> list[Any]:
 @pytest.mark.parametrize("seed", range(3))
 def test_rate_bookings_give_the_replies_redis_gives(both, seed):
     """Phase 1 (book), phase 2 (compare-and-set at s*) and undo, on one or two keys
-    at a time, with fresh and stale versions: the same replies and hashes."""
+    at a time, paced and counted windows, with fresh and stale versions: the same
+    replies, hashes and logs."""
     rng = random.Random(seed)
     names = [both.k("rate", "r1"), both.k("rate", "r2")]
+    logs = {names[0]: both.k("booked", "r1"), names[1]: both.k("booked", "r2")}
     shape = {name: windows(rng) for name in names}
     booked: dict[tuple, list] = {}  # keys -> the last phase 1 reply for them
     now = time.time_ns() // 1_000_000
@@ -411,16 +419,15 @@ def test_rate_bookings_give_the_replies_redis_gives(both, seed):
         elif phase == "2":
             third = str(int(last[1]) + rng.choice([0, 0, 50, -50]))
         else:
-            third = " ".join(
-                x.decode() if isinstance(x, bytes) else x for x in last[2 + len(keys) :]
-            )
+            at = rng.choice(["-", text(last[1])])  # out of the logs, or where it stood
+            third = " ".join([at, *(text(x) for x in last[2 + len(keys) :])])
         args: list[Any] = [phase, str(now), third]
         for i, key in enumerate(keys):
             version = last[2 + i] if last and phase != "1" else b""
             if last and phase != "1" and rng.random() < 0.2:
                 version = b"9999"  # a stale version: a booking came in between
             args += [text(version), *shape[key]]
-        reply = both.op(scripts.RATE, keys, args)
+        reply = both.op(scripts.RATE, [*keys, *(logs[key] for key in keys)], args)
         if phase == "1" and isinstance(reply, list) and reply[0] == 1:
             booked[tuple(keys)] = reply
     both.same_contents()

@@ -66,12 +66,19 @@ def test_concurrent_reservations_get_distinct_instants_spaced_by_the_rate(nodes3
 
 
 def test_two_windows_both_hold(nodes3):
+    """5/s paces, 20/10s counts: 20 starts go at 5/s, the next wait for the first's
+    10 s to pass. A counted window holds N on each node; reservations that split
+    the nodes can be counted on different ones (at most n / q * N, the rates page)."""
     rl = Redlock(nodes3.urls, node_timeout=0.5)
-    instants = book(rl, "two", ("5/s", "20/10s"), 40)
+    instants = sorted(book(rl, "two", ("5/s", "20/10s"), 40))
     assert most_in_window(instants, 1.0) <= 5
-    assert most_in_window(instants, 10.0) <= 20
-    # the 10 s window is what holds them back: 40 starts need more than 10 s
-    assert max(instants) - min(instants) >= 10.0
+    n = len(nodes3.urls)
+    assert most_in_window(instants, 10.0) <= 20 * n // (n // 2 + 1)
+    # the limit is used: the first 20 at 5/s (3.8 s; splits waste a few slots, more
+    # on a loaded host), not spread over the 10 s window (14 in 7 s at 20/10s)
+    assert most_in_window(instants, 7.0) >= 16, instants
+    # the 10 s window is what holds the rest back: 40 starts need more than 10 s
+    assert instants[-1] - instants[0] >= 10.0
 
 
 def test_burst_then_spacing(nodes3):
@@ -188,20 +195,21 @@ def test_a_client_clock_behind_is_bounded(redis_nodes3):
 
 def test_peek_shows_the_schedule(redis_nodes3):
     rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
-    first = [rl.rate("peeked", ("10/s", "20/m")) for _ in range(5)][0]
+    first = [rl.rate("peeked", ("10/s", "20/m")) for _ in range(20)][0]
     view = peek_rate(rl, "peeked", ("10/s", "20/m"))
     assert view.answered == 3
-    (second, tat_s), (minute, tat_m) = view.windows
+    (second, at_s), (minute, at_m) = view.windows
     assert str(second) == "10/s" and str(minute) == "20/m"
-    # 20/m (one per 3 s) binds: 5 starts booked 3 s apart from the first, the next 15 s
-    # after it (all booked well within the first 3 s, even on a loaded host)
-    assert tat_m - tat_s == pytest.approx(3.0 - 0.1, abs=0.002)
-    assert view.next_start == pytest.approx(tat_m)
-    assert view.next_start - first.start_at == pytest.approx(5 * 3.0, abs=0.002)
+    # 10/s paces: 20 starts booked 0.1 s apart (all within the first 2 s, even on a
+    # loaded host); 20/m counts: its 20 are booked, so the next comes a minute
+    # after the first
+    assert at_s - first.start_at == pytest.approx(2.0, abs=0.002)
+    assert at_m - first.start_at == pytest.approx(60.0, abs=0.002)
+    assert view.next_start == pytest.approx(at_m)
     for node in redis_nodes3:
         with node.client() as client:
-            # the schedule (15 s ahead) plus the longest period: nothing outlives its use
-            assert 60_000 + 12_000 < client.pttl(rl.coalesce_key("peeked", "rate")) <= 75_000
+            # the schedule (2 s ahead) plus the longest period: nothing outlives its use
+            assert 60_000 < client.pttl(rl.coalesce_key("peeked", "rate")) <= 62_000
 
 
 def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
