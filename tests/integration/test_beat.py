@@ -212,10 +212,12 @@ def print_logs(rig: Rig) -> None:
                 print(line)
 
 
-@pytest.fixture
-def cluster_rig(request, redis_node_factory, redis_clusters3, tmp_path) -> Iterator[Rig]:
-    """The rig with the session's three Redis Clusters of three masters each as the lock nodes."""
-    rig = Rig(lambda n: redis_clusters3 if n == 3 else redis_node_factory(n), tmp_path)
+@pytest.fixture(params=["redis_clusters3", "postgres_nodes3"], ids=["3clusters", "3postgres"])
+def kind_rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
+    """The rig with the session's three nodes of another kind as the lock nodes: Redis
+    Clusters of three masters each, or PostgreSQL servers (the broker stays Redis)."""
+    nodes = request.getfixturevalue(request.param)
+    rig = Rig(lambda n: nodes if n == 3 else redis_node_factory(n), tmp_path)
     try:
         yield rig
     finally:
@@ -496,15 +498,18 @@ def test_a_majority_of_nodes_down_holds_slots_back_and_resumes(rig):
     )
 
 
-def test_two_beats_on_three_cluster_nodes_send_every_slot_once(cluster_rig):
-    """Each lock node a Redis Cluster: a slot's claim goes to the shard of its key."""
-    first = cluster_rig.start("every-1s=every:1")
+def test_two_beats_on_three_nodes_of_another_kind_send_every_slot_once(kind_rig):
+    """Each lock node a Redis Cluster (a slot's claim goes to the shard of its key) or
+    a PostgreSQL server (the claim is a row; its node timeout is the 500 ms its page
+    advises)."""
+    timeout = 0.5 if "postgres" in str(kind_rig.nodes.urls[0]) else 0.15
+    first = kind_rig.start("every-1s=every:1", node_timeout=timeout)
     first.wait_started()
-    second = cluster_rig.start("every-1s=every:1")
+    second = kind_rig.start("every-1s=every:1", node_timeout=timeout)
     t1 = second.wait_started()
     sleep_until(t1 + 6.0)
-    stopped = cluster_rig.stop()
-    msgs = cluster_rig.dispatched()
+    stopped = kind_rig.stop()
+    msgs = kind_rig.dispatched()
     assert_each_slot_once(msgs, "every-1s", 1, (t1 + 1, stopped - 1.3))
-    assert_claims_name_the_messages(cluster_rig, msgs)
+    assert_claims_name_the_messages(kind_rig, msgs)
     assert not first.errors() and not second.errors()
