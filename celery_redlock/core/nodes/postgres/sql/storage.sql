@@ -48,9 +48,12 @@ DECLARE
     -- bound, and the scan would read every live row that has an expiry.
     now_ts timestamptz := clock_timestamp();
 BEGIN
+    -- One call in four clears up to 16: the pace of 4 a call, at a quarter of the
+    -- scans (the scan, not the rows, is what a call pays for).
+    IF random() >= 0.25 THEN RETURN; END IF;
     DELETE FROM {schema}.kv WHERE key IN (
         SELECT key FROM {schema}.kv WHERE expires_at < now_ts
-         ORDER BY expires_at LIMIT 4 FOR UPDATE SKIP LOCKED);
+         ORDER BY expires_at LIMIT 16 FOR UPDATE SKIP LOCKED);
 END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.typed(k text, want "char") RETURNS {schema}.kv
