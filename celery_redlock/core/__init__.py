@@ -23,7 +23,8 @@ from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_u
 from .lease import Lease
 from .nodes import check_together
 from .quorum import DRIFT_FLOOR
-from .rates import peek_rate, reserve_place, reserve_rates
+from .rate_view import peek_rate
+from .rates import reserve_place, reserve_rates
 from .records import (
     OWNER_SEP,
     STARTED_MARK,

@@ -101,10 +101,10 @@ from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .nodes import NotReplicated, check_together
 from .quorum import Quorum
-from .records import NEAR, RateSlot, RateView
-from .windows import RateKey, Window, checked_burst, checked_rate, paced
+from .records import NEAR, RateSlot
+from .windows import RateKey, checked_burst, checked_rate
 
-__all__ = ["RatedRound", "Rates", "peek_rate", "reserve_place", "reserve_rates"]
+__all__ = ["RatedRound", "Rates", "reserve_place", "reserve_rates"]
 
 logger = logging.getLogger("celery_redlock.redlock")
 
@@ -432,42 +432,6 @@ class Rates:
             before = " ".join(["-" if at is None else str(at), *(_text(t) for t in r[2 + k :])])
             q.run(scripts.RATE, names, _args(keys, now, "0", before, r[2 : 2 + k]), [q.nodes[i]])
 
-    def peek(
-        self, name: str, rate: Any, *, now: float | None = None, key: str | None = None
-    ) -> RateView:
-        """How ``name``'s rate stands: per window the instant it is booked up to, and
-        the next admissible start (burst 1), the latest the answering nodes know. Read-only.
-
-        Raises:
-            QuorumUnavailable: fewer than a quorum of nodes answered.
-        """
-        windows = checked_rate(rate)
-        full_key = key or self.keyspace.coalesce_key(name, "rate")
-        q = self.quorum
-        replies = q.gather(("HGETALL", full_key))
-        q.check(replies)
-        starts = self.keyspace.coalesce_key(name, "starts") if key is None else _starts_key(key)
-        recorded = q.gather(("ZRANGE", starts, 0, -1, "WITHSCORES"))
-        pace = paced(windows)
-        logs: list[tuple[float, ...]] = [()] * len(replies)
-        if len(windows) > 1:
-            log = RateKey(full_key, windows).log
-            logs = [_scores(r) for r in q.gather(("ZRANGE", log, 0, -1, "WITHSCORES"))]
-        rows = []
-        nxt = time.time() if now is None else now
-        for w in windows:
-            ats = [
-                _admits(r, log, w, w != pace)
-                for r, log in zip(replies, logs)
-                if not isinstance(r, BaseException)
-            ]
-            latest = max((t for t in ats if t is not None), default=None)
-            if latest is not None:
-                nxt = max(nxt, latest)
-            rows.append((w, latest))
-        answered = sum(1 for r in replies if not isinstance(r, BaseException))
-        return RateView(full_key, tuple(rows), nxt, answered, _union(recorded))
-
 
 def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None = None) -> RateSlot:
     """:meth:`Rates.reserve` on ``redlock``'s nodes: several keys, each with its own burst."""
@@ -477,64 +441,6 @@ def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None =
 def reserve_place(redlock: Any, keys: Sequence[RateKey], after: float = NEAR) -> RateSlot | None:
     """:meth:`Rates.reserve_after` on ``redlock``'s nodes: a place in a full schedule."""
     return redlock._rates.reserve_after(keys, after)
-
-
-def peek_rate(
-    redlock: Any, name: str, rate: Any, *, now: float | None = None, key: str | None = None
-) -> RateView:
-    """:meth:`Rates.peek` on ``redlock``'s nodes (read-only)."""
-    return redlock._rates.peek(name, rate, now=now, key=key)
-
-
-def _starts_key(rate_key: str) -> str:
-    """The sorted set of starts beside a rate hash given by its key (``{prefix}:rate:{name}``
-    -> ``{prefix}:starts:{name}``: the family follows the prefix, before the name's braces)."""
-    head, brace, name = rate_key.partition("{")
-    return head.replace(":rate:", ":starts:") + brace + name
-
-
-def _union(replies: Sequence[Any]) -> tuple[float, ...]:
-    """The starts every answering node recorded, each once (its earliest score)."""
-    seen: dict[Any, float] = {}
-    for reply in replies:
-        if isinstance(reply, BaseException) or not reply:
-            continue
-        # RESP2 answers member, score, member, ...; RESP3 [member, score] pairs
-        pairs = reply if isinstance(reply[0], list) else zip(reply[::2], reply[1::2])
-        for member, score in pairs:
-            value = float(score)
-            seen[member] = min(value, seen.get(member, value))
-    return tuple(sorted(score / 1000.0 for score in seen.values()))
-
-
-def _admits(reply: Any, log: Sequence[float], window: Window, counted: bool) -> float | None:
-    """When ``window`` admits a start again on the node that answered ``reply`` (its
-    rate hash) and ``log`` (its bookings' instants, epoch ms, oldest first): the
-    paced window's TAT, a full counted window's N-th latest booking plus the period
-    (see :data:`.scripts.rates.RATE`); None when it admits one now."""
-    if counted:
-        if len(log) < window.starts:
-            return None
-        return (log[-window.starts] + _ms(window.period)) / 1000.0
-    if isinstance(reply, dict):
-        pairs = list(reply.items())
-    elif isinstance(reply, list):
-        pairs = list(zip(reply[::2], reply[1::2]))
-    else:
-        return None
-    for k, v in pairs:
-        if _text(k) == window.field:
-            return int(v) / 1000.0
-    return None
-
-
-def _scores(reply: Any) -> tuple[float, ...]:
-    """A ZRANGE ... WITHSCORES reply's scores, in order (none for a node that failed)."""
-    if isinstance(reply, BaseException) or not reply:
-        return ()
-    # RESP2 answers member, score, member, ...; RESP3 [member, score] pairs
-    pairs = reply if isinstance(reply[0], list) else zip(reply[::2], reply[1::2])
-    return tuple(float(score) for _, score in pairs)
 
 
 def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:

@@ -238,7 +238,7 @@ class RateSlot(NamedTuple):
 
 
 class RateView(NamedTuple):
-    """A rated key as a quorum sees it (:meth:`Rates.peek`)."""
+    """A rated key as a quorum sees it (:func:`.rate_view.peek_rate`)."""
 
     key: str
     #: Per window: (window, its latest TAT in epoch seconds or None: the window is
