@@ -106,15 +106,38 @@ def _template_dir() -> str:
 
 
 class PostgresServer:
-    """One ``postgres`` server on 127.0.0.1, owned by this process."""
+    """One ``postgres`` server on 127.0.0.1, owned by this process.
 
-    def __init__(self, *, start: bool = True) -> None:
+    Args:
+        start: start it now.
+        settings: more ``-c`` settings for its command line.
+        standby_of: a running server to stream from: this one starts as its
+            standby (``pg_basebackup -R``), read-only and replaying.
+    """
+
+    def __init__(
+        self,
+        *,
+        start: bool = True,
+        settings: dict[str, str] | None = None,
+        standby_of: PostgresServer | None = None,
+    ) -> None:
         self.host = HOST
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="celery-redlock-pg-")
         own_by_server_user(self.dir)
         self.data = os.path.join(self.dir, "data")
-        subprocess.run(["cp", "-a", _template_dir(), self.data], check=True)
+        #: ``-c`` settings of the server's command line, e.g. ``synchronous_standby_names``.
+        self.settings = dict(settings or {})
+        if standby_of is None:
+            subprocess.run(["cp", "-a", _template_dir(), self.data], check=True)
+        else:  # a streaming standby of a running server: its base backup, then replay
+            subprocess.run(
+                [os.path.join(postgres_bin() or "", "pg_basebackup"), "-h", standby_of.host,
+                 "-p", str(standby_of.port), "-U", "postgres", "-D", self.data,
+                 "-R", "-X", "stream", "--no-sync"],
+                check=True, capture_output=True, **as_server_user(),
+            )  # fmt: skip
         self.logfile = os.path.join(self.dir, "server.log")
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()
@@ -170,7 +193,8 @@ class PostgresServer:
             [os.path.join(postgres_bin() or "", "postgres"), "-D", self.data,
              "-p", str(self.port), "-c", f"listen_addresses={self.host}",
              "-c", f"unix_socket_directories={self.dir}", "-c", "fsync=off",
-             "-c", "max_connections=200", "-c", "shared_buffers=16MB"],
+             "-c", "max_connections=200", "-c", "shared_buffers=16MB",
+             *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}"))],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             **as_server_user(),
         )  # fmt: skip

@@ -451,7 +451,13 @@ def test_generated_calls_match_the_original_algorithm(func, lock_on):
     assert checked > 100
 
 
-@pytest.mark.parametrize("value", SCALARS + OTHERS, ids=repr)
+# Ids by position and type: a set's repr and an object's address differ between
+# processes, and every process of a parallel run must collect the same ids.
+@pytest.mark.parametrize(
+    "value",
+    SCALARS + OTHERS,
+    ids=[f"{i}-{type(v).__name__}" for i, v in enumerate(SCALARS + OTHERS)],
+)
 @pytest.mark.parametrize("how", ["positional", "keyword"])
 def test_every_value_type_matches_the_original_algorithm(value, how):
     args, kwargs = ((value,), {}) if how == "positional" else ((), {"account_id": value})
