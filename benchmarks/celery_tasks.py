@@ -22,6 +22,9 @@ anchors harness (``bench/anchors_bench.py``, section ``celery``). Variants:
 * ``redlock-3-rate``: ``redlock-3`` with ``lock_rate="10/s"`` per key: every
   start books its key's rate in its run lock's round (no round more), never
   delayed (each key starts once): what a rated start costs under its limit;
+* ``redlock-1pg``: ``redlock-1`` on one PostgreSQL lock node instead (a
+  server started here; left out, with a line saying why, where none can be
+  started or with ``--no-postgres``);
 * ``once``: celery-once ``QueueOnce`` (``graceful=False``), Redis backend on db 2
   of the broker server;
 * ``singleton``: celery-singleton ``Singleton``, backend on db 3 of the broker
@@ -108,6 +111,8 @@ ENQUEUE_MODE = "until_finished"
 #: celery-singleton db 3, counter db 0.
 BROKER_ENV = "CELERY_REDLOCK_BENCH_BROKER"
 NODES_ENV = _adapters.NODES_ENV  # the lock nodes, comma-separated URLs
+#: The PostgreSQL lock node's URL, when there is one.
+PG_ENV = "CELERY_REDLOCK_BENCH_PG"
 
 #: (key, task name, label)
 VARIANTS = [
@@ -117,6 +122,7 @@ VARIANTS = [
     ("redlock-3-lazy", "crl_bench.redlock_3_lazy", "celery_redlock, 3 nodes, token unread"),
     ("redlock-3-enqueue", "crl_bench.redlock_3_enqueue", "celery_redlock, 3 nodes, enqueue claim"),
     ("redlock-3-rate", "crl_bench.redlock_3_rate", "celery_redlock, 3 nodes, lock_rate"),
+    ("redlock-1pg", "crl_bench.redlock_1pg", "celery_redlock, 1 PostgreSQL node"),
     ("once", "crl_bench.once", "celery-once QueueOnce"),
     ("singleton", "crl_bench.singleton", "celery-singleton Singleton"),
     ("floor-3", "crl_bench.floor_3", "floor: SET NX + DEL on 3 nodes, raw sockets"),
@@ -275,6 +281,10 @@ def make_app() -> Any:
     )
     _adapters.locked_task(app, _task_body, name="crl_bench.redlock_3_rate",
                           nodes=nodes[:LOCK_NODES], lock_rate=RATE)  # fmt: skip
+    if os.environ.get(PG_ENV):
+        _adapters.locked_task(
+            app, _task_body, name="crl_bench.redlock_1pg", nodes=[os.environ[PG_ENV]]
+        )
     for n_nodes in (1, LOCK_NODES):  # enqueue-time claims; enqueue.py times their .delay()
         _adapters.locked_task(app, _task_body, name=f"crl_bench.redlock_{n_nodes}_enqueue",
                               nodes=nodes[:n_nodes], lock_enqueue=ENQUEUE_MODE)  # fmt: skip
@@ -459,7 +469,7 @@ def _settle(r0: Any, queue_client: Any, quiet_s: float = 0.15, limit_s: float = 
         time.sleep(quiet_s)
 
 
-def lock_leftovers(broker: str, node_urls: list[str]) -> dict[str, Any]:
+def lock_leftovers(broker: str, node_urls: list[str], pg: Any = None) -> dict[str, Any]:
     import redis
 
     out: dict[str, Any] = {}
@@ -472,6 +482,9 @@ def lock_leftovers(broker: str, node_urls: list[str]) -> dict[str, Any]:
             locks.append(sum(1 for _ in c.scan_iter(match="redlock:lock:*", count=1000)))
             claims.append(sum(1 for _ in c.scan_iter(match="redlock:claim:*", count=1000)))
             fences.append(sum(1 for _ in c.scan_iter(match="redlock:fence:*", count=1000)))
+    if pg is not None:
+        locks.append(len(pg.keys("%:lock:%")))
+        claims.append(len(pg.keys("%:claim:%")))
     out["redlock_lock_keys_per_node"] = locks
     out["redlock_claim_keys_per_node"] = claims
     out["redlock_fence_keys_per_node"] = fences
@@ -479,7 +492,8 @@ def lock_leftovers(broker: str, node_urls: list[str]) -> dict[str, Any]:
 
 
 def bench_pool(app: Any, pool: str, conc: int, variants: list[str], reps: int, n: int,
-               broker_node: Any, lock_nodes: Any, logdir: str) -> dict[str, Any]:  # fmt: skip
+               broker_node: Any, lock_nodes: Any, logdir: str,
+               pg: Any = None) -> dict[str, Any]:  # fmt: skip
     import redis
 
     broker = broker_node.url.rsplit("/", 1)[0]
@@ -492,6 +506,8 @@ def bench_pool(app: Any, pool: str, conc: int, variants: list[str], reps: int, n
         with redis.Redis.from_url(f"{broker}/{db}") as c:
             c.flushdb()
     lock_nodes.flushall()
+    if pg is not None:
+        pg.flush()
     logpath = os.path.join(logdir, f"celery-worker-{pool}-{conc}.log")
     w = start_worker(worker_cmd(pool, conc), worker_env(broker, node_urls), logpath)
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
@@ -518,7 +534,7 @@ def bench_pool(app: Any, pool: str, conc: int, variants: list[str], reps: int, n
             log(f"  rep {rep + 1}/{reps} in {time.monotonic() - t_rep:.1f} s: {tps} tasks/s "
                 f"(loadavg {loadavg()})")  # fmt: skip
         time.sleep(0.2)
-        leftovers = lock_leftovers(broker, node_urls)
+        leftovers = lock_leftovers(broker, node_urls, pg)
     finally:
         stop_worker(w)
         r0.close()
@@ -629,7 +645,7 @@ def render(meta: dict[str, Any], raw: dict[str, Any], summ: dict[str, Any], targ
     out.append(
         f"{meta['cpus']} CPUs ({meta['cpu_model']}), {meta['platform']}, Python {meta['python']}, "
         f"redis-server {meta['redis_server']} on loopback: 1 broker server + {LOCK_NODES} lock "
-        f"nodes; {vers}."
+        f"nodes{' + 1 PostgreSQL lock node' if meta.get('postgres_node') else ''}; {vers}."
     )
     out.append(
         f"{meta['reps']} reps x {meta['n']} tasks per variant and pool, variants in rotating "
@@ -703,7 +719,7 @@ def profile(variant: str, n: int, reps: int, outdir: str, top: int) -> int:
     import redis
 
     nodes_ctx = start_nodes()
-    with nodes_ctx as (broker_node, lock_nodes):
+    with nodes_ctx as (broker_node, lock_nodes, _):
         broker, app = app_on(broker_node, lock_nodes)
         task = app.tasks[dict((k, t) for k, t, _ in VARIANTS)[variant]]
         prof = os.path.join(outdir, f"celery-worker-solo-{variant}.prof")
@@ -739,32 +755,45 @@ def profile(variant: str, n: int, reps: int, outdir: str, top: int) -> int:
 # main
 # --------------------------------------------------------------------------- #
 class start_nodes:
-    """The broker server and the lock nodes, stopped on exit (also on Ctrl-C)."""
+    """The broker server, the lock nodes and (``postgres``) one PostgreSQL
+    server, stopped on exit (also on Ctrl-C)."""
 
-    def __enter__(self) -> tuple[Any, Any]:
+    def __init__(self, postgres: bool = False) -> None:
+        self.postgres = postgres
+        self.pg: Any = None
+
+    def __enter__(self) -> tuple[Any, Any, Any]:
         from celery_redlock.testing import RedisNode, RedisNodes
 
         self.broker = RedisNode()
         try:
             self.locks = RedisNodes(LOCK_NODES)
+            if self.postgres:
+                from celery_redlock.testing.postgres import PostgresServer
+
+                self.pg = PostgresServer()
         except BaseException:
-            self.broker.close()
+            self.__exit__()
             raise
-        return self.broker, self.locks
+        return self.broker, self.locks, self.pg
 
     def __exit__(self, *exc: object) -> None:
-        self.locks.close()
-        self.broker.close()
+        for server in (self.pg, getattr(self, "locks", None), self.broker):
+            if server is not None:
+                server.close()
 
 
-def app_on(broker_node: Any, lock_nodes: Any) -> tuple[str, Any]:
-    """The broker server's URL (no db) and the app on it and on ``lock_nodes``.
+def app_on(broker_node: Any, lock_nodes: Any, pg: Any = None) -> tuple[str, Any]:
+    """The broker server's URL (no db) and the app on it, on ``lock_nodes``
+    and on the PostgreSQL server ``pg``, if any.
 
     Also sets the environment variables a worker started from here reads.
     """
     broker = broker_node.url.rsplit("/", 1)[0]
     os.environ[BROKER_ENV] = broker
     os.environ[NODES_ENV] = ",".join(lock_nodes.urls)
+    if pg is not None:
+        os.environ[PG_ENV] = pg.url
     return broker, make_app()
 
 
@@ -808,6 +837,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--top", type=int, default=40, help="rows of the --profile listing")
     ap.add_argument(
+        "--no-postgres", action="store_true", help="leave out the PostgreSQL node (redlock-1pg)"
+    )
+    ap.add_argument(
         "--no-profile",
         dest="keep_profile",
         action="store_false",
@@ -827,6 +859,12 @@ def main(argv: list[str] | None = None) -> int:
         if v not in LABELS:
             ap.error(f"unknown variant {v!r}; known: {', '.join(LABELS)}")
     pools = parse_pools(a.pools)
+    from celery_redlock.testing.postgres import postgres_missing
+
+    missing = "--no-postgres" if a.no_postgres else postgres_missing()
+    if "redlock-1pg" in variants and missing:
+        log(f"no PostgreSQL node, redlock-1pg left out: {missing}")
+        variants.remove("redlock-1pg")
 
     t0 = time.monotonic()
     meta: dict[str, Any] = {
@@ -841,17 +879,18 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     log(f"starting 1 broker + {LOCK_NODES} lock redis-server nodes on loopback ...")
     raw: dict[str, Any] = {"pools": {}}
-    with start_nodes() as (broker_node, lock_nodes):
+    with start_nodes(postgres="redlock-1pg" in variants) as (broker_node, lock_nodes, pg):
         with broker_node.client() as c:
             meta["redis_server"] = c.info("server")["redis_version"]
         meta["broker_port"] = broker_node.port
         meta["lock_ports"] = [nd.port for nd in lock_nodes]
-        _, app = app_on(broker_node, lock_nodes)
+        meta["postgres_node"] = pg is not None
+        _, app = app_on(broker_node, lock_nodes, pg)
         log(f"broker on {broker_node.port}, lock nodes on {meta['lock_ports']}; {a.reps} reps "
             f"x {a.n} tasks x {len(variants)} variants; loadavg {loadavg()}")  # fmt: skip
         for pool, conc in pools:
             raw["pools"][f"{pool}:{conc}"] = bench_pool(
-                app, pool, conc, variants, a.reps, a.n, broker_node, lock_nodes, logdir
+                app, pool, conc, variants, a.reps, a.n, broker_node, lock_nodes, logdir, pg
             )
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0
