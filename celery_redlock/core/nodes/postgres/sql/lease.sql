@@ -17,8 +17,23 @@ LANGUAGE plpgsql AS $$ BEGIN RETURN {schema}.r_get(k) IS NOT DISTINCT FROM owner
 CREATE OR REPLACE FUNCTION {schema}.advance(fkey text, again boolean, a text[]) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    fence text := {schema}.r_get(fkey);
+    fence text;
 BEGIN
+    IF NOT again THEN  -- one upsert: moved on where it lives, else seeded
+        fence := ({schema}.r_time())[1]::text || '000000';
+        IF {schema}.greater(a[4], fence) THEN fence := a[4]; END IF;
+        INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
+        VALUES (fkey, 's', fence, NULL, clock_timestamp() + a[3]::bigint * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE
+           SET val = CASE WHEN t.expires_at IS NULL OR t.expires_at > clock_timestamp()
+                          THEN (t.val::numeric + 1)::text ELSE EXCLUDED.val END,
+               kind = 's', map = NULL, expires_at = EXCLUDED.expires_at
+         WHERE t.kind = 's' OR t.expires_at <= clock_timestamp()
+        RETURNING val INTO fence;
+        IF FOUND THEN RETURN fence; END IF;
+    END IF;
+    -- kept (``again``), or a live key of another type: read it as GET does
+    fence := {schema}.r_get(fkey);
     IF fence IS NOT NULL THEN
         IF again THEN RETURN fence; END IF;
         fence := (fence::numeric + 1)::text;
@@ -105,8 +120,13 @@ DECLARE
     g record;
     stop jsonb;
 BEGIN
-    IF a[5] IS NULL THEN  -- no gate: one SET NX in the common case
-        IF {schema}.r_set(k[1], a[1], a[2]::bigint, true) THEN
+    IF a[5] IS NULL THEN  -- no gate: one SET NX in the common case, as one upsert
+        INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
+        VALUES (k[1], 's', a[1], NULL, clock_timestamp() + a[2]::bigint * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE
+           SET kind = 's', val = EXCLUDED.val, map = NULL, expires_at = EXCLUDED.expires_at
+         WHERE t.expires_at <= clock_timestamp();
+        IF FOUND THEN
             IF a[3] = '' THEN RETURN '[1]'; END IF;
             RETURN jsonb_build_array(1, {schema}.advance(k[2], false, a));
         END IF;
@@ -177,7 +197,11 @@ DECLARE
     out integer := 0;
     remaining bigint;
 BEGIN
-    IF {schema}.owns(k[1], a[1]) THEN out := {schema}.r_del(k[1]); END IF;
+    DELETE FROM {schema}.kv
+     WHERE key = k[1] AND kind = 's' AND val = a[1]
+       AND (expires_at IS NULL OR expires_at > clock_timestamp());
+    GET DIAGNOSTICS out = ROW_COUNT;
+    IF out = 0 THEN PERFORM {schema}.owns(k[1], a[1]); END IF;  -- GET's WRONGTYPE, if any
     IF coalesce(a[2], '') <> '' THEN PERFORM {schema}.r_set(k[2], '1', a[2]::bigint); END IF;
     IF coalesce(a[3], '') <> '' AND {schema}.owns(k[3], a[3]) THEN
         remaining := {schema}.r_pttl(k[3]);

@@ -1,9 +1,9 @@
 -- The keys of a PostgreSQL lock node, with the Redis semantics the operations
 -- are written against: a key is a string, a hash or a sorted set, with an
 -- optional expiry on the server's clock; an expired key is a missing key.
--- Every operation first takes a transaction-scoped advisory lock on each of
--- its keys (hashed, in hash order: no deadlock), so the calls on one key run
--- one after another, as a Redis script runs alone.
+-- Every operation first takes a transaction-scoped advisory lock on each hash
+-- tag of its keys (hashed, in hash order: no deadlock), so the calls on one key
+-- run one after another, as a Redis script runs alone.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 
@@ -21,16 +21,29 @@ CREATE TABLE IF NOT EXISTS {schema}.kv (
 CREATE INDEX IF NOT EXISTS kv_expires_at ON {schema}.kv (expires_at)
     WHERE expires_at IS NOT NULL;
 
--- Serialize the calls on ``keys`` (see above).
+-- A key's hash tag, as Redis Cluster reads it: the text inside its first
+-- braces, or the whole key. The keys of one name share it.
+CREATE OR REPLACE FUNCTION {schema}.tag(k text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(nullif(substring(k FROM '\{([^}]*)\}'), ''), k);
+$$;
+
+-- Serialize the calls on ``keys`` (see above): a call on one name's keys, the
+-- common one, takes one lock and runs no query for it.
 CREATE OR REPLACE FUNCTION {schema}.lock_keys(keys text[]) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    first text := {schema}.tag(keys[1]);
 BEGIN
-    IF array_length(keys, 1) = 1 THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended(keys[1], 0));
-        RETURN;
-    END IF;
-    PERFORM pg_advisory_xact_lock(h)
-       FROM (SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest(keys) k ORDER BY 1) x;
+    FOR i IN 2 .. coalesce(array_length(keys, 1), 0) LOOP
+        IF {schema}.tag(keys[i]) <> first THEN
+            PERFORM pg_advisory_xact_lock(h)
+               FROM (SELECT DISTINCT hashtextextended({schema}.tag(k), 0) AS h
+                       FROM unnest(keys) k ORDER BY 1) x;
+            RETURN;
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_xact_lock(hashtextextended(first, 0));
 END $$;
 
 -- The live row of ``k`` (none when missing or expired).
