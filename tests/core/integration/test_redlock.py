@@ -327,11 +327,13 @@ def test_failed_contended_acquire_leaves_no_key(redis_nodes5, fence):
     (a lazy acquire, a bare SET NX where the nodes grant it, moves none)."""
     rl = healthy(redis_nodes5.urls)
     lock_key, fence_key = rl.keys(NAME)
+    since = time.monotonic()
     for i in range(3):
         with redis_nodes5[i].client() as client:
             client.set(lock_key, "holder|-|h|1|x", px=10_000)
     result = rl.try_acquire(NAME, ttl=10, fence=fence)
-    assert result == Holder("holder|-|h|1|x", pytest.approx(10, abs=0.5))
+    assert isinstance(result, Holder) and result.owner == "holder|-|h|1|x"
+    assert left_at_least(since, 10_000) / 1000 <= result.remaining <= 10
     assert rl.acquire(NAME, ttl=10, fence=fence) is None
     assert node_values(redis_nodes5, lock_key) == ["holder|-|h|1|x"] * 3 + [None] * 2
     fences = node_values(redis_nodes5, fence_key)
