@@ -16,7 +16,7 @@ seam (:mod:`~celery_redlock.core.records`) serve them all. A few plain reads
 go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
 WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 
-**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`) that provides:
+**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`) that provides:
 
 * ``SCHEMES``: the URL schemes it takes (:data:`KINDS` maps them here, as
   kombu maps URL schemes to transports);
@@ -92,6 +92,8 @@ KINDS: dict[str, str] = {
     "rediss+cluster": "redis",
     "postgresql": "postgres",
     "postgres": "postgres",
+    "etcd": "etcd",
+    "etcds": "etcd",
 }
 
 

@@ -1,0 +1,247 @@
+"""One etcd cluster as a lock node: its URL, its members, and its requests.
+
+Requests go to etcd's HTTP/JSON gateway (``/v3/...``) through etcd3gw's
+session (requests): each one bounded by the call's own deadline, connect
+included, never retried by the client library. The members of the URL are
+tried in turn: the one that answered last goes first, and a member that
+refuses or times out is passed over for the next one while the call's
+deadline leaves time. A member that has lost its cluster's quorum does not
+answer a linearizable request: the call times out, "not answering".
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ....exceptions import ConfigurationError
+from .. import mask_url
+
+__all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
+
+#: etcd's minimum lease TTL with its default heartbeat and election timeout:
+#: ceil(1.5 * election timeout) = 2 s; a node's own is read at its first call.
+DEFAULT_MIN_TTL = 2
+#: Seconds a member that timed out is passed over while another is tried first.
+_SKIP = 5.0
+
+
+class NodeError(ConnectionError):
+    """An etcd node's error (refused, misconfigured, or an error reply), naming the node."""
+
+
+def b64(data: bytes | str) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+class EtcdNode:
+    """One etcd cluster (its members' client endpoints) as one lock node.
+
+    Args:
+        url: ``etcd://host:port[,host:port...][?prefix=...]``, or ``etcds://``
+            for TLS (``ca``, ``cert``, ``key`` query options name PEM files);
+            ``user:password@`` authenticates (etcd's ``/v3/auth/authenticate``).
+        timeout: seconds a call gets for its reply.
+        min_replicas: refused above 0: an etcd write is committed by a
+            majority of its members before it answers.
+        connect_timeout: seconds a new connection gets to open; None: ``timeout``.
+    """
+
+    kind = "etcd"
+    cluster = False
+
+    def __init__(
+        self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    ):
+        self.name = mask_url(url)
+        parts = urlsplit(url)
+        if min_replicas:
+            raise ConfigurationError(
+                f"etcd node {self.name}: redlock_min_replicas does not apply (every etcd "
+                "write is committed by a majority of the cluster's members before it answers)"
+            )
+        hosts = parts.netloc.rsplit("@", 1)[-1]
+        self.endpoints: list[str] = []
+        for hostport in filter(None, hosts.split(",")):
+            host, _, port = hostport.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigurationError(
+                    f"etcd node {self.name}: {hostport!r} must be host:port "
+                    "(etcd's client port, usually 2379)"
+                )
+            self.endpoints.append(f"{host}:{port}")
+        if not self.endpoints:
+            raise ConfigurationError(f"etcd node {self.name}: no host:port in the URL")
+        options = dict(parse_qsl(parts.query))
+        unknown = set(options) - {"prefix", "ca", "cert", "key"}
+        if unknown:
+            raise ConfigurationError(
+                f"etcd node {self.name}: unknown option(s) {', '.join(sorted(unknown))} "
+                "(known: prefix, ca, cert, key)"
+            )
+        self.tls = parts.scheme == "etcds"
+        self.prefix = options.get("prefix", "redlock/").encode()
+        self.ca, self.cert, self.key = options.get("ca"), options.get("cert"), options.get("key")
+        self.user = unquote(parts.username) if parts.username else None
+        self.password = unquote(parts.password) if parts.password else None
+        self.identity: tuple = ("etcd", tuple(sorted(self.endpoints)), self.prefix)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.min_ttl = DEFAULT_MIN_TTL
+        self.cluster_id: str | None = None
+        self._local = threading.local()
+        self._order = list(self.endpoints)
+        self._skip: dict[str, float] = {}
+        self._checked = False
+        self._token: str | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<EtcdNode {self.name}>"
+
+    def members(self) -> list[EtcdNode]:
+        """The servers a scan visits: this cluster."""
+        return [self]
+
+    def close(self) -> None:
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+            self._local.session = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _session(self) -> Any:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            import requests
+
+            session = requests.Session()
+            session.trust_env = False
+            if self.tls:
+                session.verify = self.ca or True
+                if self.cert:
+                    session.cert = (self.cert, self.key) if self.key else self.cert
+            self._local.session = session
+        return session
+
+    def post(self, path: str, body: dict, deadline: float) -> dict:
+        """POST ``body`` to ``/v3/<path>`` on a member, before ``deadline``.
+
+        Raises:
+            TimeoutError: no member answered in time.
+            NodeError: every member refused, or the cluster answered an error.
+        """
+        if not self._checked:
+            self._check(deadline)
+        return self._post(path, body, deadline)
+
+    def _post(self, path: str, body: dict, deadline: float, auth: bool = True) -> dict:
+        import requests
+
+        scheme = "https" if self.tls else "http"
+        now = time.monotonic()
+        order = sorted(self._order, key=lambda e: self._skip.get(e, 0.0) > now)
+        errors: list[str] = []
+        for endpoint in order:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            connect = min(left, self.connect_timeout or left)
+            headers = {"Authorization": self._token} if auth and self._token else None
+            try:
+                reply = self._session().post(
+                    f"{scheme}://{endpoint}/v3/{path}", json=body, headers=headers,
+                    timeout=(connect, left),
+                )  # fmt: skip
+            except requests.exceptions.Timeout:
+                self._skip[endpoint] = time.monotonic() + _SKIP
+                errors.append(f"{endpoint} timed out")
+                continue
+            except requests.exceptions.RequestException as exc:
+                errors.append(f"{endpoint}: {type(exc).__name__}")
+                continue
+            self._skip.pop(endpoint, None)
+            if endpoint != self._order[0]:
+                self._order.remove(endpoint)
+                self._order.insert(0, endpoint)
+            return self._reply(reply, path)
+        if errors and all("timed out" in e for e in errors) or not errors:
+            raise TimeoutError(f"{self.name}: no reply in time ({'; '.join(errors) or 'none'})")
+        raise NodeError(f"{self.name}: no member answers ({'; '.join(errors)})")
+
+    def _reply(self, reply: Any, path: str) -> dict:
+        if reply.status_code == 404:
+            raise NodeError(
+                f"{self.name}: /v3/{path} not found: not an etcd >= 3.4 with its v3 API "
+                "(its gRPC gateway) on this port"
+            )
+        try:
+            data = reply.json()
+        except ValueError:
+            raise NodeError(f"{self.name}: not an etcd reply (HTTP {reply.status_code})") from None
+        if reply.status_code != 200:
+            message = data.get("error") or data.get("message") or str(data)
+            if "user name is empty" in message or "invalid auth token" in message:
+                raise NodeError(
+                    f"{self.name}: the cluster requires authentication: give user:password@ "
+                    f"in the URL ({message})"
+                )
+            if "authentication failed" in message:
+                raise NodeError(f"{self.name}: authentication failed ({message})")
+            raise NodeError(f"{self.name}: {message}")
+        return data
+
+    def _check(self, deadline: float) -> None:
+        """At the first call: authenticate, compare the members' cluster ids, and
+        read the minimum lease TTL."""
+        with self._lock:
+            if self._checked:
+                return
+            if self.user is not None:
+                got = self._post(
+                    "auth/authenticate",
+                    {"name": self.user, "password": self.password or ""},
+                    deadline,
+                    auth=False,
+                )
+                self._token = got.get("token")
+            clusters: dict[str, str] = {}
+            if len(self.endpoints) > 1:
+                for endpoint in self.endpoints:
+                    try:
+                        got = self._one(endpoint, "maintenance/status", deadline)
+                    except (TimeoutError, NodeError):
+                        continue  # a member down now: the others still tell
+                    clusters[endpoint] = got["header"]["cluster_id"]
+                if len(set(clusters.values())) > 1:
+                    shown = ", ".join(f"{e} is cluster {c}" for e, c in clusters.items())
+                    raise ConfigurationError(
+                        f"etcd node {self.name}: its endpoints are members of different "
+                        f"clusters ({shown}); one etcd node is one cluster: give each "
+                        "cluster as a node of its own"
+                    )
+            self._checked = True
+
+    def _one(self, endpoint: str, path: str, deadline: float) -> dict:
+        import requests
+
+        scheme = "https" if self.tls else "http"
+        left = max(deadline - time.monotonic(), 0.001)
+        headers = {"Authorization": self._token} if self._token else None
+        try:
+            reply = self._session().post(
+                f"{scheme}://{endpoint}/v3/{path}", json={}, headers=headers, timeout=left
+            )
+        except requests.exceptions.Timeout:
+            raise TimeoutError(f"{self.name}: {endpoint} timed out") from None
+        except requests.exceptions.RequestException as exc:
+            raise NodeError(f"{self.name}: {endpoint}: {type(exc).__name__}") from None
+        return self._reply(reply, path)
