@@ -27,7 +27,7 @@ from typing import Any
 
 from .nodes import HOST, free_port
 
-__all__ = ["EtcdCluster", "EtcdClusters", "EtcdMember", "etcd_binary", "etcd_missing"]
+__all__ = ["EtcdCluster", "EtcdClusters", "EtcdMember", "Keys", "etcd_binary", "etcd_missing"]
 
 START_TIMEOUT = 20.0
 
@@ -251,6 +251,14 @@ class EtcdCluster:
                     return i
         raise RuntimeError(f"{self!r} has no leader now")
 
+    def client(self) -> Keys:
+        """The lock node's keys, read and written as a test reads a Redis node's."""
+        return Keys(self.url)
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        with self.client() as keys:
+            return keys.keys(pattern)
+
     def kill(self, index: int) -> None:
         self.members[index].kill()
 
@@ -327,6 +335,27 @@ class EtcdClusters:
         for cluster in self.clusters:
             cluster.heal()
 
+    def kill(self, index: int) -> None:
+        """Kill every member of cluster ``index`` (the lock node is down)."""
+        for member in self.clusters[index]:
+            member.kill()
+
+    def pause(self, index: int) -> None:
+        for member in self.clusters[index]:
+            member.pause()
+
+    def resume(self, index: int) -> None:
+        for member in self.clusters[index]:
+            member.resume()
+
+    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
+        """Each answering cluster's index -> its sorted live keys matching ``pattern``."""
+        return {
+            i: c.keys(pattern)
+            for i, c in enumerate(self.clusters)
+            if any(m.is_running and not m.is_paused for m in c)
+        }
+
     def flushall(self) -> None:
         for cluster in self.clusters:
             cluster.flushall()
@@ -359,3 +388,74 @@ def close_all() -> None:
     for cluster in list(_live):
         if all(m._owner == os.getpid() for m in cluster.members):
             cluster.close()
+
+
+class Keys:
+    """A lock node's keys on an etcd cluster, with the calls of a decoded redis-py
+    client that tests use (``get``, ``set``, ``pttl``, ``exists``, ``delete``,
+    ``keys``, ``scan_iter``, ``zrange``, ``zcard``, ``time``), through the etcd
+    kind's own commands: a test of the lock's state runs on every kind."""
+
+    def __init__(self, url: str) -> None:
+        from ..core.nodes.etcd import EtcdNode
+
+        self.node = EtcdNode(url, timeout=5.0)
+
+    def __enter__(self) -> Keys:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.node.close()
+
+    def _plain(self, *cmd: Any) -> Any:
+        from ..core.nodes.etcd.reads import plain
+
+        return plain(self.node, cmd, time.monotonic() + 5.0)
+
+    def _view(self, keys: list[str], body: Any) -> Any:
+        from ..core.nodes.etcd.store import execute
+
+        return execute(self.node, [k.encode() for k in keys], body, time.monotonic() + 5.0)
+
+    def get(self, key: str) -> str | None:
+        got = self._plain("GET", key)
+        return got.decode() if got is not None else None
+
+    def pttl(self, key: str) -> int:
+        return int(self._plain("PTTL", key))
+
+    def exists(self, *keys: str) -> int:
+        return int(self._view(list(keys), lambda v: v.c_exists(*[k.encode() for k in keys])))
+
+    def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
+        opts = [b"NX"] if nx else []
+        opts += [b"PX", str(px).encode()] if px is not None else []
+        done = self._view([key], lambda v: v.c_set(key.encode(), str(value).encode(), *opts))
+        return True if done else None
+
+    def delete(self, *keys: str) -> int:
+        return int(self._plain("DEL", *keys))
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        cursor, out = 0, []
+        while True:
+            cursor_b, page = self._plain("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+            out += [k.decode() for k in page]
+            cursor = int(cursor_b)
+            if not cursor:
+                return sorted(out)
+
+    def scan_iter(self, match: str = "*", count: int = 0) -> Iterator[str]:
+        return iter(self.keys(match))
+
+    def zrange(self, key: str, start: int, end: int) -> list[str]:
+        flat = self._plain("ZRANGE", key, 0, -1, "WITHSCORES")
+        members = [m.decode() for m in flat[::2]]
+        return members[start : None if end == -1 else end + 1]
+
+    def zcard(self, key: str) -> int:
+        return len(self.zrange(key, 0, -1))
+
+    def time(self) -> tuple[int, int]:
+        now = time.time()
+        return int(now), int((now % 1) * 1_000_000)
