@@ -13,21 +13,28 @@ Imports neither pytest nor Celery.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from .etcd_keys import Keys, api
 from .nodes import HOST, free_port
 
-__all__ = ["EtcdCluster", "EtcdClusters", "EtcdMember", "Keys", "etcd_binary", "etcd_missing"]
+__all__ = [
+    "EtcdCluster",
+    "EtcdClusters",
+    "EtcdMember",
+    "Keys",
+    "api",
+    "etcd_binary",
+    "etcd_missing",
+]
 
 START_TIMEOUT = 20.0
 
@@ -54,13 +61,6 @@ def etcd_missing() -> str | None:
     except ImportError:
         return "etcd3gw is not installed (pip install 'celery_redlock[etcd]')"
     return None
-
-
-def _http(url: str, body: Any = None, timeout: float = 1.0) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
-    with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 - loopback
-        return json.loads(reply.read() or b"null")
 
 
 class EtcdMember:
@@ -119,15 +119,14 @@ class EtcdMember:
         self._paused = False
 
     def answers(self, timeout: float = 0.5) -> bool:
-        """Whether the member answers a linearizable read (its cluster has a leader)."""
+        """Whether the member reports itself healthy (its cluster has a leader)."""
         try:
-            reply = _http(f"http://{self.endpoint}/v3/kv/range", {"key": "AA=="}, timeout)
-            return "header" in reply
+            return api(f"http://{self.endpoint}/health", None, timeout).get("health") == "true"
         except Exception:  # noqa: BLE001 - not up yet
             return False
 
     def status(self) -> dict[str, Any]:
-        return _http(f"http://{self.endpoint}/v3/maintenance/status", {})
+        return api(f"http://{self.endpoint}/v3/maintenance/status", {})
 
     def _signal(self, signum: int) -> None:
         if os.getpid() != self._owner:
@@ -253,7 +252,7 @@ class EtcdCluster:
 
     def client(self) -> Keys:
         """The lock node's keys, read and written as a test reads a Redis node's."""
-        return Keys(self.url)
+        return Keys(self)
 
     def keys(self, pattern: str = "*") -> list[str]:
         with self.client() as keys:
@@ -280,9 +279,9 @@ class EtcdCluster:
             if m.is_running and not m.is_paused:
                 base = f"http://{m.endpoint}/v3"
                 break
-        _http(f"{base}/kv/deleterange", {"key": "AA==", "range_end": "AA=="}, 5.0)
-        for lease in _http(f"{base}/lease/leases", {}, 5.0).get("leases", []):
-            _http(f"{base}/lease/revoke", {"ID": lease["ID"]}, 5.0)
+        api(f"{base}/kv/deleterange", {"key": "AA==", "range_end": "AA=="}, 5.0)
+        for lease in api(f"{base}/lease/leases", {}, 5.0).get("leases", []):
+            api(f"{base}/lease/revoke", {"ID": lease["ID"]}, 5.0)
 
     def stop(self) -> None:
         for member in self.members:
@@ -388,74 +387,3 @@ def close_all() -> None:
     for cluster in list(_live):
         if all(m._owner == os.getpid() for m in cluster.members):
             cluster.close()
-
-
-class Keys:
-    """A lock node's keys on an etcd cluster, with the calls of a decoded redis-py
-    client that tests use (``get``, ``set``, ``pttl``, ``exists``, ``delete``,
-    ``keys``, ``scan_iter``, ``zrange``, ``zcard``, ``time``), through the etcd
-    kind's own commands: a test of the lock's state runs on every kind."""
-
-    def __init__(self, url: str) -> None:
-        from ..core.nodes.etcd import EtcdNode
-
-        self.node = EtcdNode(url, timeout=5.0)
-
-    def __enter__(self) -> Keys:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.node.close()
-
-    def _plain(self, *cmd: Any) -> Any:
-        from ..core.nodes.etcd.reads import plain
-
-        return plain(self.node, cmd, time.monotonic() + 5.0)
-
-    def _view(self, keys: list[str], body: Any) -> Any:
-        from ..core.nodes.etcd.store import execute
-
-        return execute(self.node, [k.encode() for k in keys], body, time.monotonic() + 5.0)
-
-    def get(self, key: str) -> str | None:
-        got = self._plain("GET", key)
-        return got.decode() if got is not None else None
-
-    def pttl(self, key: str) -> int:
-        return int(self._plain("PTTL", key))
-
-    def exists(self, *keys: str) -> int:
-        return int(self._view(list(keys), lambda v: v.c_exists(*[k.encode() for k in keys])))
-
-    def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
-        opts = [b"NX"] if nx else []
-        opts += [b"PX", str(px).encode()] if px is not None else []
-        done = self._view([key], lambda v: v.c_set(key.encode(), str(value).encode(), *opts))
-        return True if done else None
-
-    def delete(self, *keys: str) -> int:
-        return int(self._plain("DEL", *keys))
-
-    def keys(self, pattern: str = "*") -> list[str]:
-        cursor, out = 0, []
-        while True:
-            cursor_b, page = self._plain("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-            out += [k.decode() for k in page]
-            cursor = int(cursor_b)
-            if not cursor:
-                return sorted(out)
-
-    def scan_iter(self, match: str = "*", count: int = 0) -> Iterator[str]:
-        return iter(self.keys(match))
-
-    def zrange(self, key: str, start: int, end: int) -> list[str]:
-        flat = self._plain("ZRANGE", key, 0, -1, "WITHSCORES")
-        members = [m.decode() for m in flat[::2]]
-        return members[start : None if end == -1 else end + 1]
-
-    def zcard(self, key: str) -> int:
-        return len(self.zrange(key, 0, -1))
-
-    def time(self) -> tuple[int, int]:
-        now = time.time()
-        return int(now), int((now % 1) * 1_000_000)

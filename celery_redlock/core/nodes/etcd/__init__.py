@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...exceptions import ConfigurationError
 from ...records import NodeInfo
 from ...values import error_text
 from .. import ping_latency
@@ -28,7 +29,17 @@ from .reads import plain
 from .scripting import run_script
 from .store import execute
 
-__all__ = ["SCHEMES", "EtcdNode", "NodeError", "accepts", "command", "make", "node_info", "run"]
+__all__ = [
+    "SCHEMES",
+    "EtcdNode",
+    "NodeError",
+    "accepts",
+    "check_ttl",
+    "command",
+    "make",
+    "node_info",
+    "run",
+]
 
 #: The URL schemes of an etcd node.
 SCHEMES = ("etcd", "etcds")
@@ -43,6 +54,23 @@ def make(
 def accepts(spec: Any) -> bool:
     """No client object: an etcd node is given by its URL."""
     return False
+
+
+def check_ttl(nodes: Sequence[EtcdNode], ttl: float, option: str = "redlock_ttl") -> None:
+    """Refuse a lock TTL below etcd's minimum lease TTL (2 s with etcd's default
+    heartbeat and election timeout): etcd would grant the lease longer than asked.
+
+    Raises:
+        ConfigurationError: naming the option, the node and the minimum.
+    """
+    for node in nodes:
+        if ttl < node.min_ttl:
+            raise ConfigurationError(
+                f"{option}={ttl:g}s is below the minimum lease TTL of etcd node {node.name} "
+                f"({node.min_ttl} s: etcd grants no lease shorter, "
+                "1.5 x its election timeout rounded up); use a TTL of at least "
+                f"{node.min_ttl} s"
+            )
 
 
 def _bytes(value: Any) -> bytes:

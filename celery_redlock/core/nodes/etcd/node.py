@@ -17,7 +17,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ....exceptions import ConfigurationError
+from ...exceptions import ConfigurationError
 from .. import mask_url
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
@@ -141,6 +141,14 @@ class EtcdNode:
         """
         if not self._checked:
             self._check(deadline)
+        try:
+            return self._post(path, body, deadline)
+        except NodeError as exc:
+            if self.user is None or "invalid auth token" not in str(exc):
+                raise
+        with self._lock:  # the token expired (--auth-token-ttl): authenticate again, once
+            self._checked, self._token = False, None
+        self._check(deadline)
         return self._post(path, body, deadline)
 
     def _post(self, path: str, body: dict, deadline: float, auth: bool = True) -> dict:

@@ -1,0 +1,110 @@
+"""What an etcd lock node does of its own, on real etcd servers: bad input refused
+with the node named, a TTL below etcd's minimum refused, expiry that no
+client clock decides, and the lease a key hangs on."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+
+from celery_redlock.core import Redlock, check_ttl
+from celery_redlock.core.nodes.etcd import EtcdNode
+from celery_redlock.exceptions import ConfigurationError, QuorumUnavailable
+from celery_redlock.testing.etcd import EtcdCluster, api
+from celery_redlock.testing.nodes import free_port
+
+pytestmark = pytest.mark.integration
+
+NAME = "pay"
+
+
+def test_a_url_with_no_reachable_member_is_an_error_naming_the_node():
+    url = f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    rl = Redlock([url], node_timeout=0.5)
+    with pytest.raises(QuorumUnavailable, match="no member answers") as caught:
+        rl.try_acquire(NAME, ttl=5)
+    assert url in str(caught.value)
+
+
+def test_endpoints_of_two_clusters_are_refused(etcd_node1):
+    with EtcdCluster(1) as other:
+        url = etcd_node1.urls[0] + "," + other[0].endpoint
+        rl = Redlock([url], node_timeout=2.0)
+        with pytest.raises(QuorumUnavailable, match="members of different clusters"):
+            rl.try_acquire(NAME, ttl=5)
+
+
+def test_an_etcd_without_its_v3_gateway_is_named():
+    with EtcdCluster(1, extra_args=["--enable-grpc-gateway=false"]) as cluster:
+        rl = Redlock([cluster.url], node_timeout=2.0)
+        with pytest.raises(QuorumUnavailable, match="v3 API"):
+            rl.try_acquire(NAME, ttl=5)
+
+
+def test_auth_required_but_missing_is_named_and_a_password_in_the_url_works():
+    with EtcdCluster(1) as cluster:
+        base = f"http://{cluster[0].endpoint}/v3"
+        api(f"{base}/auth/user/add", {"name": "root", "password": "s3cret"})
+        api(f"{base}/auth/user/grant", {"user": "root", "role": "root"})
+        api(f"{base}/auth/enable", {})
+        with pytest.raises(QuorumUnavailable, match="requires authentication"):
+            Redlock([cluster.url], node_timeout=2.0).try_acquire(NAME, ttl=5)
+        wrong = cluster.url.replace("etcd://", "etcd://root:nope@")
+        with pytest.raises(QuorumUnavailable, match="authentication failed") as caught:
+            Redlock([wrong], node_timeout=2.0).try_acquire(NAME, ttl=5)
+        assert "nope" not in str(caught.value)  # the password is masked
+        rl = Redlock([cluster.url.replace("etcd://", "etcd://root:s3cret@")], node_timeout=2.0)
+        lease = rl.acquire(NAME, ttl=5)
+        assert lease is not None and rl.acquire(NAME, ttl=5) is None
+        rl.release(lease)
+
+
+def test_a_ttl_below_etcds_minimum_is_refused_naming_it(etcd_node1):
+    nodes = Redlock(etcd_node1.urls, node_timeout=1.0).nodes
+    with pytest.raises(ConfigurationError, match=r"lock_ttl=1\.5s .* minimum lease TTL .* 2 s"):
+        check_ttl(nodes, 1.5, "lock_ttl")
+    check_ttl(nodes, 2.0, "lock_ttl")
+
+
+def test_min_replicas_does_not_apply():
+    with pytest.raises(ConfigurationError, match="majority"):
+        EtcdNode("etcd://127.0.0.1:2379", 1.0, min_replicas=1)
+
+
+def test_a_client_clock_an_hour_ahead_does_not_see_a_held_lock_as_free(etcd_node1, monkeypatch):
+    """Whether a key is held is etcd's lease to say: a client whose wall clock
+    runs an hour ahead still finds the lock held, and its PTTL stays within the TTL."""
+    holder = Redlock(etcd_node1.urls, node_timeout=1.0)
+    lease = holder.acquire(NAME, ttl=10)
+    assert lease is not None
+    ahead = time.time() + 3600
+    monkeypatch.setattr("celery_redlock.core.nodes.etcd.keyspace.time.time", lambda: ahead)
+    skewed = Redlock(etcd_node1.urls, node_timeout=1.0)
+    assert skewed.acquire(NAME, ttl=10) is None
+    with etcd_node1[0].client() as keys:
+        assert 0 < keys.pttl(lease.key) <= 10_000
+    monkeypatch.undo()
+    holder.release(lease)
+    assert skewed.acquire(NAME, ttl=10) is not None
+
+
+def test_a_lock_key_hangs_on_a_lease_that_outlives_its_ttl(etcd_node1):
+    """The key's lease has the TTL's whole seconds plus one: a key never expires
+    before its TTL, and disappears on its own after it (no client deletes it)."""
+    rl = Redlock(etcd_node1.urls, node_timeout=1.0)
+    began = time.monotonic()
+    lease = rl.acquire(NAME, ttl=2.5)
+    assert lease is not None
+    base = f"http://{etcd_node1[0].members[0].endpoint}/v3"
+    got = api(
+        f"{base}/kv/range", {"key": base64.b64encode(b"redlock/" + lease.key.encode()).decode()}
+    )
+    lease_id = got["kvs"][0]["lease"]
+    granted = int(api(f"{base}/lease/timetolive", {"ID": lease_id})["grantedTTL"])
+    assert granted == 4  # ceil(2.5) + 1
+    while rl.holder(NAME).owner is not None:
+        assert time.monotonic() - began < 15  # 4 s, plus etcd's 0.5 s expiry sweep and slack
+        time.sleep(0.1)
+    assert time.monotonic() - began >= 2.5
