@@ -5,7 +5,9 @@ session (requests): each one bounded by the call's own deadline, connect
 included, never retried by the client library. The members of the URL are
 tried in turn: the one that answered last goes first, and a member that
 refuses or times out is passed over for the next one while the call's
-deadline leaves time. A member that has lost its cluster's quorum does not
+deadline leaves time (a member gets half of what is left while another is
+still to try, so a hung member does not take the whole call; a member that
+timed out goes last for a few seconds). A member that has lost its cluster's quorum does not
 answer a linearizable request: the call times out, "not answering".
 """
 
@@ -27,6 +29,10 @@ __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
 DEFAULT_MIN_TTL = 2
 #: Seconds a member that timed out is passed over while another is tried first.
 _SKIP = 5.0
+#: Seconds a node none of whose members answered a call in time is skipped
+#: (its calls fail at once): the call that follows a timed-out one (a failed
+#: acquire's release) costs nothing more, and the next round asks again.
+SKIP_AFTER_TIMEOUT = 1.0
 
 
 class NodeError(ConnectionError):
@@ -100,6 +106,7 @@ class EtcdNode:
         self._order = list(self.endpoints)
         self._skip: dict[str, float] = {}
         self._checked = False
+        self._skip_until = 0.0
         self._token: str | None = None
         self._lock = threading.Lock()
 
@@ -139,10 +146,15 @@ class EtcdNode:
             TimeoutError: no member answered in time.
             NodeError: every member refused, or the cluster answered an error.
         """
-        if not self._checked:
-            self._check(deadline)
+        if time.monotonic() < self._skip_until:
+            raise TimeoutError(f"{self.name}: skipped for a while after a call timed out")
         try:
+            if not self._checked:
+                self._check(deadline)
             return self._post(path, body, deadline)
+        except TimeoutError:
+            self._skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
+            raise
         except NodeError as exc:
             if self.user is None or "invalid auth token" not in str(exc):
                 raise
@@ -158,10 +170,14 @@ class EtcdNode:
         now = time.monotonic()
         order = sorted(self._order, key=lambda e: self._skip.get(e, 0.0) > now)
         errors: list[str] = []
-        for endpoint in order:
+        pending, again = list(order), set()
+        while pending:
+            endpoint = pending.pop(0)
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            if pending:
+                left /= 2  # a hung member leaves the other half to the next one
             connect = min(left, self.connect_timeout or left)
             headers = {"Authorization": self._token} if auth and self._token else None
             try:
@@ -172,6 +188,9 @@ class EtcdNode:
             except requests.exceptions.Timeout:
                 self._skip[endpoint] = time.monotonic() + _SKIP
                 errors.append(f"{endpoint} timed out")
+                if endpoint not in again:  # once more, with what is left, after the others
+                    again.add(endpoint)
+                    pending.append(endpoint)
                 continue
             except requests.exceptions.RequestException as exc:
                 errors.append(f"{endpoint}: {type(exc).__name__}")
@@ -181,7 +200,7 @@ class EtcdNode:
                 self._order.remove(endpoint)
                 self._order.insert(0, endpoint)
             return self._reply(reply, path)
-        if errors and all("timed out" in e for e in errors) or not errors:
+        if not errors or any("timed out" in e for e in errors):
             raise TimeoutError(f"{self.name}: no reply in time ({'; '.join(errors) or 'none'})")
         raise NodeError(f"{self.name}: no member answers ({'; '.join(errors)})")
 
