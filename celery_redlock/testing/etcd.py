@@ -299,26 +299,28 @@ class EtcdClusters:
     """N independent etcd clusters, each one lock node (``.urls``), with the verbs
     of :class:`~celery_redlock.testing.RedisNodes` on the whole cluster."""
 
-    def __init__(self, n: int = 1, size: int = 1, *, clusters: list[EtcdCluster] | None = None):
-        if clusters is not None:
-            self.clusters = clusters
+    def __init__(
+        self, n: int = 1, size: int = 1, *, etcd_clusters: list[EtcdCluster] | None = None
+    ):
+        if etcd_clusters is not None:
+            self.etcd_clusters = etcd_clusters
             return
-        self.clusters = []
+        self.etcd_clusters = []
         try:
             for _ in range(n):
-                self.clusters.append(EtcdCluster(size))
+                self.etcd_clusters.append(EtcdCluster(size))
         except BaseException:
             self.close()
             raise
 
     def __len__(self) -> int:
-        return len(self.clusters)
+        return len(self.etcd_clusters)
 
     def __getitem__(self, index: int) -> EtcdCluster:
-        return self.clusters[index]
+        return self.etcd_clusters[index]
 
     def __iter__(self) -> Iterator[EtcdCluster]:
-        return iter(self.clusters)
+        return iter(self.etcd_clusters)
 
     def __enter__(self) -> EtcdClusters:
         return self
@@ -328,39 +330,39 @@ class EtcdClusters:
 
     @property
     def urls(self) -> list[str]:
-        return [c.url for c in self.clusters]
+        return [c.url for c in self.etcd_clusters]
 
     def heal(self) -> None:
-        for cluster in self.clusters:
+        for cluster in self.etcd_clusters:
             cluster.heal()
 
     def kill(self, index: int) -> None:
         """Kill every member of cluster ``index`` (the lock node is down)."""
-        for member in self.clusters[index]:
+        for member in self.etcd_clusters[index]:
             member.kill()
 
     def pause(self, index: int) -> None:
-        for member in self.clusters[index]:
+        for member in self.etcd_clusters[index]:
             member.pause()
 
     def resume(self, index: int) -> None:
-        for member in self.clusters[index]:
+        for member in self.etcd_clusters[index]:
             member.resume()
 
     def keys(self, pattern: str = "*") -> dict[int, list[str]]:
         """Each answering cluster's index -> its sorted live keys matching ``pattern``."""
         return {
             i: c.keys(pattern)
-            for i, c in enumerate(self.clusters)
+            for i, c in enumerate(self.etcd_clusters)
             if any(m.is_running and not m.is_paused for m in c)
         }
 
     def flushall(self) -> None:
-        for cluster in self.clusters:
+        for cluster in self.etcd_clusters:
             cluster.flushall()
 
     def close(self) -> None:
-        for cluster in self.clusters:
+        for cluster in self.etcd_clusters:
             cluster.close()
 
 

@@ -16,6 +16,8 @@ from .nodes import RedisNodes, close_all, free_port, resume_paused
 __all__ = [
     "etcd_cluster3",
     "etcd_node1",
+    "etcd_nodes3",
+    "etcd_nodes3_session",
     "etcd_servers_session",
     "free_port_fixture",
     "postgres_node1",
@@ -231,3 +233,24 @@ def etcd_cluster3(pytestconfig: pytest.Config) -> Iterator[Any]:
     _guard(pytestconfig)
     with EtcdCluster(3) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def etcd_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """Three independent single-member etcd clusters, started once per session
+    (three lock nodes)."""
+    _etcd_or_skip()
+    from .etcd import EtcdClusters
+
+    _guard(pytestconfig)
+    with EtcdClusters(3, size=1) as clusters:
+        yield clusters
+
+
+@pytest.fixture
+def etcd_nodes3(etcd_nodes3_session: Any) -> Iterator[Any]:
+    """The session's three etcd clusters (three lock nodes), empty; healed after."""
+    etcd_nodes3_session.heal()
+    etcd_nodes3_session.flushall()
+    yield etcd_nodes3_session
+    etcd_nodes3_session.heal()

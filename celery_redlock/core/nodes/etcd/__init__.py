@@ -138,8 +138,8 @@ def command(nodes: Sequence[EtcdNode], cmd: tuple, timeout: float) -> list[Any]:
 
 
 def node_info(node: EtcdNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]) -> list[NodeInfo]:
-    """How ``node`` is: PING latency (the second one), version, the answering
-    member's role, and how many members the cluster has."""
+    """How ``node`` is: PING latency (the second one), etcd's version and how
+    many members the cluster has."""
     latency, down = ping_latency(node, ask)
     if down is not None:
         return [NodeInfo(node.name, error_text(down), latency, kind="etcd")]
@@ -149,15 +149,16 @@ def node_info(node: EtcdNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]) 
         members = node.post("cluster/member/list", {}, deadline).get("members", [])
     except Exception as exc:  # noqa: BLE001 - shown as the node's error
         return [NodeInfo(node.name, error_text(exc), latency, kind="etcd")]
-    leads = status.get("leader") == status.get("header", {}).get("member_id")
+    # the cluster takes writes as a whole (its members agree among themselves): a
+    # primary with no replicas in the Redis sense, whichever member answered
+    count = len(members)
     return [
         NodeInfo(
             node.name,
             None,
             latency,
-            f"etcd {status.get('version', '?')}",
-            "leader" if leads else "follower",
-            replicas=max(len(members) - 1, 0),
+            f"etcd {status.get('version', '?')}, {count} member{'s' if count != 1 else ''}",
+            "primary",
             kind="etcd",
         )
     ]
