@@ -26,7 +26,7 @@ from .. import ping_latency
 from .keyspace import View
 from .node import EtcdNode, NodeError
 from .reads import plain
-from .scripting import run_script
+from .scripting import run_script, warm
 from .store import execute
 
 __all__ = [
@@ -48,7 +48,9 @@ SCHEMES = ("etcd", "etcds")
 def make(
     spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
 ) -> EtcdNode:
-    return EtcdNode(spec, timeout, min_replicas, connect_timeout)
+    node = EtcdNode(spec, timeout, min_replicas, connect_timeout)
+    warm()
+    return node
 
 
 def accepts(spec: Any) -> bool:

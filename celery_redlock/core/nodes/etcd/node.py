@@ -14,6 +14,7 @@ answer a linearizable request: the call times out, "not answering".
 from __future__ import annotations
 
 import base64
+import os
 import threading
 import time
 from typing import Any
@@ -119,15 +120,17 @@ class EtcdNode:
 
     def close(self) -> None:
         session = getattr(self._local, "session", None)
-        if session is not None:
+        if session is not None and self._local.pid == os.getpid():
             session.close()
-            self._local.session = None
+        self._local.session = None
 
     # -- requests ---------------------------------------------------------------------------
 
     def _session(self) -> Any:
         session = getattr(self._local, "session", None)
-        if session is None:
+        if session is None or self._local.pid != os.getpid():
+            # a forked child inherits its parent thread's session: its sockets are the
+            # parent's, so the child opens its own (and never closes the parent's)
             import requests
 
             session = requests.Session()
@@ -136,7 +139,7 @@ class EtcdNode:
                 session.verify = self.ca or True
                 if self.cert:
                     session.cert = (self.cert, self.key) if self.key else self.cert
-            self._local.session = session
+            self._local.session, self._local.pid = session, os.getpid()
         return session
 
     def post(self, path: str, body: dict, deadline: float) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .keyspace import ScriptError, View
 
-__all__ = ["run_script"]
+__all__ = ["run_script", "warm"]
 
 _PRELUDE = """
 redis = {}
@@ -45,6 +45,12 @@ def _runtime() -> Any:
         _local.lua, _local.compiled, _local.view = lua, {}, None
         lua.globals()._py_call = _dispatch
     return lua
+
+
+def warm() -> None:
+    """Make this thread's Lua runtime now (about 0.1 s), not at the first call: a
+    node made in a prefork worker's parent hands it to every child it forks."""
+    _runtime()
 
 
 def _arg(value: Any) -> bytes:
