@@ -5,7 +5,6 @@ quorum does not answer them."""
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from typing import Any
 
@@ -38,8 +37,28 @@ def _range_end(prefix: bytes) -> bytes:
 
 
 def _glob(pattern: str) -> re.Pattern:
-    """A Redis glob (``*``, ``?``, ``[...]``) as a regular expression."""
-    return re.compile(fnmatch.translate(pattern))
+    """A Redis glob (``*``, ``?``, ``[...]``, ``[^...]``, backslash escapes) as a regex."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 1
+        elif c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[" and "]" in pattern[i + 1 :]:
+            end = pattern.index("]", i + 2 if pattern[i + 1 : i + 2] == "]" else i + 1)
+            body = pattern[i + 1 : end]
+            negate = body.startswith("^")
+            body = "".join("\\" + ch if ch in "\\]^" else ch for ch in body[negate:])
+            out.append("[" + ("^" if negate else "") + body + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
 
 
 def _on_view(node: EtcdNode, key: bytes, deadline: float, read: Any) -> Any:
