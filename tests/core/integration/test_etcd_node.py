@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from celery_redlock.core import Redlock, check_ttl
+from celery_redlock.core import Lease, Redlock, check_ttl
 from celery_redlock.core.nodes.etcd import EtcdNode
 from celery_redlock.exceptions import ConfigurationError, QuorumUnavailable
 from celery_redlock.testing.etcd import EtcdCluster, api
@@ -108,3 +108,56 @@ def test_a_lock_key_hangs_on_a_lease_that_outlives_its_ttl(etcd_node1):
         assert time.monotonic() - began < 15  # 4 s, plus etcd's 0.5 s expiry sweep and slack
         time.sleep(0.1)
     assert time.monotonic() - began >= 2.5
+
+
+def _answered(rl: Redlock, name: str, seconds: float = 20.0):
+    """``try_acquire`` once the node answers (a member still starting)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return rl.try_acquire(name, ttl=5)
+        except QuorumUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_etcds_with_a_client_certificate(tmp_path):
+    """``etcds://`` speaks TLS to a member that requires a client certificate:
+    with the CA and the client's certificate it locks; without the certificate,
+    or over plain HTTP, the node does not answer."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server, client = ca.issue_cert("127.0.0.1"), ca.issue_cert("client.example")
+    files = {}
+    for name, blob in {
+        "ca": ca.cert_pem,
+        "server": server.cert_chain_pems[0],
+        "server-key": server.private_key_pem,
+        "client": client.cert_chain_pems[0],
+        "client-key": client.private_key_pem,
+    }.items():
+        files[name] = str(tmp_path / f"{name}.pem")
+        blob.write_to_path(files[name])
+    with EtcdCluster(1, start=False) as cluster:
+        member = cluster[0]
+        https = f"https://{member.endpoint}"
+        member.launch(
+            f"{member.name}={member.peer_url}",
+            cluster.token,
+            ["--listen-client-urls", https, "--advertise-client-urls", https,
+             "--cert-file", files["server"], "--key-file", files["server-key"],
+             "--client-cert-auth", "--trusted-ca-file", files["ca"]],
+        )  # fmt: skip
+        query = f"ca={files['ca']}&cert={files['client']}&key={files['client-key']}"
+        rl = Redlock([f"etcds://{member.endpoint}?{query}"], node_timeout=2.0)
+        lease = _answered(rl, NAME)
+        assert isinstance(lease, Lease)
+        assert rl.acquire(NAME, ttl=5) is None
+        with pytest.raises(QuorumUnavailable):
+            Redlock([f"etcds://{member.endpoint}?ca={files['ca']}"], node_timeout=1.0).try_acquire(
+                NAME, ttl=5
+            )
+        with pytest.raises(QuorumUnavailable):
+            Redlock([f"etcd://{member.endpoint}"], node_timeout=1.0).try_acquire(NAME, ttl=5)
+        rl.release(lease)
