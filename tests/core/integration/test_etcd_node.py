@@ -5,6 +5,7 @@ client clock decides, and the lease a key hangs on."""
 from __future__ import annotations
 
 import base64
+import threading
 import time
 
 import pytest
@@ -161,3 +162,43 @@ def test_etcds_with_a_client_certificate(tmp_path):
         with pytest.raises(QuorumUnavailable):
             Redlock([f"etcd://{member.endpoint}"], node_timeout=1.0).try_acquire(NAME, ttl=5)
         rl.release(lease)
+
+
+def test_conflicting_writers_retry_and_the_limit_holds(etcd_node1):
+    """Six clients (each its own view of the keys) take permits of a limit of 2 at
+    once: their Txns conflict and run again, none of them is taken for "held" or
+    "not answering", and never more than 2 hold a permit."""
+    clients = [Redlock(etcd_node1.urls, node_timeout=2.0) for _ in range(6)]
+    inside = peak = 0
+    guard = threading.Lock()
+    errors: list[BaseException] = []
+    grants = []
+
+    def loop(rl: Redlock) -> None:
+        nonlocal inside, peak
+        end = time.monotonic() + 3.0
+        try:
+            while time.monotonic() < end:
+                lease = rl.try_acquire("api", ttl=5, limit=2)
+                if not isinstance(lease, Lease):
+                    time.sleep(0.005)
+                    continue
+                with guard:
+                    inside += 1
+                    peak = max(peak, inside)
+                    grants.append(lease.fencing_token)
+                time.sleep(0.005)
+                with guard:
+                    inside -= 1
+                rl.release(lease)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(rl,)) for rl in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert peak == 2 and len(grants) >= 20
+    assert sum(rl.nodes[0].store.conflicts for rl in clients) > 0  # the retry path ran

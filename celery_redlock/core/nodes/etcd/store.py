@@ -73,6 +73,8 @@ class Store:
         self.cache: OrderedDict[bytes, tuple[int, Entry | None]] = OrderedDict()
         self.lock = threading.Lock()
         self.leases = Leases()
+        #: Txns that found a key changed since it was read, and ran again.
+        self.conflicts = 0
 
     def seen(self, key: bytes) -> tuple[int, Entry | None]:
         with self.lock:
@@ -145,6 +147,7 @@ def execute(node: EtcdNode, keys: list[bytes], body: Callable[[View], Any], dead
             if isinstance(reply, ScriptError):
                 raise reply
             return reply
+        store.conflicts += 1
         fresh: dict[bytes, tuple[int, Entry | None]] = {k: (0, None) for k in view.base}
         for response in got.get("responses", []):
             for kv in response.get("response_range", {}).get("kvs", []):
