@@ -23,7 +23,6 @@ from ...exceptions import ConfigurationError
 from ...records import NodeInfo
 from ...values import error_text
 from .. import ping_latency
-from .keyspace import View
 from .node import EtcdNode, NodeError
 from .reads import plain
 from .scripting import run_script, warm
@@ -43,6 +42,8 @@ __all__ = [
 
 #: The URL schemes of an etcd node.
 SCHEMES = ("etcd", "etcds")
+#: Leases one Txn renews at most (etcd's --max-txn-ops is 128 by default).
+EXTEND_PART = 100
 
 
 def make(
@@ -118,14 +119,30 @@ def _each(
 def run(
     op: Any, nodes: Sequence[EtcdNode], keys: Sequence[str], args: Sequence[Any], timeout: float
 ) -> list[Any]:
-    """One round of ``op`` on ``nodes``, all at once."""
+    """One round of ``op`` on ``nodes``, all at once. A heartbeat's renewal of more
+    leases than one Txn may touch goes in parts (each key's renewal stands alone)."""
     k = [_bytes(key) for key in keys]
     a = [_bytes(arg) for arg in args]
+    if op.name == "extend" and len(k) > EXTEND_PART:
+        parts = [(k[i : i + EXTEND_PART], a[2 * i : 2 * (i + EXTEND_PART)])
+                 for i in range(0, len(k), EXTEND_PART)]  # fmt: skip
+    else:
+        parts = [(k, a)]
 
-    def body(view: View) -> Any:
-        return run_script(op, view, k, a)
+    def call(node: EtcdNode, deadline: float) -> Any:
+        out: list[Any] = []
+        for keys_, args_ in parts:
 
-    return _each(nodes, lambda node, deadline: execute(node, k, body, deadline), timeout)
+            def body(view: Any, ks: list = keys_, ar: list = args_) -> Any:
+                return run_script(op, view, ks, ar)
+
+            got = execute(node, keys_, body, deadline)
+            if len(parts) == 1:
+                return got
+            out += got
+        return out
+
+    return _each(nodes, call, timeout)
 
 
 def send(op: Any, nodes: Sequence[EtcdNode], keys: Any, args: Any) -> list[int]:
