@@ -346,8 +346,9 @@ def postgres_adapters(url: str) -> list[Any]:
 class EtcdLockServiceAdapter:
     """etcd's own lock service (``/v3/lock/lock`` + ``/v3/lock/unlock``, what
     ``etcdctl lock`` uses) on one lease granted once, as etcd's concurrency
-    Session does, through the same client (etcd3gw) as celery_redlock's etcd
-    node; extend is the lease's keep-alive."""
+    Session does, through etcd3gw: the same HTTP/JSON gateway and the same
+    transport (requests) as celery_redlock's etcd node; extend is the lease's
+    keep-alive."""
 
     key = "etcd-lock"
     label = "etcd lock service (v3lock, etcd3gw)"

@@ -19,7 +19,7 @@ extend to the full TTL again and again):
   (``--no-postgres`` leaves them out; skipped where PostgreSQL is missing);
 * celery_redlock on one etcd node (a one-member cluster), beside etcd's own
   lock service (``/v3/lock/lock`` + ``unlock`` on one lease) through the same
-  client (``--no-etcd`` leaves them out; skipped where etcd is missing).
+  gateway (``--no-etcd`` leaves them out; skipped where etcd is missing).
 
 It starts its own redis-server nodes on free loopback ports
 (``celery_redlock.testing.RedisNodes``) and stops them at the end. Inside each
@@ -84,7 +84,7 @@ TARGETS = [
      "celery_redlock-1pg", "pg-floor", ("max", 1.3)),
     ("cycle-1pg-vs-3", "1 PostgreSQL node against 3 Redis masters: cycle ratio (reported)",
      "cycle", "celery_redlock-1pg", "celery_redlock-3", ("max", 10.0)),
-    ("cycle-1etcd-service", "1 etcd node: cycle <= etcd's own lock service (same client)",
+    ("cycle-1etcd-service", "1 etcd node: cycle <= etcd's own lock service (same gateway)",
      "cycle", "celery_redlock-1etcd", "etcd-lock", ("max", 1.0)),
     ("cycle-1etcd-vs-3", "1 etcd node against 3 Redis masters: cycle ratio (reported)",
      "cycle", "celery_redlock-1etcd", "celery_redlock-3", ("max", 20.0)),

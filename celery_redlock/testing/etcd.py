@@ -57,9 +57,10 @@ def etcd_missing() -> str | None:
             "(Debian: apt-get install etcd-server; or set CRL_ETCD)"
         )
     try:
-        import etcd3gw  # noqa: F401
+        import lupa  # noqa: F401
+        import requests  # noqa: F401
     except ImportError:
-        return "etcd3gw is not installed (pip install 'celery_redlock[etcd]')"
+        return "requests or lupa is not installed (pip install 'celery_redlock[etcd]')"
     return None
 
 

@@ -1,14 +1,15 @@
 """One etcd cluster as a lock node: its URL, its members, and its requests.
 
-Requests go to etcd's HTTP/JSON gateway (``/v3/...``) through etcd3gw's
-session (requests): each one bounded by the call's own deadline, connect
-included, never retried by the client library. The members of the URL are
-tried in turn: the one that answered last goes first, and a member that
-refuses or times out is passed over for the next one while the call's
-deadline leaves time (a member gets half of what is left while another is
-still to try, so a hung member does not take the whole call; a member that
-timed out goes last for a few seconds). A member that has lost its cluster's quorum does not
-answer a linearizable request: the call times out, "not answering".
+Requests go to etcd's HTTP/JSON gateway (``/v3/...``) through requests, as
+etcd3gw's do, but each one bounded by the call's own deadline (etcd3gw has one
+timeout per client), connect included, never retried by the client library.
+The members of the URL are tried in turn: the one that answered last goes
+first, and a member that refuses or times out is passed over for the next one
+while the call's deadline leaves time (a member gets half of what is left
+while another is still to try, so a hung member does not take the whole call;
+a member that timed out goes last for a few seconds). A member that has lost
+its cluster's quorum does not answer a linearizable request: the call times
+out, "not answering".
 """
 
 from __future__ import annotations
