@@ -58,9 +58,8 @@ def etcd_missing() -> str | None:
         )
     try:
         import lupa  # noqa: F401
-        import requests  # noqa: F401
     except ImportError:
-        return "requests or lupa is not installed (pip install 'celery_redlock[etcd]')"
+        return "lupa is not installed (pip install 'celery_redlock[etcd]')"
     return None
 
 

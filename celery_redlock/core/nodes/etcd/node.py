@@ -1,8 +1,10 @@
 """One etcd cluster as a lock node: its URL, its members, and its requests.
 
-Requests go to etcd's HTTP/JSON gateway (``/v3/...``) through requests, as
-etcd3gw's do, but each one bounded by the call's own deadline (etcd3gw has one
-timeout per client), connect included, never retried by the client library.
+Requests go to etcd's HTTP/JSON gateway (``/v3/...``) on one keep-alive
+connection per member and thread (the standard library's ``http.client``),
+each one bounded by the call's own deadline, connect included; nothing
+retries but a reused connection the member had closed (once, at once: every
+operation is safe to send twice).
 The members of the URL are tried in turn: the one that answered last goes
 first, and a member that refuses or times out is passed over for the next one
 while the call's deadline leaves time (a member gets half of what is left
@@ -15,10 +17,12 @@ out, "not answering".
 from __future__ import annotations
 
 import base64
+import http.client
+import json
 import os
+import ssl
 import threading
 import time
-from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...exceptions import ConfigurationError
@@ -108,6 +112,7 @@ class EtcdNode:
         self._order = list(self.endpoints)
         self._skip: dict[str, float] = {}
         self._checked = False
+        self._ssl: ssl.SSLContext | None = None
         self._skip_until = 0.0
         self._token: str | None = None
         self._lock = threading.Lock()
@@ -120,28 +125,72 @@ class EtcdNode:
         return [self]
 
     def close(self) -> None:
-        session = getattr(self._local, "session", None)
-        if session is not None and self._local.pid == os.getpid():
-            session.close()
-        self._local.session = None
+        conns = getattr(self._local, "conns", None)
+        if conns is not None and self._local.pid == os.getpid():
+            for conn in conns.values():
+                conn.close()
+        self._local.conns = None
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _session(self) -> Any:
-        session = getattr(self._local, "session", None)
-        if session is None or self._local.pid != os.getpid():
-            # a forked child inherits its parent thread's session: its sockets are the
-            # parent's, so the child opens its own (and never closes the parent's)
-            import requests
+    def _conns(self) -> dict[str, http.client.HTTPConnection]:
+        conns = getattr(self._local, "conns", None)
+        if conns is None or self._local.pid != os.getpid():
+            # a forked child inherits its parent thread's connections: their sockets are
+            # the parent's, so the child opens its own (and never closes the parent's)
+            conns = self._local.conns = {}
+            self._local.pid = os.getpid()
+        return conns
 
-            session = requests.Session()
-            session.trust_env = False
-            if self.tls:
-                session.verify = self.ca or True
-                if self.cert:
-                    session.cert = (self.cert, self.key) if self.key else self.cert
-            self._local.session, self._local.pid = session, os.getpid()
-        return session
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            context = ssl.create_default_context(cafile=self.ca)
+            if self.cert:
+                context.load_cert_chain(self.cert, self.key)
+            self._ssl = context
+        return self._ssl
+
+    def _request(
+        self, endpoint: str, path: str, body: dict, connect: float, left: float, auth: bool
+    ) -> tuple[int, bytes]:
+        """One POST on ``endpoint``'s connection: (status, body).
+
+        Raises:
+            TimeoutError: no reply within ``left`` (or no connection within ``connect``).
+            OSError, http.client.HTTPException: the connection failed.
+        """
+        conns = self._conns()
+        data = json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"}
+        if auth and self._token:
+            headers["Authorization"] = self._token
+        for fresh in (False, True):
+            conn = conns.get(endpoint)
+            reused = conn is not None and conn.sock is not None and not fresh
+            if conn is None or fresh:
+                if conn is not None:
+                    conn.close()
+                host, _, port = endpoint.rpartition(":")
+                conn = (
+                    http.client.HTTPSConnection(host, int(port), context=self._context())
+                    if self.tls
+                    else http.client.HTTPConnection(host, int(port))
+                )
+                conns[endpoint] = conn
+            try:
+                if conn.sock is None:
+                    conn.timeout = connect
+                    conn.connect()
+                conn.sock.settimeout(left)
+                conn.request("POST", f"/v3/{path}", data, headers)
+                reply = conn.getresponse()
+                return reply.status, reply.read()
+            except (TimeoutError, OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if isinstance(exc, TimeoutError) or not reused:
+                    raise
+                # the member closed an idle connection (a restart): once more, anew
+        raise AssertionError("unreachable")
 
     def post(self, path: str, body: dict, deadline: float) -> dict:
         """POST ``body`` to ``/v3/<path>`` on a member, before ``deadline``.
@@ -168,9 +217,6 @@ class EtcdNode:
         return self._post(path, body, deadline)
 
     def _post(self, path: str, body: dict, deadline: float, auth: bool = True) -> dict:
-        import requests
-
-        scheme = "https" if self.tls else "http"
         now = time.monotonic()
         order = sorted(self._order, key=lambda e: self._skip.get(e, 0.0) > now)
         errors: list[str] = []
@@ -183,42 +229,38 @@ class EtcdNode:
             if pending:
                 left /= 2  # a hung member leaves the other half to the next one
             connect = min(left, self.connect_timeout or left)
-            headers = {"Authorization": self._token} if auth and self._token else None
             try:
-                reply = self._session().post(
-                    f"{scheme}://{endpoint}/v3/{path}", json=body, headers=headers,
-                    timeout=(connect, left),
-                )  # fmt: skip
-            except requests.exceptions.Timeout:
+                status, data = self._request(endpoint, path, body, connect, left, auth)
+            except TimeoutError:
                 self._skip[endpoint] = time.monotonic() + _SKIP
                 errors.append(f"{endpoint} timed out")
                 if endpoint not in again:  # once more, with what is left, after the others
                     again.add(endpoint)
                     pending.append(endpoint)
                 continue
-            except requests.exceptions.RequestException as exc:
-                errors.append(f"{endpoint}: {type(exc).__name__}")
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{endpoint}: {_reason(exc)}")
                 continue
             self._skip.pop(endpoint, None)
             if endpoint != self._order[0]:
                 self._order.remove(endpoint)
                 self._order.insert(0, endpoint)
-            return self._reply(reply, path)
+            return self._reply(status, data, path)
         if not errors or any("timed out" in e for e in errors):
             raise TimeoutError(f"{self.name}: no reply in time ({'; '.join(errors) or 'none'})")
         raise NodeError(f"{self.name}: no member answers ({'; '.join(errors)})")
 
-    def _reply(self, reply: Any, path: str) -> dict:
-        if reply.status_code == 404:
+    def _reply(self, status: int, body: bytes, path: str) -> dict:
+        if status == 404:
             raise NodeError(
                 f"{self.name}: /v3/{path} not found: not an etcd >= 3.4 with its v3 API "
                 "(its gRPC gateway) on this port"
             )
         try:
-            data = reply.json()
+            data = json.loads(body)
         except ValueError:
-            raise NodeError(f"{self.name}: not an etcd reply (HTTP {reply.status_code})") from None
-        if reply.status_code != 200:
+            raise NodeError(f"{self.name}: not an etcd reply (HTTP {status})") from None
+        if status != 200:
             message = data.get("error") or data.get("message") or str(data)
             if "user name is empty" in message or "invalid auth token" in message:
                 raise NodeError(
@@ -262,17 +304,18 @@ class EtcdNode:
             self._checked = True
 
     def _one(self, endpoint: str, path: str, deadline: float) -> dict:
-        import requests
-
-        scheme = "https" if self.tls else "http"
         left = max(deadline - time.monotonic(), 0.001)
-        headers = {"Authorization": self._token} if self._token else None
         try:
-            reply = self._session().post(
-                f"{scheme}://{endpoint}/v3/{path}", json={}, headers=headers, timeout=left
-            )
-        except requests.exceptions.Timeout:
+            status, data = self._request(endpoint, path, {}, left, left, True)
+        except TimeoutError:
             raise TimeoutError(f"{self.name}: {endpoint} timed out") from None
-        except requests.exceptions.RequestException as exc:
-            raise NodeError(f"{self.name}: {endpoint}: {type(exc).__name__}") from None
-        return self._reply(reply, path)
+        except (OSError, http.client.HTTPException) as exc:
+            raise NodeError(f"{self.name}: {endpoint}: {_reason(exc)}") from None
+        return self._reply(status, data, path)
+
+
+def _reason(exc: BaseException) -> str:
+    """A connection's failure in a few words (an SSL error's reason, a refusal)."""
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    return type(exc).__name__
