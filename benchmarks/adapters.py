@@ -341,3 +341,55 @@ def postgres_adapters(url: str) -> list[Any]:
     node.key = "celery_redlock-1pg"
     node.label = "celery_redlock (1 PostgreSQL node, fencing on)"
     return [node, PostgresFloorAdapter(url)]
+
+
+class EtcdLockServiceAdapter:
+    """etcd's own lock service (``/v3/lock/lock`` + ``/v3/lock/unlock``, what
+    ``etcdctl lock`` uses) on one lease granted once, as etcd's concurrency
+    Session does, through etcd3gw: the same HTTP/JSON gateway and the same
+    transport (requests) as celery_redlock's etcd node; extend is the lease's
+    keep-alive."""
+
+    key = "etcd-lock"
+    label = "etcd lock service (v3lock, etcd3gw)"
+    n_nodes = 1
+    fencing = True  # the lock key's revision serves as one
+
+    def __init__(self, url: str, *, ttl: float = TTL) -> None:
+        import etcd3gw
+
+        host, port = url.split("://", 1)[1].split(",")[0].rsplit(":", 1)
+        self.client = etcd3gw.Etcd3Client(host=host, port=int(port), timeout=5)
+        self.lease = self.client.post(self.client.get_url("/lease/grant"), json={"TTL": int(ttl)})[
+            "ID"
+        ]
+
+    def new(self, key: str) -> dict:
+        import base64
+
+        return {"name": base64.b64encode(f"bench/{key}".encode()).decode(), "key": None}
+
+    def acquire(self, h: dict, timeout: float | None = None) -> bool:
+        got = self.client.post(
+            self.client.get_url("/lock/lock"), json={"name": h["name"], "lease": self.lease}
+        )
+        h["key"] = got["key"]
+        return True
+
+    def release(self, h: dict) -> None:
+        self.client.post(self.client.get_url("/lock/unlock"), json={"key": h["key"]})
+
+    def extend(self, h: dict) -> None:
+        self.client.post(self.client.get_url("/lease/keepalive"), json={"ID": self.lease})
+
+    def close(self) -> None:
+        self.client.post(self.client.get_url("/lease/revoke"), json={"ID": self.lease})
+        self.client.session.close()
+
+
+def etcd_adapters(url: str) -> list[Any]:
+    """celery_redlock on one etcd node, and etcd's own lock service beside it."""
+    node = CeleryRedlockAdapter([url], fencing=True)
+    node.key = "celery_redlock-1etcd"
+    node.label = "celery_redlock (1 etcd node, fencing on)"
+    return [node, EtcdLockServiceAdapter(url)]

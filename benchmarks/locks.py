@@ -16,7 +16,10 @@ extend to the full TTL again and again):
 * celery_redlock on one PostgreSQL node, beside the raw lease-table floor on
   the same server (two statements: ``INSERT ... ON CONFLICT ... WHERE
   expired``, then ``UPDATE``), on a throwaway server of its own
-  (``--no-postgres`` leaves them out; skipped where PostgreSQL is missing).
+  (``--no-postgres`` leaves them out; skipped where PostgreSQL is missing);
+* celery_redlock on one etcd node (a one-member cluster), beside etcd's own
+  lock service (``/v3/lock/lock`` + ``unlock`` on one lease) through the same
+  gateway (``--no-etcd`` leaves them out; skipped where etcd is missing).
 
 It starts its own redis-server nodes on free loopback ports
 (``celery_redlock.testing.RedisNodes``) and stops them at the end. Inside each
@@ -81,6 +84,10 @@ TARGETS = [
      "celery_redlock-1pg", "pg-floor", ("max", 1.3)),
     ("cycle-1pg-vs-3", "1 PostgreSQL node against 3 Redis masters: cycle ratio (reported)",
      "cycle", "celery_redlock-1pg", "celery_redlock-3", ("max", 10.0)),
+    ("cycle-1etcd-service", "1 etcd node: cycle <= etcd's own lock service (same gateway)",
+     "cycle", "celery_redlock-1etcd", "etcd-lock", ("max", 1.0)),
+    ("cycle-1etcd-vs-3", "1 etcd node against 3 Redis masters: cycle ratio (reported)",
+     "cycle", "celery_redlock-1etcd", "celery_redlock-3", ("max", 20.0)),
 ]  # fmt: skip
 
 
@@ -207,6 +214,7 @@ def bench(
     block: int,
     clusters: list[str] | None = None,
     postgres: str | None = None,
+    etcd: str | None = None,
 ) -> dict[str, Any]:
     """reps x n cycles and n extends per lock, interleaved in blocks of ``block``.
 
@@ -224,6 +232,8 @@ def bench(
         ads.append(cluster_adapter(clusters))
     if postgres:
         ads += _adapters.postgres_adapters(postgres)
+    if etcd:
+        ads += _adapters.etcd_adapters(etcd)
     ping_client = redis.Redis(host=nodes[0][0], port=nodes[0][1])
     # Same key and one lock object for every cycle of a lock, but no key shared
     # between locks: pottery's release returns at quorum, and its calls to the
@@ -466,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-postgres", action="store_true", help="leave out the PostgreSQL node and its floor"
     )
+    ap.add_argument(
+        "--no-etcd", action="store_true", help="leave out the etcd node and etcd's lock service"
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.reps, a.n, a.block = 3, 200, 50
@@ -481,23 +494,31 @@ def main(argv: list[str] | None = None) -> int:
         "ttl_s": _adapters.TTL, "n_nodes": N_NODES,
     }  # fmt: skip
     from celery_redlock.testing import RedisClusters
+    from celery_redlock.testing.etcd import EtcdClusters, etcd_missing
     from celery_redlock.testing.postgres import PostgresServers, postgres_missing
 
     missing = None if a.no_postgres else postgres_missing()
     if missing:
         log(f"no PostgreSQL node: {missing}")
+    no_etcd = None if a.no_etcd else etcd_missing()
+    if no_etcd:
+        log(f"no etcd node: {no_etcd}")
     log(f"starting {N_NODES} redis-server nodes on loopback ...")
     with (
         start_nodes(N_NODES) as nodes,
         RedisClusters(0 if a.no_clusters else 3) as clusters,
         PostgresServers(0 if a.no_postgres or missing else 1) as pg,
+        EtcdClusters(0 if a.no_etcd or no_etcd else 1) as etcd,
     ):
         addrs = [(HOST, node.port) for node in nodes]
         with nodes[0].client() as c:
             meta["redis_server"] = c.info("server")["redis_version"]
         meta["ports"] = [p for _, p in addrs]
         log(f"nodes up on ports {meta['ports']}; {a.reps} reps x {a.n}")
-        raw = bench(addrs, a.reps, a.n, a.block, clusters.urls, pg.urls[0] if pg.urls else None)
+        raw = bench(
+            addrs, a.reps, a.n, a.block, clusters.urls,
+            pg.urls[0] if pg.urls else None, etcd.urls[0] if etcd.urls else None,
+        )  # fmt: skip
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0
     summ = summarize(raw)

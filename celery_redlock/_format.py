@@ -205,6 +205,11 @@ def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
         if from_broker
         else "the only node of redlock_nodes"
     )
+    if names[0].startswith(("etcd://", "etcds://")):  # its members agree among themselves
+        return (
+            f"lock node: {names[0]} ({source}): ONE node, an etcd cluster: the locks are "
+            "as safe as its members' quorum"
+        )
     what = "Redis Cluster" if "+cluster://" in names[0] else "Redis server"
     return (
         f"lock node: {names[0]} ({source}): ONE node, so the locks are only as safe as this "

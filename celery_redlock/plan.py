@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import conf, headers, settings
-from .core import Redlock, check_together, make_owner, parse_rate
+from .core import Redlock, check_together, check_ttl, make_owner, parse_rate
 from .keys import KeyBuilder
 
 __all__ = ["LockPlan", "build_plan", "plan_of", "set_plan"]
@@ -146,6 +146,7 @@ def build_plan(task_cls: Any, app: Any) -> LockPlan:
         )
         if settings.nodes is not None:
             redlock = plan.redlock  # bad node URLs fail at bind
+            check_ttl(redlock.nodes, settings.ttl, f"lock_ttl of {name}")
             if plan.also or plan.also_rates:  # a Redis Cluster node: one call, one slot
                 together = [n for n, _ in plan.also] + [n for n, _ in plan.also_rates]
                 check_together(redlock.nodes, together, "lock_also")

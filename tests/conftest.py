@@ -81,15 +81,16 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 @pytest.fixture(
-    params=["redis_nodes3", "redis_clusters3", "postgres_nodes3", "postgres_node1"],
-    ids=["3masters", "3clusters", "3postgres", "1postgres"],
+    params=["redis_nodes3", "redis_clusters3", "postgres_nodes3", "postgres_node1", "etcd_node1"],
+    ids=["3masters", "3clusters", "3postgres", "1postgres", "1etcd"],
 )
 def nodes3(request: pytest.FixtureRequest) -> Any:
     """The lock nodes of the core suites, empty, one kind after another: three
     plain Redis masters, three Redis Clusters of three masters each (each
-    cluster one lock node), three PostgreSQL servers, and one PostgreSQL server
-    alone. ``.urls`` and ``.keys()`` work alike; ``[i].client()`` (a Redis
-    client) only on Redis nodes: a test of Redis internals takes
+    cluster one lock node), three PostgreSQL servers, one PostgreSQL server
+    alone, and one etcd cluster (of one member) alone. ``.urls`` and
+    ``.keys()`` work alike; ``[i].client()`` (a Redis client) only on Redis
+    nodes: a test of Redis internals takes
     ``redis_nodes3``. A test that needs a minority to fail skips where there is
     one node (:func:`tests.support.kinds.needs_three`)."""
     return request.getfixturevalue(request.param)

@@ -21,7 +21,7 @@ from .exceptions import (
 )
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
-from .nodes import check_together
+from .nodes import check_together, check_ttl
 from .quorum import DRIFT_FLOOR
 from .rate_view import peek_rate
 from .rates import reserve_place, reserve_rates
@@ -72,6 +72,7 @@ __all__ = [
     "Window",
     "check_rate",
     "check_together",
+    "check_ttl",
     "full_jitter",
     "make_owner",
     "mask_url",

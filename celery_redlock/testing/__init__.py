@@ -84,6 +84,11 @@ from the session's three servers (``postgres_servers_session``), started by
 ``[i].sql(...)`` where a Redis node has ``client()``). Where the server's
 binaries are missing they skip, naming what to install; under ``CI=true``
 they fail instead.
+
+etcd lock nodes likewise: ``etcd_node1`` (the session's one-member cluster, one
+lock node), ``etcd_nodes3`` (three one-member clusters, three lock nodes) and
+``etcd_cluster3`` (a fresh three-member cluster for a fault
+test), from :mod:`celery_redlock.testing.etcd` and Debian's ``etcd-server``.
 """
 
 from __future__ import annotations
@@ -93,6 +98,11 @@ from .nodes import HOST, RedisNode, RedisNodes, free_port, redis_server_binary, 
 
 # pytest finds a plugin's fixtures among the attributes of the module it registers.
 from .plugin import (  # noqa: F401
+    etcd_cluster3,
+    etcd_node1,
+    etcd_nodes3,
+    etcd_nodes3_session,
+    etcd_servers_session,
     free_port_fixture,
     postgres_node1,
     postgres_nodes3,

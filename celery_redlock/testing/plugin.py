@@ -14,6 +14,11 @@ from .cluster import RedisCluster, RedisClusters
 from .nodes import RedisNodes, close_all, free_port, resume_paused
 
 __all__ = [
+    "etcd_cluster3",
+    "etcd_node1",
+    "etcd_nodes3",
+    "etcd_nodes3_session",
+    "etcd_servers_session",
     "free_port_fixture",
     "postgres_node1",
     "postgres_nodes3",
@@ -47,8 +52,9 @@ class _SessionGuard:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         close_all()
-        if "celery_redlock.testing.postgres" in sys.modules:
-            sys.modules["celery_redlock.testing.postgres"].close_all()
+        for module in ("celery_redlock.testing.postgres", "celery_redlock.testing.etcd"):
+            if module in sys.modules:
+                sys.modules[module].close_all()
 
 
 def _guard(config: pytest.Config) -> None:
@@ -182,3 +188,69 @@ def postgres_nodes3(postgres_servers_session: Any) -> Iterator[Any]:
 def postgres_node1(postgres_servers_session: Any) -> Iterator[Any]:
     """One PostgreSQL server of the session, one lock node alone, empty; healed after."""
     yield from _postgres_view(postgres_servers_session, 1)
+
+
+def _etcd_or_skip() -> None:
+    """Skip an etcd fixture where no etcd can be started; under ``CI=true`` that
+    is a failure instead (a missing install step)."""
+    from .etcd import etcd_missing
+
+    why = etcd_missing()
+    if why is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(why + "; CI=true requires it")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def etcd_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """One single-member etcd cluster, started once per session (one lock node)."""
+    _etcd_or_skip()
+    from .etcd import EtcdClusters
+
+    _guard(pytestconfig)
+    with EtcdClusters(1, size=1) as clusters:
+        yield clusters
+
+
+@pytest.fixture
+def etcd_node1(etcd_servers_session: Any) -> Iterator[Any]:
+    """The session's etcd cluster of one member, one lock node alone, empty; healed after."""
+    etcd_servers_session.heal()
+    etcd_servers_session.flushall()
+    yield etcd_servers_session
+    etcd_servers_session.heal()
+
+
+@pytest.fixture
+def etcd_cluster3(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """A fresh etcd cluster of three members (one lock node), for the fault tests
+    that kill, pause and restart its members; stopped after the test."""
+    _etcd_or_skip()
+    from .etcd import EtcdCluster
+
+    _guard(pytestconfig)
+    with EtcdCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def etcd_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """Three independent single-member etcd clusters, started once per session
+    (three lock nodes)."""
+    _etcd_or_skip()
+    from .etcd import EtcdClusters
+
+    _guard(pytestconfig)
+    with EtcdClusters(3, size=1) as clusters:
+        yield clusters
+
+
+@pytest.fixture
+def etcd_nodes3(etcd_nodes3_session: Any) -> Iterator[Any]:
+    """The session's three etcd clusters (three lock nodes), empty; healed after."""
+    etcd_nodes3_session.heal()
+    etcd_nodes3_session.flushall()
+    yield etcd_nodes3_session
+    etcd_nodes3_session.heal()

@@ -108,6 +108,7 @@ def celery_config(topology: Topology) -> dict[str, Any]:
         lockapp.app_conf(topology.quorum.urls, topology.prefix),
         broker_url=topology.url(3),
         result_backend=topology.url(4),
+        **({"redlock_node_timeout": topology.node_timeout} if topology.node_timeout else {}),
     )
 
 
@@ -129,7 +130,7 @@ def celery_worker_parameters() -> dict[str, Any]:
 @pytest.fixture
 def lock_tasks(celery_app: Celery, topology: Topology) -> Celery:
     """``celery_app`` with the test tasks, registered before ``celery_worker`` starts."""
-    return lockapp.add_tasks(celery_app, topology.url(harness.RECORDER_DB))
+    return lockapp.add_tasks(celery_app, topology.url(harness.RECORDER_DB), topology.min_ttl or 0.0)
 
 
 @pytest.fixture

@@ -212,10 +212,14 @@ def print_logs(rig: Rig) -> None:
                 print(line)
 
 
-@pytest.fixture(params=["redis_clusters3", "postgres_nodes3"], ids=["3clusters", "3postgres"])
+@pytest.fixture(
+    params=["redis_clusters3", "postgres_nodes3", "etcd_nodes3"],
+    ids=["3clusters", "3postgres", "3etcd"],
+)
 def kind_rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
     """The rig with the session's three nodes of another kind as the lock nodes: Redis
-    Clusters of three masters each, or PostgreSQL servers (the broker stays Redis)."""
+    Clusters of three masters each, PostgreSQL servers, or etcd clusters (the broker
+    stays Redis)."""
     nodes = request.getfixturevalue(request.param)
     rig = Rig(lambda n: nodes if n == 3 else redis_node_factory(n), tmp_path)
     try:

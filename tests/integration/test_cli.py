@@ -78,6 +78,8 @@ def test_nodes_all_up(any_app, nodes3):
             assert f"{cluster.url} shard {master.host}:{master.port}" in result.output
     if is_redis(nodes3):
         assert "noeviction" in result.output
+    elif nodes3.urls[0].startswith("etcd"):  # an etcd cluster: its version and members
+        assert "etcd 3." in result.output and "1 member" in result.output
     else:  # a PostgreSQL server: its version and that it is the primary
         assert "postgresql 1" in result.output and "primary" in result.output
     assert "UNSAFE" not in result.output

@@ -290,6 +290,8 @@ class Topology:
     apps: list[Celery] = field(default_factory=list)
     #: The apps' ``redlock_node_timeout``, where the default (50 ms) is not it.
     node_timeout: float | None = None
+    #: The lock nodes' floor under a lock's TTL (etcd's 2 s), where there is one.
+    min_ttl: float | None = None
 
     def url(self, db: int) -> str:
         return f"redis://{self.hub.host}:{self.hub.port}/{db}"
@@ -303,6 +305,7 @@ class Topology:
             "CRL_RECORDER_URL": self.url(RECORDER_DB),
             "CRL_PREFIX": self.prefix,
             **({"CRL_NODE_TIMEOUT": str(self.node_timeout)} if self.node_timeout else {}),
+            **({"CRL_MIN_TTL": str(self.min_ttl)} if self.min_ttl else {}),
         }
 
     def app(self, broker_db: int, backend_db: int, main: str = "lockapp-client") -> Celery:
@@ -361,17 +364,24 @@ class Topology:
         self.hub.close()
 
 
-def make_topology(prefix: str, clusters: bool = False, postgres: bool = False) -> Topology:
+def make_topology(
+    prefix: str, clusters: bool = False, postgres: bool = False, etcd: bool = False
+) -> Topology:
     """The hub and the lock nodes: three masters, three Redis Clusters of three
-    masters each, or (``postgres``) one PostgreSQL server alone."""
+    masters each, (``postgres``) one PostgreSQL server alone, or (``etcd``) one
+    etcd cluster of one member alone."""
     hub = RedisNode()
     try:
-        if postgres:
+        if etcd:
+            from celery_redlock.testing.etcd import EtcdClusters
+
+            quorum: Any = EtcdClusters(1, size=1)
+        elif postgres:
             from celery_redlock.core.nodes import node_for
             from celery_redlock.core.nodes import postgres as kind
             from celery_redlock.testing.postgres import PostgresServers
 
-            quorum: Any = PostgresServers(1)
+            quorum = PostgresServers(1)
             # as a deployment does (celery redlock schema --apply): no first call
             # of a worker or producer pays for creating it
             kind.install(node_for(quorum.urls[0], 1.0))
@@ -380,9 +390,15 @@ def make_topology(prefix: str, clusters: bool = False, postgres: bool = False) -
     except BaseException:
         hub.close()
         raise
-    # A PostgreSQL call costs a commit, and a database on a loaded 2-core host
-    # stalls longer than a Redis node does: the timeout the docs advise for it.
-    return Topology(hub, quorum, prefix, node_timeout=0.5 if postgres else None)
+    # A PostgreSQL call costs a commit, an etcd call a raft commit, and either stalls
+    # longer than a Redis node does on a loaded 2-core host: the timeout the docs advise.
+    return Topology(
+        hub,
+        quorum,
+        prefix,
+        node_timeout=0.5 if postgres or etcd else None,
+        min_ttl=2.0 if etcd else None,
+    )
 
 
 @dataclass

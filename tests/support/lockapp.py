@@ -167,12 +167,14 @@ def make_app(
     recorder: str,
     prefix: str,
     main: str = "lockapp",
+    min_ttl: float = 0.0,
     **conf: Any,
 ) -> Celery:
-    """A Celery app with every test task, locking on ``nodes`` under ``prefix``."""
+    """A Celery app with every test task, locking on ``nodes`` under ``prefix``;
+    ``min_ttl``: the nodes' floor under a lock's TTL (see :func:`add_tasks`)."""
     app = Celery(main, broker=broker, backend=backend, set_as_current=False)
     app.conf.update(app_conf(nodes, prefix, **conf))
-    return add_tasks(app, recorder)
+    return add_tasks(app, recorder, min_ttl)
 
 
 def app_conf(nodes: str | Sequence[str], prefix: str, **conf: Any) -> dict[str, Any]:
@@ -186,8 +188,12 @@ def app_conf(nodes: str | Sequence[str], prefix: str, **conf: Any) -> dict[str, 
     return dict(BASE_CONF, **where, redlock_key_prefix=prefix, **conf)
 
 
-def add_tasks(app: Celery, recorder: str) -> Celery:
-    """Give ``app`` every test task, recording to the Redis at URL ``recorder``."""
+def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
+    """Give ``app`` every test task, recording to the Redis at URL ``recorder``.
+
+    Lock nodes with a floor under a lock's TTL (etcd: 2 s), given as ``min_ttl``,
+    have the tasks' shorter TTLs raised to it (the bind check refuses them).
+    """
     rec = Recorder(recorder)
     app.recorder = rec  # for the tests: the same recorder the bodies write to
 
@@ -219,6 +225,8 @@ def add_tasks(app: Celery, recorder: str) -> Celery:
     def task(**options: Any) -> Any:
         options.setdefault("bind", True)
         options.setdefault("lock_on", ("key",))
+        if min_ttl:
+            options["lock_ttl"] = max(options.get("lock_ttl", BASE_CONF["redlock_ttl"]), min_ttl)
         return app.task(base=LockedTask, shared=False, **options)
 
     @task(name="lockapp.slow")
@@ -588,6 +596,7 @@ def app_from_env(env: Any = os.environ, main: str = "lockapp") -> Celery:
         recorder=env["CRL_RECORDER_URL"],
         prefix=env["CRL_PREFIX"],
         main=main,
+        min_ttl=float(env.get("CRL_MIN_TTL") or 0),
         **(
             {"redlock_node_timeout": float(env["CRL_NODE_TIMEOUT"])}
             if env.get("CRL_NODE_TIMEOUT")

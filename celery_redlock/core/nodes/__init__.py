@@ -16,7 +16,7 @@ seam (:mod:`~celery_redlock.core.records`) serve them all. A few plain reads
 go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
 WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 
-**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`) that provides:
+**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`) that provides:
 
 * ``SCHEMES``: the URL schemes it takes (:data:`KINDS` maps them here, as
   kombu maps URL schemes to transports);
@@ -30,6 +30,9 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
   indexes of the nodes it was not sent to (the caller runs a round there);
 * optionally ``ddl(schema)`` and ``install(node)``: the SQL a node of the kind
   needs before use, and applying it (``celery redlock schema``);
+* optionally ``check_ttl(nodes, ttl, option)``: refuse, with a
+  ``ConfigurationError``, a TTL its nodes cannot honour (etcd: below its
+  minimum lease TTL);
 * optionally ``check_together(nodes, names, option)``: refuse, with a
   ``ConfigurationError``, names held together in one call that its nodes
   cannot take in one call (a Redis Cluster: keys of several hash slots);
@@ -73,6 +76,7 @@ __all__ = [
     "NodeSpec",
     "NotReplicated",
     "check_together",
+    "check_ttl",
     "command",
     "kind_of",
     "mask_url",
@@ -92,6 +96,8 @@ KINDS: dict[str, str] = {
     "rediss+cluster": "redis",
     "postgresql": "postgres",
     "postgres": "postgres",
+    "etcd": "etcd",
+    "etcds": "etcd",
 }
 
 
@@ -258,6 +264,19 @@ def check_together(nodes: Sequence[Any], names: Sequence[str], option: str = "al
         check = getattr(kind, "check_together", None)
         if check is not None:
             check([nodes[i] for i in at], names, option)
+
+
+def check_ttl(nodes: Sequence[Any], ttl: float, option: str = "redlock_ttl") -> None:
+    """Refuse a lock TTL (seconds) that some kind among ``nodes`` cannot honour.
+
+    Raises:
+        ConfigurationError: naming ``option``, the node and the kind's minimum.
+    """
+    for at in _groups(nodes).values():
+        kind = kind_of(nodes[at[0]])
+        check = getattr(kind, "check_ttl", None)
+        if check is not None:
+            check([nodes[i] for i in at], ttl, option)
 
 
 def ping_latency(node: Any, ask: Any) -> tuple[float, Exception | None]:

@@ -5,10 +5,8 @@ middle of rounds, pgbouncer's transaction pooling, and the schema's life
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,34 +14,11 @@ from celery_redlock.core import Redlock
 from celery_redlock.core.nodes import postgres
 from celery_redlock.core.nodes.postgres.schema import VERSION
 from celery_redlock.exceptions import QuorumUnavailable
+from tests.support.section import Section
 
 pytestmark = pytest.mark.integration
 
 NAME = "pay"
-
-
-class Section:
-    """The critical section the threads of a test take turns in: the tokens in
-    grant order, and how often a holder found another one inside."""
-
-    def __init__(self) -> None:
-        self.grants: list[int] = []
-        self.overlaps = 0
-        self._inside = 0
-        self._guard = threading.Lock()
-
-    @contextlib.contextmanager
-    def held(self, token: int) -> Iterator[None]:
-        with self._guard:
-            self._inside += 1
-            self.overlaps += self._inside > 1
-            self.grants.append(token)
-        try:
-            time.sleep(0.001)  # a window for a second holder to be seen in
-            yield
-        finally:
-            with self._guard:
-                self._inside -= 1
 
 
 def test_a_crash_keeps_the_leases_held_and_tokens_keep_growing(postgres_nodes3):

@@ -26,8 +26,15 @@ NAME = "job"
 
 
 @pytest.fixture(
-    params=["redis_nodes3", "redis_nodes5", "redis_clusters3", "postgres_nodes3", "postgres_node1"],
-    ids=["3nodes", "5nodes", "3clusters", "3postgres", "1postgres"],
+    params=[
+        "redis_nodes3",
+        "redis_nodes5",
+        "redis_clusters3",
+        "postgres_nodes3",
+        "postgres_node1",
+        "etcd_node1",
+    ],
+    ids=["3nodes", "5nodes", "3clusters", "3postgres", "1postgres", "1etcd"],
 )
 def nodes(request):
     return request.getfixturevalue(request.param)

@@ -1,0 +1,321 @@
+"""One etcd cluster as a lock node: its URL, its members, and its requests.
+
+Requests go to etcd's HTTP/JSON gateway (``/v3/...``) on one keep-alive
+connection per member and thread (the standard library's ``http.client``),
+each one bounded by the call's own deadline, connect included; nothing
+retries but a reused connection the member had closed (once, at once: every
+operation is safe to send twice).
+The members of the URL are tried in turn: the one that answered last goes
+first, and a member that refuses or times out is passed over for the next one
+while the call's deadline leaves time (a member gets half of what is left
+while another is still to try, so a hung member does not take the whole call;
+a member that timed out goes last for a few seconds). A member that has lost
+its cluster's quorum does not answer a linearizable request: the call times
+out, "not answering".
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+import threading
+import time
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ...exceptions import ConfigurationError
+from .. import mask_url
+
+__all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
+
+#: etcd's minimum lease TTL with its default heartbeat and election timeout:
+#: ceil(1.5 * election timeout) = 2 s; a node's own is read at its first call.
+DEFAULT_MIN_TTL = 2
+#: Seconds a member that timed out is passed over while another is tried first.
+_SKIP = 5.0
+#: Seconds a node none of whose members answered a call in time is skipped
+#: (its calls fail at once): the call that follows a timed-out one (a failed
+#: acquire's release) costs nothing more, and the next round asks again.
+SKIP_AFTER_TIMEOUT = 1.0
+
+
+class NodeError(ConnectionError):
+    """An etcd node's error (refused, misconfigured, or an error reply), naming the node."""
+
+
+def b64(data: bytes | str) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+class EtcdNode:
+    """One etcd cluster (its members' client endpoints) as one lock node.
+
+    Args:
+        url: ``etcd://host:port[,host:port...][?prefix=...]``, or ``etcds://``
+            for TLS (``ca``, ``cert``, ``key`` query options name PEM files);
+            ``user:password@`` authenticates (etcd's ``/v3/auth/authenticate``).
+        timeout: seconds a call gets for its reply.
+        min_replicas: refused above 0: an etcd write is committed by a
+            majority of its members before it answers.
+        connect_timeout: seconds a new connection gets to open; None: ``timeout``.
+    """
+
+    kind = "etcd"
+    cluster = False
+
+    def __init__(
+        self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    ):
+        self.name = mask_url(url)
+        parts = urlsplit(url)
+        if min_replicas:
+            raise ConfigurationError(
+                f"etcd node {self.name}: redlock_min_replicas does not apply (every etcd "
+                "write is committed by a majority of the cluster's members before it answers)"
+            )
+        hosts = parts.netloc.rsplit("@", 1)[-1]
+        self.endpoints: list[str] = []
+        for hostport in filter(None, hosts.split(",")):
+            host, _, port = hostport.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigurationError(
+                    f"etcd node {self.name}: {hostport!r} must be host:port "
+                    "(etcd's client port, usually 2379)"
+                )
+            self.endpoints.append(f"{host}:{port}")
+        if not self.endpoints:
+            raise ConfigurationError(f"etcd node {self.name}: no host:port in the URL")
+        options = dict(parse_qsl(parts.query))
+        unknown = set(options) - {"prefix", "ca", "cert", "key"}
+        if unknown:
+            raise ConfigurationError(
+                f"etcd node {self.name}: unknown option(s) {', '.join(sorted(unknown))} "
+                "(known: prefix, ca, cert, key)"
+            )
+        self.tls = parts.scheme == "etcds"
+        self.prefix = options.get("prefix", "redlock/").encode()
+        self.ca, self.cert, self.key = options.get("ca"), options.get("cert"), options.get("key")
+        self.user = unquote(parts.username) if parts.username else None
+        self.password = unquote(parts.password) if parts.password else None
+        self.identity: tuple = ("etcd", tuple(sorted(self.endpoints)), self.prefix)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.min_ttl = DEFAULT_MIN_TTL
+        self.cluster_id: str | None = None
+        self._local = threading.local()
+        self._order = list(self.endpoints)
+        self._skip: dict[str, float] = {}
+        self._checked = False
+        self._ssl: ssl.SSLContext | None = None
+        self._skip_until = 0.0
+        self._token: str | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<EtcdNode {self.name}>"
+
+    def members(self) -> list[EtcdNode]:
+        """The servers a scan visits: this cluster."""
+        return [self]
+
+    def close(self) -> None:
+        conns = getattr(self._local, "conns", None)
+        if conns is not None and self._local.pid == os.getpid():
+            for conn in conns.values():
+                conn.close()
+        self._local.conns = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _conns(self) -> dict[str, http.client.HTTPConnection]:
+        conns = getattr(self._local, "conns", None)
+        if conns is None or self._local.pid != os.getpid():
+            # a forked child inherits its parent thread's connections: their sockets are
+            # the parent's, so the child opens its own (and never closes the parent's)
+            conns = self._local.conns = {}
+            self._local.pid = os.getpid()
+        return conns
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            context = ssl.create_default_context(cafile=self.ca)
+            if self.cert:
+                context.load_cert_chain(self.cert, self.key)
+            self._ssl = context
+        return self._ssl
+
+    def _request(
+        self, endpoint: str, path: str, body: dict, connect: float, left: float, auth: bool
+    ) -> tuple[int, bytes]:
+        """One POST on ``endpoint``'s connection: (status, body).
+
+        Raises:
+            TimeoutError: no reply within ``left`` (or no connection within ``connect``).
+            OSError, http.client.HTTPException: the connection failed.
+        """
+        conns = self._conns()
+        data = json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"}
+        if auth and self._token:
+            headers["Authorization"] = self._token
+        for fresh in (False, True):
+            conn = conns.get(endpoint)
+            reused = conn is not None and conn.sock is not None and not fresh
+            if conn is None or fresh:
+                if conn is not None:
+                    conn.close()
+                host, _, port = endpoint.rpartition(":")
+                conn = (
+                    http.client.HTTPSConnection(host, int(port), context=self._context())
+                    if self.tls
+                    else http.client.HTTPConnection(host, int(port))
+                )
+                conns[endpoint] = conn
+            try:
+                if conn.sock is None:
+                    conn.timeout = connect
+                    conn.connect()
+                conn.sock.settimeout(left)
+                conn.request("POST", f"/v3/{path}", data, headers)
+                reply = conn.getresponse()
+                return reply.status, reply.read()
+            except (TimeoutError, OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if isinstance(exc, TimeoutError) or not reused:
+                    raise
+                # the member closed an idle connection (a restart): once more, anew
+        raise AssertionError("unreachable")
+
+    def post(self, path: str, body: dict, deadline: float) -> dict:
+        """POST ``body`` to ``/v3/<path>`` on a member, before ``deadline``.
+
+        Raises:
+            TimeoutError: no member answered in time.
+            NodeError: every member refused, or the cluster answered an error.
+        """
+        if time.monotonic() < self._skip_until:
+            raise TimeoutError(f"{self.name}: skipped for a while after a call timed out")
+        try:
+            if not self._checked:
+                self._check(deadline)
+            return self._post(path, body, deadline)
+        except TimeoutError:
+            self._skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
+            raise
+        except NodeError as exc:
+            if self.user is None or "invalid auth token" not in str(exc):
+                raise
+        with self._lock:  # the token expired (--auth-token-ttl): authenticate again, once
+            self._checked, self._token = False, None
+        self._check(deadline)
+        return self._post(path, body, deadline)
+
+    def _post(self, path: str, body: dict, deadline: float, auth: bool = True) -> dict:
+        now = time.monotonic()
+        order = sorted(self._order, key=lambda e: self._skip.get(e, 0.0) > now)
+        errors: list[str] = []
+        pending, again = list(order), set()
+        while pending:
+            endpoint = pending.pop(0)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if pending:
+                left /= 2  # a hung member leaves the other half to the next one
+            connect = min(left, self.connect_timeout or left)
+            try:
+                status, data = self._request(endpoint, path, body, connect, left, auth)
+            except TimeoutError:
+                self._skip[endpoint] = time.monotonic() + _SKIP
+                errors.append(f"{endpoint} timed out")
+                if endpoint not in again:  # once more, with what is left, after the others
+                    again.add(endpoint)
+                    pending.append(endpoint)
+                continue
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{endpoint}: {_reason(exc)}")
+                continue
+            self._skip.pop(endpoint, None)
+            if endpoint != self._order[0]:
+                self._order.remove(endpoint)
+                self._order.insert(0, endpoint)
+            return self._reply(status, data, path)
+        if not errors or any("timed out" in e for e in errors):
+            raise TimeoutError(f"{self.name}: no reply in time ({'; '.join(errors) or 'none'})")
+        raise NodeError(f"{self.name}: no member answers ({'; '.join(errors)})")
+
+    def _reply(self, status: int, body: bytes, path: str) -> dict:
+        if status == 404:
+            raise NodeError(
+                f"{self.name}: /v3/{path} not found: not an etcd >= 3.4 with its v3 API "
+                "(its gRPC gateway) on this port"
+            )
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise NodeError(f"{self.name}: not an etcd reply (HTTP {status})") from None
+        if status != 200:
+            message = data.get("error") or data.get("message") or str(data)
+            if "user name is empty" in message or "invalid auth token" in message:
+                raise NodeError(
+                    f"{self.name}: the cluster requires authentication: give user:password@ "
+                    f"in the URL ({message})"
+                )
+            if "authentication failed" in message:
+                raise NodeError(f"{self.name}: authentication failed ({message})")
+            raise NodeError(f"{self.name}: {message}")
+        return data
+
+    def _check(self, deadline: float) -> None:
+        """At the first call: authenticate, compare the members' cluster ids, and
+        read the minimum lease TTL."""
+        with self._lock:
+            if self._checked:
+                return
+            if self.user is not None:
+                got = self._post(
+                    "auth/authenticate",
+                    {"name": self.user, "password": self.password or ""},
+                    deadline,
+                    auth=False,
+                )
+                self._token = got.get("token")
+            clusters: dict[str, str] = {}
+            if len(self.endpoints) > 1:
+                for endpoint in self.endpoints:
+                    try:
+                        got = self._one(endpoint, "maintenance/status", deadline)
+                    except (TimeoutError, NodeError):
+                        continue  # a member down now: the others still tell
+                    clusters[endpoint] = got["header"]["cluster_id"]
+                if len(set(clusters.values())) > 1:
+                    shown = ", ".join(f"{e} is cluster {c}" for e, c in clusters.items())
+                    raise ConfigurationError(
+                        f"etcd node {self.name}: its endpoints are members of different "
+                        f"clusters ({shown}); one etcd node is one cluster: give each "
+                        "cluster as a node of its own"
+                    )
+            self._checked = True
+
+    def _one(self, endpoint: str, path: str, deadline: float) -> dict:
+        left = max(deadline - time.monotonic(), 0.001)
+        try:
+            status, data = self._request(endpoint, path, {}, left, left, True)
+        except TimeoutError:
+            raise TimeoutError(f"{self.name}: {endpoint} timed out") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise NodeError(f"{self.name}: {endpoint}: {_reason(exc)}") from None
+        return self._reply(status, data, path)
+
+
+def _reason(exc: BaseException) -> str:
+    """A connection's failure in a few words (an SSL error's reason, a refusal)."""
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    return type(exc).__name__

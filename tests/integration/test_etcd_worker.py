@@ -1,0 +1,63 @@
+"""A prefork worker whose one lock node is an etcd cluster (the deployment of a
+team that already runs etcd): the plain suites' own tests of locked,
+retried, claimed, debounced and permit-limited tasks run here unchanged
+(imported, not copied), their lock TTLs raised to etcd's 2 s floor. After the
+module no lock key is left, and every claim, schedule and receipt key expires,
+as on Redis. (The live rate tests' bound of N + 1 starts in a second is not
+met on etcd yet: see the etcd page.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.integration.test_coalesce import (  # noqa: F401 - fixtures and tests run here
+    _nothing_left_without_a_ttl,
+    coalesce_worker,
+    test_debounce_runs_once_after_the_burst_with_the_last_arguments,
+    test_result_of_a_debounced_call_is_the_run_that_replaced_it,
+)
+from tests.integration.test_enqueue import (  # noqa: F401
+    hold,
+    start_claims_worker,
+    test_raise_names_the_claiming_task,
+    test_until_finished_publishes_one_message_for_every_caller,
+    test_until_started_keeps_one_running_and_one_waiting,
+)
+from tests.integration.test_locked_task import (  # noqa: F401
+    test_different_lock_on_values_run_in_parallel,
+    test_heartbeat_keeps_the_lock_three_times_past_its_ttl,
+    test_lock_name_shared_by_two_tasks_excludes_across_them,
+    test_retry_that_runs_out_fails_loudly,
+)
+from tests.integration.test_permits_live import (  # noqa: F401
+    test_limit_3_twenty_tasks_under_retry,
+    test_named_limit_of_2_shared_by_three_tasks,
+)
+from tests.support import harness
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+#: The claims' worker on the Redis broker alone: the broker is not what these lock
+#: nodes change, and test_enqueue.py runs the same tests on RabbitMQ too.
+claims_worker = pytest.fixture(scope="module", params=["redis"], name="claims_worker")(
+    start_claims_worker
+)
+
+PREFIX = "crl-etcd"
+
+
+@pytest.fixture(scope="module")
+def topology():
+    from celery_redlock.testing.etcd import etcd_missing
+
+    why = etcd_missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + "; CI=true requires it")
+        pytest.skip(why)
+    with harness.make_topology(PREFIX, etcd=True) as topo:
+        yield topo
+        topo.assert_nothing_left()
