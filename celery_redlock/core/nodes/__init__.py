@@ -78,6 +78,7 @@ __all__ = [
     "check_together",
     "check_ttl",
     "command",
+    "glob_regex",
     "kind_of",
     "mask_url",
     "node_for",
@@ -140,6 +141,33 @@ class NotReplicated(Exception):
 # URL), and a password given in the query string.
 _URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^\s/]+@")
 _QUERY_PASSWORD = re.compile(r"(password=)[^&\s]+", re.IGNORECASE)
+
+
+def glob_regex(pattern: str) -> str:
+    """A ``SCAN ... MATCH`` glob (``*``, ``?``, ``[...]``, ``[^...]``, backslash
+    escapes) as a regular expression that Python's ``re`` and PostgreSQL's
+    ``~`` read alike, to be matched against a whole key."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 1
+        elif c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[" and "]" in pattern[i + 1 :]:
+            end = pattern.index("]", i + 2 if pattern[i + 1 : i + 2] == "]" else i + 1)
+            body = pattern[i + 1 : end]
+            negate = body.startswith("^")
+            body = "".join("\\" + ch if ch in "\\]^" else ch for ch in body[negate:])
+            out.append("[" + ("^" if negate else "") + body + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
 
 
 def mask_url(text: str) -> str:

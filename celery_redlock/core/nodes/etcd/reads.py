@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import glob_regex
 from .keyspace import View, score_text
 from .node import EtcdNode, NodeError, b64, unb64
 from .store import execute
@@ -34,31 +35,6 @@ def _range_end(prefix: bytes) -> bytes:
         return b"\0"
     end[-1] += 1
     return bytes(end)
-
-
-def _glob(pattern: str) -> re.Pattern:
-    """A Redis glob (``*``, ``?``, ``[...]``, ``[^...]``, backslash escapes) as a regex."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 1
-        elif c == "*":
-            out.append(".*")
-        elif c == "?":
-            out.append(".")
-        elif c == "[" and "]" in pattern[i + 1 :]:
-            end = pattern.index("]", i + 2 if pattern[i + 1 : i + 2] == "]" else i + 1)
-            body = pattern[i + 1 : end]
-            negate = body.startswith("^")
-            body = "".join("\\" + ch if ch in "\\]^" else ch for ch in body[negate:])
-            out.append("[" + ("^" if negate else "") + body + "]")
-            i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.DOTALL)
 
 
 def _on_view(node: EtcdNode, key: bytes, deadline: float, read: Any) -> Any:
@@ -107,7 +83,7 @@ def plain(node: EtcdNode, cmd: tuple, deadline: float) -> Any:
         return b"OK" if done else None
     if verb == "SCAN" and len(rest) == 5:
         cursor, count = int(_text(rest[0])), int(_text(rest[4]))
-        match = _glob(_text(rest[2]))
+        match = re.compile(glob_regex(_text(rest[2])), re.DOTALL)
         got = node.post(
             "kv/range",
             {"key": b64(node.prefix), "range_end": b64(_range_end(node.prefix)), "keys_only": True},

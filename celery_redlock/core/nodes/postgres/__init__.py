@@ -13,14 +13,13 @@ connections and :mod:`.schema` for the SQL.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...records import NodeInfo
 from ...values import error_text
-from .. import ping_latency
+from .. import glob_regex, ping_latency
 from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
 
@@ -60,29 +59,6 @@ def send(op: Any, nodes: Sequence[PostgresNode], keys: Any, args: Any) -> list[i
 
 
 # -- plain reads -----------------------------------------------------------------------------
-
-
-def _glob(pattern: str) -> str:
-    """A Redis glob as an anchored regular expression."""
-    out, i = ["^"], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 1
-        elif c == "*":
-            out.append(".*")
-        elif c == "?":
-            out.append(".")
-        elif c == "[" and "]" in pattern[i + 1 :]:
-            end = pattern.index("]", i + 2 if pattern[i + 1 : i + 2] == "]" else i + 1)
-            body = pattern[i + 1 : end]
-            out.append("[" + ("^" + body[1:] if body.startswith("^") else body) + "]")
-            i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out) + "$"
 
 
 def _text(value: Any) -> str:
@@ -137,7 +113,7 @@ def _command(schema: str, cmd: tuple) -> tuple[str, list[Any], Callable[[Any], A
             after = cursor + len(keys) if len(keys) == count else 0
             return [str(after).encode(), [k.encode() for k in keys]]
 
-        return sql, [_glob(_text(rest[2]))], page
+        return sql, ["^" + glob_regex(_text(rest[2])) + "$"], page
     raise NodeError(f"the PostgreSQL node does not answer {verb}")
 
 
