@@ -20,6 +20,9 @@
     that delivery starts on it.
 ``redlock_rate_waits``
     Rounds a rated start has waited out for lack of a quorum (its backoff).
+``redlock_queued``
+    The key a message was handed over for (``lock_on_duplicate="queue"``): the
+    call waited in that key's queue, and its acquire takes the key's claim.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ __all__ = [
     "ATTEMPT",
     "CLAIM",
     "CLAIMED_ON",
+    "QUEUED",
     "RATE_AT",
     "RATE_WAITS",
     "SLOT",
@@ -45,6 +49,8 @@ ATTEMPT = "redlock_attempt"
 CLAIM = "redlock_claim"
 #: Message header saying where the claim was written (see :func:`where`).
 CLAIMED_ON = "redlock_claimed_on"
+#: Message header naming the key whose queue handed a message over.
+QUEUED = "redlock_queued"
 #: Message header carrying a throttled message's slot.
 SLOT = "redlock_slot"
 #: Message header carrying a rated message's booked start (see the module docstring).

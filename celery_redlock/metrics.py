@@ -59,6 +59,9 @@ EVENTS = (
     "rate_delayed",
     "rate_outage",
     "rate_split",
+    "queued",
+    "queue_full",
+    "handed_over",
 )
 
 _counts: Counter = Counter()

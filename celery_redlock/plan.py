@@ -96,6 +96,8 @@ class LockPlan:
         message's slot stands for its claim (see Redlock.throttle).
         """
         enqueue = self.settings.enqueue
+        if self.settings.on_duplicate == "queue" and headers.header(request, headers.QUEUED):
+            return "take"  # handed the key by its queue (see celery_redlock.queues)
         if enqueue == "until_finished":
             return "check"
         if enqueue == "until_started" and not request.retries:
@@ -149,7 +151,28 @@ def build_plan(task_cls: Any, app: Any) -> LockPlan:
             if plan.also or plan.also_rates:  # a Redis Cluster node: one call, one slot
                 together = [n for n, _ in plan.also] + [n for n, _ in plan.also_rates]
                 check_together(redlock.nodes, together, "lock_also")
+        _check_queue(settings, name)
         return plan
+
+
+#: Options that decide which calls run, which a queued key (every call runs) cannot honour.
+_NOT_WITH_QUEUE = ("enqueue", "debounce", "throttle")
+
+
+def _check_queue(settings: conf.LockSettings, task_name: str) -> None:
+    """``lock_queue_max`` needs ``queue``, and ``queue`` excludes claims, debounce, throttle."""
+    queued = settings.on_duplicate == "queue"
+    if settings.queue_max and not queued:
+        raise conf.ImproperlyConfigured(
+            f"{task_name}: lock_queue_max = {settings.queue_max} bounds a key's queue and "
+            f"needs lock_on_duplicate='queue' (it is {settings.on_duplicate!r})"
+        )
+    for option in _NOT_WITH_QUEUE if queued else ():
+        if getattr(settings, option) is not None:
+            raise conf.ImproperlyConfigured(
+                f"{task_name}: lock_on_duplicate='queue' runs every call in publish order, "
+                f"lock_{option} decides which calls run: choose one (unset lock_{option})"
+            )
 
 
 def set_plan(task_cls: Any, plan: LockPlan) -> None:

@@ -59,9 +59,9 @@ import sys
 from typing import Any
 
 from celery import Task, current_task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 
-from . import enqueue, metrics, policies, rates, republish, signals, tracing
+from . import enqueue, metrics, policies, queues, rates, republish, signals, tracing
 from .core import Lease, heartbeat
 from .django.base import LockedTaskType
 from .exceptions import LockLost
@@ -117,8 +117,12 @@ class LockedTask(Task, metaclass=LockedTaskType):
     lock_limit: int | None = None
     #: Setting ``redlock_min_replicas``.
     lock_min_replicas: int | None = None
-    #: Setting ``redlock_on_duplicate``: drop, retry, raise or wait.
+    #: Setting ``redlock_on_duplicate``: drop, retry, raise, wait or queue.
     lock_on_duplicate: str | None = None
+    #: Setting ``redlock_queue_max``: most calls of a key waiting (queue; 0: no bound).
+    lock_queue_max: int | None = None
+    #: Setting ``redlock_queue_retention``.
+    lock_queue_retention: float | None = None
     #: Setting ``redlock_retry_backoff``.
     lock_retry_backoff: float | None = None
     #: Setting ``redlock_retry_backoff_max``.
@@ -193,6 +197,11 @@ class LockedTask(Task, metaclass=LockedTaskType):
         clock = plan.redlock.clock
         started = clock()
         lease = policies.take(self, plan, name, request)
+        if queues.is_handed(plan, name, request) and not queues.started(
+            self, plan, name, request, lease
+        ):
+            _release(plan, lease, False, False)
+            raise Ignore("a copy of a queued call that already started")
         waited = clock() - started
         metrics.observe(waited, plan.lock_name)
         metrics.count("acquired", plan.lock_name)
@@ -212,6 +221,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
             raise
         finally:
             lost = tracing.ENABLED and lease.lost
+            if plan.settings.on_duplicate == "queue":
+                queues.hand_over(plan, name, lease.owner)  # before letting go: no gap
             _release(plan, lease, succeeded, retrying, not request.is_eager)
             tracing.released(plan.lock_name, lease, lost)
 
@@ -228,6 +239,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
         plan = plan_of(self)
         if plan is None or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
+        if plan.settings.on_duplicate == "queue":
+            return queues.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
         if plan.claims:
             return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
         if rates.applies(plan):  # its start booked at publish (see rates.publish)

@@ -22,6 +22,7 @@ from .exceptions import (
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
 from .nodes import check_together
+from .queues import HandOver, Parked
 from .quorum import DRIFT_FLOOR
 from .rate_view import peek_rate
 from .rates import reserve_place, reserve_rates
@@ -51,6 +52,7 @@ __all__ = [
     "ConfigurationError",
     "Deletion",
     "Finished",
+    "HandOver",
     "Holder",
     "Lease",
     "LockContended",
@@ -60,6 +62,7 @@ __all__ = [
     "LockNotAcquired",
     "NodeInfo",
     "NodeView",
+    "Parked",
     "QuorumUnavailable",
     "RateKey",
     "RateSlot",

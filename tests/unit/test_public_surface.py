@@ -1,6 +1,7 @@
 """Redlock's public surface does not move: its methods, their signatures, its
 attributes, Lease's, and the names celery_redlock exports, against a list
-recorded before the core was split into one module per primitive."""
+recorded before the core was split into one module per primitive (and grown
+since: the queues' park, queue_next and queue_keys)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,13 @@ RECORDED = {
             "lock": "(self, name: 'str', *, ttl: 'float', timeout: 'float | "
             "None' = None) -> 'Iterator[Lease]'",
             "node_info": "(self) -> 'list[NodeInfo]'",
+            "park": "(self, name: 'str', id: 'str', call: 'str', *, most: 'int', "
+            "retention: 'float') -> 'Parked'",
             "permit_keys": "(self, name: 'str', limit: 'int') -> 'list[str]'",
+            "queue_keys": "(self, name: 'str') -> 'tuple[str, str]'",
+            "queue_next": "(self, name: 'str', *, limit: 'int' = 1, drop: 'str' = '', "
+            "owner: 'str' = '', claim_ttl: 'float | None' = None, retention: 'float' = "
+            "1.0) -> 'HandOver'",
             "rate": "(self, name: 'str', rate: 'Any', *, burst: 'int' = 1, also: "
             "'Mapping[str, Any] | Iterable[tuple[str, Any]] | None' = None, now: "
             "'float | None' = None) -> 'RateSlot'",

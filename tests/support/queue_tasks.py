@@ -1,0 +1,45 @@
+"""The test tasks of ``lock_on_duplicate="queue"`` (added to the app of
+:mod:`tests.support.lockapp`): bodies that record their start and end with the
+call's sequence number, so a test can tell publish order from run order."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+from celery_redlock import LockedTask
+
+
+def add_queue_tasks(app: Celery, rec: Any, body: Any) -> None:
+    """Give ``app`` the queue tasks; ``body`` is lockapp's recording body."""
+
+    def task(**options: Any) -> Any:
+        options.setdefault("bind", True)
+        options.setdefault("lock_on", ("key",))
+        options.setdefault("lock_on_duplicate", "queue")
+        return app.task(base=LockedTask, shared=False, **options)
+
+    # A 500 ms node timeout: a node stalled on a busy host is no outage here.
+    @task(name="lockapp.queued", lock_node_timeout=0.5)
+    def queued(self, key, run, duration=0.1, seq=0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, seq=seq)
+
+    @task(name="lockapp.queued_max", lock_queue_max=5, lock_node_timeout=0.5)
+    def queued_max(self, key, run, duration=0.1, seq=0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, seq=seq)
+
+    @task(name="lockapp.queued_retry", lock_node_timeout=0.5, max_retries=1)
+    def queued_retry(self, key, run, duration=0.1, seq=0, fencing_token=None):
+        """Retries once from its body (``seq`` 0 only): it goes to the back of the queue."""
+        body(self, key, run, duration, fencing_token, seq=seq)
+        if seq == 0 and not self.request.retries:
+            raise self.retry(countdown=0)
+        return seq
+
+    @app.task(name="lockapp.plain", bind=True, shared=False)
+    def plain(self, run):
+        """No lock: when it starts tells how long unlocked work waited."""
+        rec.push(run, phase="start", id=self.request.id, pid=os.getpid(), start=time.time())
