@@ -23,6 +23,10 @@
 ``redlock_queued``
     The key a message was handed over for (``lock_on_duplicate="queue"``): the
     call waited in that key's queue, and its acquire takes the key's claim.
+``redlock_queue_watch``
+    The key a *watch* looks after: a message that runs no body, sent a while
+    after a call parked behind a holder, which hands the key over if its holder
+    died with its whole worker (see :mod:`celery_redlock.queues`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "CLAIM",
     "CLAIMED_ON",
     "QUEUED",
+    "QUEUE_WATCH",
     "RATE_AT",
     "RATE_WAITS",
     "SLOT",
@@ -51,6 +56,8 @@ CLAIM = "redlock_claim"
 CLAIMED_ON = "redlock_claimed_on"
 #: Message header naming the key whose queue handed a message over.
 QUEUED = "redlock_queued"
+#: Message header naming the key a queue's watch looks after.
+QUEUE_WATCH = "redlock_queue_watch"
 #: Message header carrying a throttled message's slot.
 SLOT = "redlock_slot"
 #: Message header carrying a rated message's booked start (see the module docstring).

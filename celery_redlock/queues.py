@@ -56,12 +56,24 @@ from . import metrics
 from .core import HandOver, Holder, Lease
 from .enqueue import in_canvas
 from .exceptions import QuorumUnavailable
-from .headers import ATTEMPT, QUEUED, attempt_of, header
+from .headers import ATTEMPT, QUEUE_WATCH, QUEUED, attempt_of, header
 from .plan import LockPlan
 
-__all__ = ["hand_over", "publish", "is_handed", "started", "wait_in_line"]
+__all__ = [
+    "WATCH_TTLS",
+    "hand_over",
+    "is_handed",
+    "is_watch",
+    "publish",
+    "started",
+    "wait_in_line",
+    "watch",
+]
 
 logger = logging.getLogger("celery_redlock.queues")
+
+#: Lock TTLs a watch waits before it looks at its key (see the module docstring).
+WATCH_TTLS = 1.5
 
 
 def publish(
@@ -83,7 +95,7 @@ def publish(
     while no quorum answers (logged at WARNING)."""
     headers = options.get("headers") or {}
     plain = options.get("countdown") or options.get("eta") or in_canvas(options)
-    if plain or QUEUED in headers or ATTEMPT in headers:
+    if plain or QUEUED in headers or ATTEMPT in headers or QUEUE_WATCH in headers:
         return send(args, kwargs, task_id=task_id, **options)
     name = plan.keys.build(args or (), kwargs or {})
     task_id = task_id or uuid()
@@ -106,7 +118,7 @@ def publish(
             task.backend.mark_as_revoked(task_id, reason)
         return task.AsyncResult(task_id)
     metrics.count("queued", plan.lock_name)
-    hand_over(plan, name)
+    _arm(plan, name, sig, hand_over(plan, name))
     return task.AsyncResult(task_id)
 
 
@@ -159,7 +171,7 @@ def wait_in_line(
     )
     # The holder may have let go between this call's acquire and its park, and
     # found nobody to hand the key to: hand it over now.
-    hand_over(plan, name)
+    _arm(plan, name, _signature(task, request, name), hand_over(plan, name))
     raise Ignore(f"waits in the queue of {name!r}")
 
 
@@ -183,10 +195,10 @@ def started(task: Any, plan: LockPlan, name: str, request: Any, lease: Lease) ->
     return handed.removed >= plan.redlock.quorum
 
 
-def hand_over(plan: LockPlan, name: str, owner: str = "") -> None:
+def hand_over(plan: LockPlan, name: str, owner: str = "") -> HandOver | None:
     """Hand ``name`` to the first call waiting, if a lock key of it is free (``owner``'s
     counts as free: a holder about to let go). Never raises: a hand-over that fails
-    is made by the next park or release."""
+    is made by the next park, release or watch (None then)."""
     settings = plan.settings
     try:
         handed = plan.redlock.queue_next(
@@ -198,8 +210,50 @@ def hand_over(plan: LockPlan, name: str, owner: str = "") -> None:
         )
     except Exception as exc:  # noqa: BLE001 - the lock's release must go on
         logger.warning("queue of %s not handed over: %s", name, exc)
-        return
+        return None
     _dispatch(plan, name, handed)
+    return handed
+
+
+def is_watch(plan: LockPlan, request: Any) -> str | None:
+    """The key this delivery watches, if it is a queue's watch (see the module docstring)."""
+    if plan.settings.on_duplicate != "queue":
+        return None
+    return header(request, QUEUE_WATCH)
+
+
+def watch(task: Any, plan: LockPlan, name: str, request: Any) -> NoReturn:
+    """A watch of ``name``'s queue: hand the key over if it is free (its holder died
+    with its worker), and send itself again while calls wait. Runs no body and
+    stores no state (raises ``Ignore``)."""
+    handed = hand_over(plan, name)
+    if handed is not None and handed.state in ("handed", "held", "pending"):
+        sig = task.signature_from_request(request, retries=request.retries)
+        _arm(plan, name, sig, handed, request.id)
+    raise Ignore(f"watched the queue of {name!r}")
+
+
+def _arm(
+    plan: LockPlan, name: str, sig: Any, handed: HandOver | None, watch_id: str | None = None
+) -> None:
+    """Send a watch of ``name`` due :data:`WATCH_TTLS` TTLs from now, when calls wait
+    behind a holder or a pending hand-over and the key has no watch yet (or it is
+    ``watch_id``'s: a watch sending itself again). Never raises."""
+    if handed is None or handed.state not in ("handed", "held", "pending"):
+        return
+    ttl = plan.settings.ttl
+    countdown = ttl * WATCH_TTLS
+    watch_id = watch_id or uuid()
+    try:
+        if not plan.redlock.claim(f"qwatch:{name}", watch_id, ttl=countdown + ttl):
+            return  # the key has a watch
+        options = sig.options
+        headers = {k: v for k, v in (options.get("headers") or {}).items() if k != QUEUED}
+        sig.clone().apply_async(
+            task_id=watch_id, headers={**headers, QUEUE_WATCH: name}, countdown=countdown
+        )
+    except Exception as exc:  # noqa: BLE001 - the next park arms one
+        logger.warning("queue of %s: no watch sent: %s", name, exc)
 
 
 def _dispatch(plan: LockPlan, name: str, handed: HandOver) -> None:

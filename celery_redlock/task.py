@@ -194,6 +194,9 @@ class LockedTask(Task, metaclass=LockedTaskType):
             self._refuse_if_unbound()
             return self.run(*args, **kwargs)
         name = plan.keys.build(args, kwargs)
+        watched = queues.is_watch(plan, request)
+        if watched:  # a queue's watch runs no body (see celery_redlock.queues)
+            queues.watch(self, plan, watched, request)
         clock = plan.redlock.clock
         started = clock()
         lease = policies.take(self, plan, name, request)

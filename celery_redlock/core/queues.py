@@ -67,6 +67,9 @@ class HandOver(NamedTuple):
     pending_for: float | None = None
     #: How many nodes took ``drop`` out of the queue.
     removed: int = 0
+    #: What a quorum answered: ``"handed"``, ``"pending"`` (a hand-over is), ``"held"``
+    #: (every lock key is), ``"empty"`` (nobody waits), or ``""`` (no quorum agrees).
+    state: str = ""
 
 
 class Queues:
@@ -159,12 +162,18 @@ class Queues:
             if votes >= q.needed:
                 mine = [r for _, r in handed if text(r[2]) == chosen]
                 call = next((text(r[3]) for r in mine if text(r[3])), None)
-                return HandOver(chosen, call, max(int(r[5]) for r in mine), removed=removed)
+                waiting = max(int(r[5]) for r in mine)
+                return HandOver(chosen, call, waiting, removed=removed, state="handed")
             if not handed:
                 break
             q.sleep(q.rng() * 0.005 * (attempt + 1))
         pending = agree([(text(r[2]), int(r[3])) for r in replies if _code(r) == 0], q.needed)
-        return HandOver(pending=pending.owner, pending_for=pending.remaining, removed=removed)
+        codes = Counter(_code(r) for r in replies if _code(r) in (0, 1, 2))
+        code, votes = codes.most_common(1)[0] if codes else (None, 0)
+        state = {0: "pending", 1: "held", 2: "empty"}.get(code, "") if votes >= q.needed else ""
+        return HandOver(
+            pending=pending.owner, pending_for=pending.remaining, removed=removed, state=state
+        )
 
     def _next_keys(self, name: str, limit: int) -> list[str]:
         return [

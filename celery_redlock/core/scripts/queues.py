@@ -54,8 +54,8 @@ return {1, redis.call('ZRANK', KEYS[1], ARGV[1]) + 1, string.format('%d', ticket
 # permit) is free, and an id waits, the claim is pointed at the first id
 # waiting (lowest ticket, then id), which stays in the queue until it starts.
 # Every reply begins with 1 if ARGV[1] was taken out, else 0; then
-# {., 0, claimant, pttl_ms} a hand-over is pending; {., 1, held} every lock
-# key is held; {., 2} nobody waits; {., 3, id, call, ticket, waiting} the claim
+# {., 0, claimant, pttl_ms} a hand-over is pending; {., 2} nobody waits;
+# {., 1, held} every lock key is held; {., 3, id, call, ticket, waiting} the claim
 # now names id (waiting counts it); {., 4} taken out only.
 QUEUE_NEXT = Script(
     "queue_next",
@@ -70,14 +70,14 @@ local claim = redis.call('GET', KEYS[1])
 if claim and string.sub(claim, 1, 1) ~= '~' then
   return {out, 0, claim, redis.call('PTTL', KEYS[1])}
 end
+local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #head == 0 then return {out, 2} end
 local held = 0
 for i = 4, #KEYS do
   local v = redis.call('GET', KEYS[i])
   if v and v ~= ARGV[2] then held = held + 1 end
 end
 if held >= #KEYS - 3 then return {out, 1, held} end
-local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if #head == 0 then return {out, 2} end
 redis.call('SET', KEYS[1], head[1], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])

@@ -470,4 +470,6 @@ def test_queues_park_in_order_and_hand_over_as_redis_does(both):
         next_(id, "", "")
     both.cmd("DEL", claim, lock, permit)
     assert next_() == [0, 2]  # nobody waits
+    both.cmd("SET", lock, "t4|a", "NX", "PX", 30000)
+    assert next_() == [0, 2]  # nobody waits, whoever holds the key
     both.same_contents()

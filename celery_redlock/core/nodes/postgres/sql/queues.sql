@@ -53,13 +53,13 @@ BEGIN
     IF claim IS NOT NULL AND left(claim, 1) <> '~' THEN
         RETURN jsonb_build_array(out, 0, claim, {schema}.r_pttl(k[1]));
     END IF;
+    SELECT member, score INTO head FROM {schema}.zmembers(k[2]) LIMIT 1;
+    IF NOT FOUND THEN RETURN jsonb_build_array(out, 2); END IF;
     FOR i IN 4 .. array_length(k, 1) LOOP
         v := {schema}.r_get(k[i]);
         IF v IS NOT NULL AND v IS DISTINCT FROM a[2] THEN held := held + 1; END IF;
     END LOOP;
     IF held >= array_length(k, 1) - 3 THEN RETURN jsonb_build_array(out, 1, held); END IF;
-    SELECT member, score INTO head FROM {schema}.zmembers(k[2]) LIMIT 1;
-    IF NOT FOUND THEN RETURN jsonb_build_array(out, 2); END IF;
     PERFORM {schema}.r_set(k[1], head.member, a[3]::bigint);
     PERFORM {schema}.r_pexpire(k[2], a[4]::bigint);
     PERFORM {schema}.r_pexpire(k[3], a[4]::bigint);
