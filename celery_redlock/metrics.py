@@ -62,6 +62,7 @@ EVENTS = (
     "queued",
     "queue_full",
     "handed_over",
+    "superseded",
 )
 
 _counts: Counter = Counter()

@@ -26,6 +26,10 @@ are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
     Every call runs, one at a time, in publish order: a call of a held key
     waits in the key's queue, holding no worker slot, until the holder's
     release hands it the key (see :mod:`celery_redlock.queues`).
+``supersede``
+    The newest call wins: it replaces the calls waiting (REVOKED at once) and
+    asks the running one to stop at its next ``check()`` (see
+    :mod:`celery_redlock.queues`).
 ``wait``
     The worker polls, with jittered backoff, for up to ``lock_wait_timeout``
     seconds, then gives up as ``lock_on_exhausted`` says. It keeps a worker
@@ -147,14 +151,14 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
             return waited
         _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     policy = settings.on_duplicate
-    if policy == "queue" and not request.is_eager:
+    if plan.queued and not request.is_eager:
         queues.wait_in_line(task, plan, name, request, result, _drop, _republish)
     if policy == "retry" and not request.is_eager:
         placed = _place(task, plan, name, request) if rates.applies(plan) else None
         if placed is not None:
             return placed
         _retry(task, plan, name, result)
-    if policy in ("wait", "retry", "queue"):
+    if policy in ("wait", "retry") or plan.queued:
         waited = _wait(task, plan, name, result, settings.wait_timeout)
         if isinstance(waited, Lease):
             return waited

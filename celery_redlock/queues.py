@@ -52,7 +52,7 @@ from typing import Any, NoReturn
 from celery.exceptions import Ignore
 from kombu.utils import json, uuid
 
-from . import metrics
+from . import metrics, supersede
 from .core import HandOver, Holder, Lease
 from .enqueue import in_canvas
 from .exceptions import QuorumUnavailable
@@ -105,7 +105,12 @@ def publish(
     settings = plan.settings
     try:
         parked = plan.redlock.park(
-            name, task_id, call, most=settings.queue_max, retention=settings.queue_retention
+            name,
+            task_id,
+            call,
+            most=settings.queue_max,
+            retention=settings.queue_retention,
+            supersede=plan.superseding,
         )
     except QuorumUnavailable as exc:
         logger.warning("%s[%s]: not parked in the queue of %s: %s", task.name, task_id, name, exc)
@@ -118,6 +123,7 @@ def publish(
             task.backend.mark_as_revoked(task_id, reason)
         return task.AsyncResult(task_id)
     metrics.count("queued", plan.lock_name)
+    supersede.replaced(task, plan, name, parked.superseded, task_id)
     _arm(plan, name, sig, hand_over(plan, name))
     return task.AsyncResult(task_id)
 
@@ -129,7 +135,7 @@ def _full(name: str, waiting: int, most: int) -> str:
 
 def is_handed(plan: LockPlan, name: str, request: Any) -> bool:
     """Whether this delivery was handed ``name`` by its queue (it takes the key's claim)."""
-    return plan.settings.on_duplicate == "queue" and header(request, QUEUED) == name
+    return plan.queued and header(request, QUEUED) == name
 
 
 def wait_in_line(
@@ -151,7 +157,12 @@ def wait_in_line(
     call = json.dumps({"sig": dict(_signature(task, request, name)), "at": time.time()})
     try:
         parked = plan.redlock.park(
-            name, request.id, call, most=settings.queue_max, retention=settings.queue_retention
+            name,
+            request.id,
+            call,
+            most=settings.queue_max,
+            retention=settings.queue_retention,
+            supersede=plan.superseding,
         )
     except QuorumUnavailable as exc:
         metrics.count("outage", plan.lock_name)
@@ -166,6 +177,7 @@ def wait_in_line(
             reason=_full(name, parked.waiting, settings.queue_max),
         )
     metrics.count("queued", plan.lock_name)
+    supersede.replaced(task, plan, name, parked.superseded, request.id)
     logger.info(
         "%s[%s] waits in the queue of %s, place %d", task.name, request.id, name, parked.position
     )
@@ -217,7 +229,7 @@ def hand_over(plan: LockPlan, name: str, owner: str = "") -> HandOver | None:
 
 def is_watch(plan: LockPlan, request: Any) -> str | None:
     """The key this delivery watches, if it is a queue's watch (see the module docstring)."""
-    if plan.settings.on_duplicate != "queue":
+    if not plan.queued:
         return None
     return header(request, QUEUE_WATCH)
 

@@ -24,7 +24,12 @@ How it works, per execution, on the worker:
    ``lock_heartbeat_interval`` (ttl / 3). If a renewal loses the quorum, the
    lease is marked lost: ``self.request.redlock.lost`` turns True,
    ``check()`` raises :class:`~celery_redlock.exceptions.LockLost`, and the
-   :data:`~celery_redlock.signals.lock_lost` signal is sent.
+   :data:`~celery_redlock.signals.lock_lost` signal is sent. Under
+   ``lock_on_duplicate="supersede"`` a newer call of the key makes ``check()``
+   raise :class:`~celery_redlock.exceptions.LockSuperseded` (a ``LockLost``)
+   after the next renewal, and the
+   :data:`~celery_redlock.signals.lock_superseded` signal is sent; a body that
+   lets it propagate ends REVOKED naming its successor.
 4. The body gets the lease as ``self.request.redlock`` (or
    :func:`current_lease` in an unbound task), and its fencing token as the
    ``fencing_token`` keyword when ``run`` declares that parameter with a
@@ -61,10 +66,20 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Ignore, Retry
 
-from . import enqueue, metrics, policies, queues, rates, republish, signals, tracing
+from . import (
+    enqueue,
+    metrics,
+    policies,
+    queues,
+    rates,
+    republish,
+    signals,
+    supersede,
+    tracing,
+)
 from .core import Lease, heartbeat
 from .django.base import LockedTaskType
-from .exceptions import LockLost
+from .exceptions import LockLost, LockSuperseded
 from .plan import LockPlan, build_plan, plan_of, set_plan
 
 __all__ = ["LockPlan", "LockedTask", "current_lease"]
@@ -204,7 +219,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
             self, plan, name, request, lease
         ):
             _release(plan, lease, False, False)
-            raise Ignore("a copy of a queued call that already started")
+            queues.hand_over(plan, name)
+            raise Ignore("a queued call that started already, or was superseded")
         waited = clock() - started
         metrics.observe(waited, plan.lock_name)
         metrics.count("acquired", plan.lock_name)
@@ -212,7 +228,10 @@ class LockedTask(Task, metaclass=LockedTaskType):
         succeeded = retrying = False
         try:
             request.redlock = lease
-            heartbeat.hold(lease, plan.settings.heartbeat_interval, self._lock_lost)
+            probe = (
+                supersede.probe(self, plan, name, self._superseded) if plan.superseding else None
+            )
+            heartbeat.hold(lease, plan.settings.heartbeat_interval, self._lock_lost, probe)
             if plan.token_arg is not None:
                 # This call's own dict (``**kwargs`` always is): request.kwargs stays as sent.
                 kwargs[plan.token_arg] = lease.fencing_token
@@ -222,9 +241,13 @@ class LockedTask(Task, metaclass=LockedTaskType):
         except Retry:
             retrying = True
             raise
+        except LockSuperseded as exc:
+            if exc.successor != lease.superseded_by:
+                raise  # not this lease's (another task's, re-raised in this body)
+            supersede.superseded(self, plan, request, exc)
         finally:
             lost = tracing.ENABLED and lease.lost
-            if plan.settings.on_duplicate == "queue":
+            if plan.queued:
                 queues.hand_over(plan, name, lease.owner)  # before letting go: no gap
             _release(plan, lease, succeeded, retrying, not request.is_eager)
             tracing.released(plan.lock_name, lease, lost)
@@ -242,7 +265,7 @@ class LockedTask(Task, metaclass=LockedTaskType):
         plan = plan_of(self)
         if plan is None or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        if plan.settings.on_duplicate == "queue":
+        if plan.queued:
             return queues.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
         if plan.claims:
             return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
@@ -287,6 +310,10 @@ class LockedTask(Task, metaclass=LockedTaskType):
         if plan is not None:
             metrics.count("lost", plan.lock_name)
         signals.lock_lost.send(sender=self, lease=lease)
+
+    def _superseded(self, lease: Lease, successor: str) -> None:
+        """A newer call asked this holder to stop: send the ``lock_superseded`` signal."""
+        signals.lock_superseded.send(sender=self, lease=lease, successor=successor)
 
     @property
     def redlock(self) -> Lease | None:

@@ -16,13 +16,14 @@ from .exceptions import (
     LockKeyError,
     LockLost,
     LockNotAcquired,
+    LockSuperseded,
     QuorumUnavailable,
     RedlockError,
 )
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
 from .nodes import check_together
-from .queues import HandOver, Parked
+from .queues import HandOver, Parked, QueueView
 from .quorum import DRIFT_FLOOR
 from .rate_view import peek_rate
 from .rates import reserve_place, reserve_rates
@@ -60,9 +61,11 @@ __all__ = [
     "LockKeyError",
     "LockLost",
     "LockNotAcquired",
+    "LockSuperseded",
     "NodeInfo",
     "NodeView",
     "Parked",
+    "QueueView",
     "QuorumUnavailable",
     "RateKey",
     "RateSlot",

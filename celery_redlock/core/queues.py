@@ -33,7 +33,7 @@ from .quorum import Quorum
 from .records import agree
 from .values import ms, positive, text
 
-__all__ = ["HandOver", "Parked", "Queues"]
+__all__ = ["HandOver", "Parked", "QueueView", "Queues"]
 
 #: Rounds a hand-over spends when concurrent hand-overs split the nodes.
 NEXT_ROUNDS = 3
@@ -50,6 +50,21 @@ class Parked(NamedTuple):
     ticket: int = 0
     #: When full: how many calls wait.
     waiting: int = 0
+    #: With ``supersede``: the ids that waited before and were taken out.
+    superseded: tuple[str, ...] = ()
+
+
+class QueueView(NamedTuple):
+    """What :meth:`Queues.peek` saw of a queue."""
+
+    #: How many calls wait (the most any answering node holds).
+    waiting: int
+    #: The first id waiting, as a quorum sees it (None: nobody, or no agreement).
+    next: str | None = None
+    #: Its call, as parked.
+    call: str | None = None
+    #: How many nodes answered.
+    answered: int = 0
 
 
 class HandOver(NamedTuple):
@@ -85,12 +100,23 @@ class Queues:
         """The queue's two keys: the ids by ticket, and the calls."""
         return self.keyspace.coalesce_key(name, "queue"), self.keyspace.coalesce_key(name, "qcalls")
 
-    def park(self, name: str, id: str, call: str, *, most: int, retention: float) -> Parked:
+    def park(
+        self,
+        name: str,
+        id: str,
+        call: str,
+        *,
+        most: int,
+        retention: float,
+        supersede: bool = False,
+    ) -> Parked:
         """Put ``id`` (and ``call``, to start it again) at the back of ``name``'s queue.
 
         An id already waiting keeps its place. With ``most`` > 0, a queue that
         already holds ``most`` ids takes no more: ``Parked(False, waiting=n)``,
-        and the id is taken out wherever it went in.
+        and the id is taken out wherever it went in. With ``supersede``, every
+        other id waiting is taken out first (the newest call wins): they are
+        :attr:`Parked.superseded`.
 
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
@@ -98,19 +124,22 @@ class Queues:
         positive("retention", retention)
         q = self.quorum
         keys = self.queue_keys(name)
-        args = [id, call, str(max(0, most)), str(ms(retention)), ""]
+        args = [id, call, str(max(0, most)), str(ms(retention)), "", "1" if supersede else ""]
         replies = q.run(scripts.QUEUE_PARK, keys, args)
         parked = [r for r in replies if isinstance(r, list) and r[0] == 1]
+        taken = tuple(sorted({text(i) or "" for r in parked for i in r[3:]}))
         if q.has_quorum(len(parked)):
             ticket = max(int(text(r[2]) or 0) for r in parked)
             if sum(1 for r in parked if int(text(r[2]) or 0) == ticket) < q.needed:
-                args[4] = str(ticket)  # write the largest back: one order on a quorum
+                # write the largest back: one order on a quorum (taking out nobody
+                # now: a call parked since is newer, and stays)
+                args[4], args[5] = str(ticket), ""
                 replies = q.run(scripts.QUEUE_PARK, keys, args)
                 parked = [r for r in replies if isinstance(r, list) and r[0] == 1]
                 agreed = [r for r in parked if int(text(r[2]) or 0) == ticket]
                 if not q.has_quorum(len(agreed)):
                     q.check(replies)
-            return Parked(True, max(int(r[1]) for r in parked), ticket)
+            return Parked(True, max(int(r[1]) for r in parked), ticket, superseded=taken)
         wrote = [n for n, r in zip(q.nodes, replies) if isinstance(r, list) and r[0] == 1]
         if wrote:
             q.run(scripts.QUEUE_NEXT, (*self._next_keys(name, 1),), (id, "", "", "1"), wrote)
@@ -174,6 +203,24 @@ class Queues:
         return HandOver(
             pending=pending.owner, pending_for=pending.remaining, removed=removed, state=state
         )
+
+    def peek(self, name: str) -> QueueView:
+        """How many calls wait in ``name``'s queue, and the first of them. Read only.
+
+        Raises:
+            QuorumUnavailable: fewer than a quorum of nodes answered.
+        """
+        q = self.quorum
+        replies = q.run(scripts.QUEUE_PEEK, self.queue_keys(name), ())
+        q.check(replies)
+        answers = [r for r in replies if isinstance(r, list)]
+        heads = Counter(text(r[1]) for r in answers if r[1])
+        first, votes = heads.most_common(1)[0] if heads else (None, 0)
+        if votes < q.needed:
+            first = None
+        call = next((text(r[2]) for r in answers if r[1] and text(r[1]) == first), None)
+        waiting = max((int(r[0]) for r in answers), default=0)
+        return QueueView(waiting, first, call, len(answers))
 
     def _next_keys(self, name: str, limit: int) -> list[str]:
         return [

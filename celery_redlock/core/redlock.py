@@ -246,6 +246,7 @@ class Redlock:
     park = _handed("_queues", Queues.park)
     queue_next = _handed("_queues", Queues.next)
     queue_keys = _handed("_queues", Queues.queue_keys)
+    queue_peek = _handed("_queues", Queues.peek)
     # Rate reservations (see celery_redlock.core.rates).
     rate = _handed("_rates", Rates.rate)
 

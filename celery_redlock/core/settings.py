@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: What a duplicate execution does while the key is held.
-POLICIES = ("drop", "retry", "raise", "wait", "queue")
+POLICIES = ("drop", "retry", "raise", "wait", "queue", "supersede")
 #: What ``retry`` and ``wait`` fall back to when their attempts or time run out.
 EXHAUSTED = ("drop", "raise")
 #: How long an enqueue claim lives (``None``: no claim).
@@ -268,8 +268,9 @@ SETTINGS: tuple[Setting, ...] = (
         "redlock_on_duplicate",
         "drop",
         _choice(POLICIES),
-        "What a second execution of a held key does: drop, retry, raise, wait, or queue "
-        "(every call runs, one at a time, in publish order; see the queues page).",
+        "What a second execution of a held key does: drop, retry, raise, wait, queue "
+        "(every call runs, one at a time, in publish order) or supersede (the newest call "
+        "asks the running one to stop, and replaces the waiting ones); see the queues page.",
     ),
     Setting(
         "redlock_retry_backoff",

@@ -10,7 +10,11 @@ from typing import Any
 
 from celery import Celery
 
-from celery_redlock import LockedTask
+from celery_redlock import LockedTask, LockSuperseded
+from celery_redlock.signals import lock_superseded
+
+#: The recorder run the ``lock_superseded`` signal's receiver writes to.
+SIGNALS_RUN = "queue-tasks-superseded-signals"
 
 
 def add_queue_tasks(app: Celery, rec: Any, body: Any) -> None:
@@ -38,6 +42,35 @@ def add_queue_tasks(app: Celery, rec: Any, body: Any) -> None:
         if seq == 0 and not self.request.retries:
             raise self.retry(countdown=0)
         return seq
+
+    @task(name="lockapp.superseded_checking", lock_on_duplicate="supersede", lock_node_timeout=0.5)
+    def superseded_checking(self, key, run, duration=0.1, seq=0, fencing_token=None):
+        """Checks its lease every 0.1 s; records when a newer call stopped it."""
+        lease = self.request.redlock
+        start = time.time()
+        rec.push(run, phase="start", id=self.request.id, seq=seq, start=start, token=fencing_token)
+        while time.time() < start + duration:
+            try:
+                lease.check()
+            except LockSuperseded as exc:
+                rec.push(run, phase="stopped", id=self.request.id, seq=seq, start=start,
+                         end=time.time(), successor=exc.successor)  # fmt: skip
+                raise
+            time.sleep(0.1)
+        rec.push(run, phase="end", id=self.request.id, seq=seq, start=start, end=time.time(),
+                 token=fencing_token)  # fmt: skip
+        return seq
+
+    @task(name="lockapp.superseded_plain", lock_on_duplicate="supersede", lock_node_timeout=0.5)
+    def superseded_plain(self, key, run, duration=0.1, seq=0, fencing_token=None):
+        """Never checks its lease: runs to its end whatever newer calls ask."""
+        return body(self, key, run, duration, fencing_token, seq=seq)
+
+    def on_superseded(sender: Any = None, lease: Any = None, successor: Any = None, **_: Any):
+        rec.push(SIGNALS_RUN, phase="signal", id=lease.task_id, successor=successor,
+                 at=time.time())  # fmt: skip
+
+    lock_superseded.connect(on_superseded, weak=False, dispatch_uid="queue-tasks-superseded")
 
     @app.task(name="lockapp.plain", bind=True, shared=False)
     def plain(self, run):

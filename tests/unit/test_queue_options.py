@@ -51,3 +51,13 @@ def test_a_bad_lock_queue_max_fails_naming_it(value):
 def test_a_misspelt_policy_names_queue_among_the_choices():
     with pytest.raises(ImproperlyConfigured, match="queue"):
         bind(lock_on_duplicate="queued")
+
+
+def test_supersede_binds_and_replaces_one_holder_only():
+    assert plan_of(bind(lock_on_duplicate="supersede")).superseding
+    with pytest.raises(ImproperlyConfigured, match="lock_limit = 2"):
+        bind(lock_on_duplicate="supersede", lock_limit=2)
+    with pytest.raises(ImproperlyConfigured, match="lock_queue_max"):
+        bind(lock_on_duplicate="supersede", lock_queue_max=3)
+    with pytest.raises(ImproperlyConfigured, match="unset lock_debounce"):
+        bind(lock_on_duplicate="supersede", lock_debounce=1.0)

@@ -23,7 +23,7 @@ from .claims import CLAIM, CLAIM_NEXT, DEBOUNCE, THROTTLE
 from .inspect import INSPECT, PEEK
 from .lease import ACQUIRE, EXTEND, FENCE, ISSUE, RELEASE, RELEASE_PREFIX
 from .permits import ACQUIRE_PERMIT
-from .queues import QUEUE_NEXT, QUEUE_PARK
+from .queues import QUEUE_NEXT, QUEUE_PARK, QUEUE_PEEK
 from .rates import ACQUIRE_PERMIT_RATED, ACQUIRE_RATED, RATE, UNSTART
 from .shared import Script
 
@@ -42,6 +42,7 @@ __all__ = [
     "PEEK",
     "QUEUE_NEXT",
     "QUEUE_PARK",
+    "QUEUE_PEEK",
     "RATE",
     "RELEASE",
     "RELEASE_PREFIX",

@@ -5,23 +5,35 @@ from __future__ import annotations
 
 from .shared import Script
 
-__all__ = ["QUEUE_NEXT", "QUEUE_PARK"]
+__all__ = ["QUEUE_NEXT", "QUEUE_PARK", "QUEUE_PEEK"]
 
 # KEYS[1] queue: a sorted set of waiting ids, scored by ticket; KEYS[2] calls:
 # a hash of id -> the call to publish, and '#', the last ticket issued.
 # ARGV[1] id, ARGV[2] the call, ARGV[3] most ids waiting (0: no bound),
 # ARGV[4] how long both keys outlive their last change, in ms, ARGV[5] a ticket
-# agreed by a quorum ('' for none).
+# agreed by a quorum ('' for none), ARGV[6] '1' when the newest call wins.
 # Park: ARGV[1] waits behind every id parked on this node before it; its ticket
 # is the node's next one, raised to ARGV[5] (the write-back that makes nodes
 # agree on one order: the largest ticket of the first round), and the node's
 # last ticket never goes back. An id already waiting keeps its place (a re-sent
 # call), its ticket only raised.
-# Returns {1, position (1 first), ticket} once ARGV[1] waits, {0, waiting} when
-# ARGV[3] ids already wait and ARGV[1] is not one of them.
+# With ARGV[6] '1' (supersede), every other id waiting is taken out first: the
+# reply names them after the ticket.
+# Returns {1, position (1 first), ticket, taken out...} once ARGV[1] waits,
+# {0, waiting} when ARGV[3] ids already wait and ARGV[1] is not one of them.
 QUEUE_PARK = Script(
     "queue_park",
     """
+local out = {}
+if ARGV[6] == '1' then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    if id ~= ARGV[1] then
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      table.insert(out, id)
+    end
+  end
+end
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local floor = tonumber(ARGV[5])
 local ticket
@@ -40,7 +52,9 @@ if ticket > (tonumber(redis.call('HGET', KEYS[2], '#')) or 0) then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return {1, redis.call('ZRANK', KEYS[1], ARGV[1]) + 1, string.format('%d', ticket)}
+local reply = {1, redis.call('ZRANK', KEYS[1], ARGV[1]) + 1, string.format('%d', ticket)}
+for _, id in ipairs(out) do table.insert(reply, id) end
+return reply
 """,
 )
 
@@ -83,5 +97,16 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 local call = redis.call('HGET', KEYS[3], head[1]) or ''
 return {out, 3, head[1], call, head[2], redis.call('ZCARD', KEYS[2])}
+""",
+)
+
+# KEYS[1] queue, KEYS[2] calls (see QUEUE_PARK). Read only.
+# Returns {waiting, first id or false, its call or false, its ticket or false}.
+QUEUE_PEEK = Script(
+    "queue_peek",
+    """
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head == 0 then return {0, false, false, false} end
+return {redis.call('ZCARD', KEYS[1]), head[1], redis.call('HGET', KEYS[2], head[1]), head[2]}
 """,
 )

@@ -451,6 +451,8 @@ def test_queues_park_in_order_and_hand_over_as_redis_does(both):
     assert park("a") == [1, 1, b"1"]  # re-sent: keeps its place
     assert park("c", floor="7") == [1, 3, b"7"]  # the agreed ticket written back
     assert park("d") == [0, 3]  # full
+    peek = both.op(scripts.QUEUE_PEEK, [queue, calls], [])
+    assert peek == [3, b"a", b"call-a", b"1"]
     assert park("d", most=0) == [1, 4, b"8"]  # the last ticket never goes back
     both.cmd("SET", lock, "t1|a", "NX", "PX", 30000)
     assert next_() == [0, 1, 1]  # held
@@ -472,4 +474,11 @@ def test_queues_park_in_order_and_hand_over_as_redis_does(both):
     assert next_() == [0, 2]  # nobody waits
     both.cmd("SET", lock, "t4|a", "NX", "PX", 30000)
     assert next_() == [0, 2]  # nobody waits, whoever holds the key
+    assert both.op(scripts.QUEUE_PEEK, [queue, calls], []) == [0, None, None, None]
+    # supersede: the newest park takes every other waiting id out, and names them
+    park("e", most=0)
+    park("f", most=0)
+    newest = both.op(scripts.QUEUE_PARK, [queue, calls], ["g", "call-g", 0, 60000, "", "1"])
+    assert newest[:2] == [1, 1] and sorted(newest[3:]) == [b"e", b"f"]
+    assert both.op(scripts.QUEUE_PEEK, [queue, calls], [])[:2] == [1, b"g"]
     both.same_contents()

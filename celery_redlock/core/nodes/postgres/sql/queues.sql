@@ -14,7 +14,16 @@ DECLARE
     floor numeric := {schema}.num(a[5]);
     ticket numeric;
     waiting bigint;
+    taken jsonb := '[]'::jsonb;
+    other text;
 BEGIN
+    IF a[6] = '1' THEN
+        FOR other IN SELECT member FROM {schema}.zmembers(k[1]) WHERE member <> a[1] LOOP
+            PERFORM {schema}.r_zrem(k[1], other);
+            PERFORM {schema}.r_hdel(k[2], other);
+            taken := taken || to_jsonb(other);
+        END LOOP;
+    END IF;
     IF score IS NOT NULL THEN
         ticket := score;
     ELSE
@@ -32,7 +41,7 @@ BEGIN
     END IF;
     PERFORM {schema}.r_pexpire(k[1], a[4]::bigint);
     PERFORM {schema}.r_pexpire(k[2], a[4]::bigint);
-    RETURN jsonb_build_array(1, {schema}.zrank(k[1], a[1]) + 1, trunc(ticket)::text);
+    RETURN jsonb_build_array(1, {schema}.zrank(k[1], a[1]) + 1, trunc(ticket)::text) || taken;
 END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.queue_next(k text[], a text[]) RETURNS jsonb
@@ -66,4 +75,15 @@ BEGIN
     RETURN jsonb_build_array(out, 3, head.member, coalesce({schema}.r_hget(k[3], head.member), ''),
                              trunc(head.score)::bigint::text,
                              (SELECT count(*) FROM {schema}.zmembers(k[2])));
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.queue_peek(k text[], a text[]) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    head record;
+BEGIN
+    SELECT member, score INTO head FROM {schema}.zmembers(k[1]) LIMIT 1;
+    IF NOT FOUND THEN RETURN '[0, null, null, null]'; END IF;
+    RETURN jsonb_build_array((SELECT count(*) FROM {schema}.zmembers(k[1])), head.member,
+                             {schema}.r_hget(k[2], head.member), trunc(head.score)::bigint::text);
 END $$;
