@@ -66,6 +66,7 @@ __all__ = [
     "is_watch",
     "publish",
     "started",
+    "status",
     "wait_in_line",
     "watch",
 ]
@@ -293,3 +294,39 @@ def _signature(task: Any, request: Any, name: str) -> Any:
     lock attempt kept and the ``redlock_queued`` header naming the key."""
     headers = {**(request.headers or {}), ATTEMPT: attempt_of(request), QUEUED: name}
     return task.signature_from_request(request, retries=request.retries, headers=headers)
+
+
+# -- celery redlock status -----------------------------------------------------
+
+
+def status(client: Any, settings: Any, name: str) -> tuple[list, Any]:
+    """What ``celery redlock status`` shows of a queued key (``queue``, ``supersede``):
+    table rows and a JSON value; none for another policy. ``client`` a Redlock."""
+    if settings.on_duplicate not in ("queue", "supersede"):
+        return [], None
+    try:
+        view = client.queue_peek(name)
+        pending = client.claimant(name)
+    except QuorumUnavailable as exc:
+        return [["Queue:", f"unknown: {exc}"]], {"error": str(exc)}
+    oldest = None
+    if view.call:
+        try:
+            oldest = max(0.0, time.time() - float(json.loads(view.call)["at"]))
+        except (ValueError, KeyError, TypeError):
+            oldest = None
+    rows = [["Queue:", f"{view.waiting} waiting ({settings.on_duplicate})"]]
+    if view.next is not None:
+        age = "" if oldest is None else f", waiting for {oldest:.1f} s"
+        rows.append(["Next call:", f"task {view.next}{age}"])
+    if pending.claimant is not None:
+        rows.append(["Handed to:", f"task {pending.claimant} (not started yet)"])
+    out = {
+        "policy": settings.on_duplicate,
+        "waiting": view.waiting,
+        "next": view.next,
+        "oldest_age": oldest,
+        "handed_to": pending.claimant,
+        "answered": view.answered,
+    }
+    return rows, out
