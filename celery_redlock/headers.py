@@ -23,6 +23,9 @@
 ``redlock_queued``
     The key a message was handed over for (``lock_on_duplicate="queue"``): the
     call waited in that key's queue, and its acquire takes the key's claim.
+``redlock_parked_at``
+    When a queued call was parked (epoch seconds): its start observes how long
+    it waited (the ``celery_redlock_queue_wait_seconds`` histogram).
 ``redlock_queue_watch``
     The key a *watch* looks after: a message that runs no body, sent a while
     after a call parked behind a holder, which hands the key over if its holder
@@ -37,6 +40,7 @@ __all__ = [
     "ATTEMPT",
     "CLAIM",
     "CLAIMED_ON",
+    "PARKED_AT",
     "QUEUED",
     "QUEUE_WATCH",
     "RATE_AT",
@@ -58,6 +62,8 @@ CLAIMED_ON = "redlock_claimed_on"
 QUEUED = "redlock_queued"
 #: Message header naming the key a queue's watch looks after.
 QUEUE_WATCH = "redlock_queue_watch"
+#: Message header carrying when a queued call was parked.
+PARKED_AT = "redlock_parked_at"
 #: Message header carrying a throttled message's slot.
 SLOT = "redlock_slot"
 #: Message header carrying a rated message's booked start (see the module docstring).

@@ -56,7 +56,7 @@ from . import metrics, supersede
 from .core import HandOver, Holder, Lease
 from .enqueue import in_canvas
 from .exceptions import QuorumUnavailable
-from .headers import ATTEMPT, QUEUE_WATCH, QUEUED, attempt_of, header
+from .headers import ATTEMPT, PARKED_AT, QUEUE_WATCH, QUEUED, attempt_of, header
 from .plan import LockPlan
 
 __all__ = [
@@ -100,9 +100,10 @@ def publish(
         return send(args, kwargs, task_id=task_id, **options)
     name = plan.keys.build(args or (), kwargs or {})
     task_id = task_id or uuid()
-    marked = {**headers, QUEUED: name}
+    now = time.time()
+    marked = {**headers, QUEUED: name, PARKED_AT: now}
     sig = task.signature(args, kwargs, **{**options, "task_id": task_id, "headers": marked})
-    call = json.dumps({"sig": dict(sig), "at": time.time()})
+    call = json.dumps({"sig": dict(sig), "at": now})
     settings = plan.settings
     try:
         parked = plan.redlock.park(
@@ -205,6 +206,9 @@ def started(task: Any, plan: LockPlan, name: str, request: Any, lease: Lease) ->
         logger.warning("%s[%s]: queue of %s not updated: %s", task.name, request.id, name, exc)
         return True  # it started; its entry is taken out by no one: a later hand-over skips it
     _dispatch(plan, name, handed)
+    parked_at = header(request, PARKED_AT)
+    if isinstance(parked_at, (int, float)):
+        metrics.observe_queue_wait(max(0.0, time.time() - parked_at), plan.lock_name)
     return handed.removed >= plan.redlock.quorum
 
 
@@ -292,7 +296,12 @@ def _dispatch(plan: LockPlan, name: str, handed: HandOver) -> None:
 def _signature(task: Any, request: Any, name: str) -> Any:
     """The message that starts this call again: Celery's own for a retry, with its
     lock attempt kept and the ``redlock_queued`` header naming the key."""
-    headers = {**(request.headers or {}), ATTEMPT: attempt_of(request), QUEUED: name}
+    headers = {
+        **(request.headers or {}),
+        ATTEMPT: attempt_of(request),
+        QUEUED: name,
+        PARKED_AT: time.time(),
+    }
     return task.signature_from_request(request, retries=request.retries, headers=headers)
 
 
