@@ -244,19 +244,24 @@ def watch(task: Any, plan: LockPlan, name: str, request: Any) -> NoReturn:
     with its worker), and send itself again while calls wait. Runs no body and
     stores no state (raises ``Ignore``)."""
     handed = hand_over(plan, name)
-    if handed is not None and handed.state in ("handed", "held", "pending"):
+    if handed is not None and _behind(handed):
         sig = task.signature_from_request(request, retries=request.retries)
         _arm(plan, name, sig, handed, request.id)
     raise Ignore(f"watched the queue of {name!r}")
+
+
+def _behind(handed: HandOver) -> bool:
+    """Whether calls wait behind a holder or a hand-over (a watch has work to do)."""
+    return handed.state in ("held", "pending") or (handed.state == "handed" and handed.waiting > 1)
 
 
 def _arm(
     plan: LockPlan, name: str, sig: Any, handed: HandOver | None, watch_id: str | None = None
 ) -> None:
     """Send a watch of ``name`` due :data:`WATCH_TTLS` TTLs from now, when calls wait
-    behind a holder or a pending hand-over and the key has no watch yet (or it is
+    behind a holder or a hand-over and the key has no watch yet (or it is
     ``watch_id``'s: a watch sending itself again). Never raises."""
-    if handed is None or handed.state not in ("handed", "held", "pending"):
+    if handed is None or not _behind(handed):
         return
     ttl = plan.settings.ttl
     countdown = ttl * WATCH_TTLS

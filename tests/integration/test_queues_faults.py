@@ -1,7 +1,8 @@
-"""``lock_on_duplicate="queue"`` when things fail, with real prefork workers and
-real redis-server lock nodes: a whole worker killed under its holder, a worker
-restarted mid-queue, a lock node restarted empty. Nothing is lost, and the calls
-keep their order.
+"""``lock_on_duplicate="queue"`` with real prefork workers of their own and real
+redis-server lock nodes: fairness across keys on 3 pool processes, and when
+things fail: a whole worker killed under its holder, a worker restarted
+mid-queue, a lock node restarted empty. Nothing is lost, and the calls keep
+their order.
 
 Each test runs its own workers on a queue of its own, so killing or restarting
 them touches nothing else. Time bounds are the event's own with 3x slack for a
@@ -145,6 +146,42 @@ def test_a_lock_node_restarted_empty_loses_nothing(
             time.sleep(0.5)
             runs = handle.records(run, "end")
             assert seqs(runs) == list(range(25))
+            assert_no_overlap(runs)
+        finally:
+            proc.stop(now=True)
+            delete(handle.app, queue)
+
+
+def test_a_hot_keys_backlog_never_delays_other_keys(
+    topology: Topology, tmp_path_factory, pytestconfig
+):
+    """3 pool processes; a hot key with 60 queued 0.2 s calls, then one call of each
+    of 5 other keys: each starts within about one task duration of its send (the
+    broker holds one message of the hot key, not 60), well under 1.5 s, while
+    the hot key's calls keep their order."""
+    harness.WORKER_LOGS.register(pytestconfig)
+    with private_queue(topology, "redis", 10) as (env, queue):
+        handle = client(topology, env, "qf-fair-client")
+        proc = worker("qf-fair", env, queue, tmp_path_factory, concurrency=3).start()
+        try:
+            task = handle.task("queued")
+            run, hot = harness.new_run(), f"hot-{harness.new_run()}"
+            for i in range(60):
+                task.delay(hot, run, duration=0.2, seq=i)
+            wait_for(lambda: handle.records(run, "start"), 20, "the hot key", 0.05)
+            time.sleep(0.5)
+            cold_run, sent = harness.new_run(), {}
+            for k in range(5):
+                key = f"cold-{k}-{cold_run}"
+                sent[key] = time.time()
+                task.delay(key, cold_run, duration=0.2, seq=100 + k)
+            wait_for(lambda: len(handle.records(cold_run, "start")) == 5, 20, "5 cold", 0.05)
+            late = {
+                r["key"]: r["start"] - sent[r["key"]] for r in handle.records(cold_run, "start")
+            }
+            assert max(late.values()) < 1.5, late
+            runs = ends(handle, run, 60, 90)
+            assert seqs(runs) == list(range(60))
             assert_no_overlap(runs)
         finally:
             proc.stop(now=True)
