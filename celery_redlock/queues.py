@@ -154,7 +154,7 @@ def wait_in_line(
     out, re-published with the lock's backoff (``republish``)."""
     settings = plan.settings
     attempt = attempt_of(request)
-    if is_handed(plan, name, request) and holder.claimant == request.id:
+    if is_handed(plan, name, request):  # it keeps its place: the claim stands for it
         republish(task, plan, attempt, f"queue of {name!r}: handed the key, still held")
     call = json.dumps({"sig": dict(_signature(task, request, name)), "at": time.time()})
     try:

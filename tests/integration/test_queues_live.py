@@ -135,3 +135,36 @@ def test_retry_from_the_body_goes_to_the_back(prefork_worker: WorkerHandle):
     runs = ends(prefork_worker, run, 5, 30)
     assert seqs(runs) == [0, 1, 2, 3, 0]
     assert_no_overlap(runs)
+
+
+def test_a_handed_call_kept_out_by_a_lock_also_limit_keeps_its_place(
+    prefork_worker: WorkerHandle,
+):
+    """Two keys share a lock_also limit of 1: a call of the second key, handed its
+    free key while the first key's call holds the limit, is re-published with
+    the lock's backoff, its claim standing, and the second key's calls still run
+    in publish order, never two at once across the keys."""
+    task = prefork_worker.task("queued_also")
+    run = harness.new_run()
+    task.delay(f"a-{run}", run, duration=1.0, seq=0)
+    wait_for(lambda: prefork_worker.records(run, "start"), 10, "the first key", 0.05)
+    for i in range(1, 5):
+        task.delay(f"b-{run}", run, duration=0.05, seq=i)
+    runs = ends(prefork_worker, run, 5, 30)
+    assert seqs(runs) == [0, 1, 2, 3, 4]
+    assert_no_overlap(runs)
+
+
+def test_a_rated_queue_keeps_its_order_and_its_rate(prefork_worker: WorkerHandle):
+    """lock_rate 5/s on a queued key: 10 calls sent at once run in publish order,
+    at most 5 + 1 in any second (the rate's bound with burst 1)."""
+    task = prefork_worker.task("queued_rated")
+    run, key = harness.new_run(), f"rq-{harness.new_run()}"
+    for i in range(10):
+        task.delay(key, run, seq=i)
+    runs = ends(prefork_worker, run, 10, 30)
+    assert seqs(runs) == list(range(10))
+    starts = sorted(r["start"] for r in runs)
+    most = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
+    assert most <= 6, most
+    assert starts[-1] - starts[0] >= 9 / 5 - 0.5  # paced, not all at once

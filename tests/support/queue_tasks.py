@@ -35,6 +35,15 @@ def add_queue_tasks(app: Celery, rec: Any, body: Any) -> None:
     def queued_max(self, key, run, duration=0.1, seq=0, fencing_token=None):
         return body(self, key, run, duration, fencing_token, seq=seq)
 
+    @task(name="lockapp.queued_also", lock_also={"qa-shared": 1}, lock_node_timeout=0.5)
+    def queued_also(self, key, run, duration=0.1, seq=0, fencing_token=None):
+        """Queued per key, and one at a time across keys (a named limit of 1)."""
+        return body(self, key, run, duration, fencing_token, seq=seq)
+
+    @task(name="lockapp.queued_rated", lock_rate="5/s", lock_node_timeout=0.5)
+    def queued_rated(self, key, run, duration=0.0, seq=0, fencing_token=None):
+        return body(self, key, run, duration, fencing_token, seq=seq)
+
     @task(name="lockapp.queued_retry", lock_node_timeout=0.5, max_retries=1)
     def queued_retry(self, key, run, duration=0.1, seq=0, fencing_token=None):
         """Retries once from its body (``seq`` 0 only): it goes to the back of the queue."""
