@@ -64,6 +64,7 @@ __all__ = [
     "hand_over",
     "is_handed",
     "is_watch",
+    "leave_line",
     "publish",
     "started",
     "status",
@@ -212,15 +213,17 @@ def started(task: Any, plan: LockPlan, name: str, request: Any, lease: Lease) ->
     return handed.removed >= plan.redlock.quorum
 
 
-def hand_over(plan: LockPlan, name: str, owner: str = "") -> HandOver | None:
+def hand_over(plan: LockPlan, name: str, owner: str = "", drop: str = "") -> HandOver | None:
     """Hand ``name`` to the first call waiting, if a lock key of it is free (``owner``'s
-    counts as free: a holder about to let go). Never raises: a hand-over that fails
-    is made by the next park, release or watch (None then)."""
+    counts as free: a holder about to let go), once ``drop`` (a holder's own id) is
+    out of the queue. Never raises: a hand-over that fails is made by the next
+    park, release or watch (None then)."""
     settings = plan.settings
     try:
         handed = plan.redlock.queue_next(
             name,
             limit=settings.limit,
+            drop=drop,
             owner=owner,
             claim_ttl=settings.enqueue_ttl,
             retention=settings.queue_retention,
@@ -230,6 +233,16 @@ def hand_over(plan: LockPlan, name: str, owner: str = "") -> HandOver | None:
         return None
     _dispatch(plan, name, handed)
     return handed
+
+
+def leave_line(request: Any) -> None:
+    """``self.retry()`` of a handed call: its retry is a new arrival, which goes to
+    the back of the queue, so the message loses the hand-over's headers."""
+    for name in (QUEUED, PARKED_AT):
+        if getattr(request, name, None) is not None:
+            setattr(request, name, None)
+        if request.headers and name in request.headers:
+            request.headers = {k: v for k, v in request.headers.items() if k != name}
 
 
 def is_watch(plan: LockPlan, request: Any) -> str | None:

@@ -215,9 +215,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
         clock = plan.redlock.clock
         started = clock()
         lease = policies.take(self, plan, name, request)
-        if queues.is_handed(plan, name, request) and not queues.started(
-            self, plan, name, request, lease
-        ):
+        handed = queues.is_handed(plan, name, request)  # handed the key by its queue
+        if handed and not queues.started(self, plan, name, request, lease):
             _release(plan, lease, False, False)
             queues.hand_over(plan, name)
             raise Ignore("a queued call that started already, or was superseded")
@@ -247,8 +246,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
             supersede.superseded(self, plan, request, exc)
         finally:
             lost = tracing.ENABLED and lease.lost
-            if plan.queued:
-                queues.hand_over(plan, name, lease.owner)  # before letting go: no gap
+            if plan.queued:  # before letting go: no gap; out of the queue, if it still is
+                queues.hand_over(plan, name, lease.owner, request.id if handed else "")
             _release(plan, lease, succeeded, retrying, not request.is_eager)
             tracing.released(plan.lock_name, lease, lost)
 
@@ -287,6 +286,9 @@ class LockedTask(Task, metaclass=LockedTaskType):
         """Celery's ``retry``; on a worker the new message is published only once the
         RETRY state is stored, so it never lands over the new execution's state (see
         :mod:`.republish`)."""
+        plan = plan_of(self)
+        if plan is not None and plan.queued:
+            queues.leave_line(self.request)  # a retry goes to the back of the queue
         with republish.held(self.request):
             return super().retry(*args, **kwargs)
 
