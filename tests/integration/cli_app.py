@@ -22,7 +22,7 @@ PLAIN = "cli.plain"
 #: A rated LockedTask: at most 10 starts per minute per customer.
 SYNC = "cli.sync"
 #: A queued LockedTask: every call of an order runs, in publish order.
-QUEUED = "cli.queued"
+QUEUED = "cli.ticket"
 
 
 def make_app(nodes: Sequence[str], main: str = "cli_app", **settings: Any) -> Celery:

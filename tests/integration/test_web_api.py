@@ -286,7 +286,7 @@ def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, red
 
 def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, redlock, serve):
     """The first read and each refresh stay fast; SCAN calls per refresh are bounded."""
-    families = 7  # lock, permit, claim, burst, throttle, rate, beat
+    families = 8  # lock, permit, claim, queue, burst, throttle, rate, beat
     if is_postgres(nodes):
         postgres_ten_thousand_keys(celery_app, nodes, redlock, serve, families)
         return
