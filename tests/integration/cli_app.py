@@ -46,11 +46,20 @@ def make_app(nodes: Sequence[str], main: str = "cli_app", **settings: Any) -> Ce
     def sync(customer_id: int) -> None:
         return None
 
-    @app.task(
-        base=LockedTask, shared=False, name=QUEUED, lock_on=("order_id",), lock_on_duplicate="queue"
-    )
-    def queued(order_id: int, step: int = 0) -> None:
-        return None
+    # A queue runs every call: it binds only where the app sets no enqueue claims,
+    # debounce or throttle for every task.
+    coalescing = ("redlock_enqueue", "redlock_debounce", "redlock_throttle")
+    if not any(settings.get(name) for name in coalescing):
+
+        @app.task(
+            base=LockedTask,
+            shared=False,
+            name=QUEUED,
+            lock_on=("order_id",),
+            lock_on_duplicate="queue",
+        )
+        def queued(order_id: int, step: int = 0) -> None:
+            return None
 
     @app.task(shared=False, name=PLAIN)
     def plain() -> None:
