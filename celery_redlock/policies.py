@@ -29,7 +29,7 @@ are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
 ``supersede``
     The newest call wins: it replaces the calls waiting (REVOKED at once) and
     asks the running one to stop at its next ``check()`` (see
-    :mod:`celery_redlock.queues`).
+    :mod:`celery_redlock.supersede`).
 ``wait``
     The worker polls, with jittered backoff, for up to ``lock_wait_timeout``
     seconds, then gives up as ``lock_on_exhausted`` says. It keeps a worker
