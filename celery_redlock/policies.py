@@ -152,7 +152,7 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
         _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     policy = settings.on_duplicate
     if plan.queued and not request.is_eager:
-        queues.wait_in_line(task, plan, name, request, result, _drop, _republish)
+        return queues.wait_in_line(task, plan, name, request, result, _drop, _republish, _wait)
     if policy == "retry" and not request.is_eager:
         placed = _place(task, plan, name, request) if rates.applies(plan) else None
         if placed is not None:

@@ -31,8 +31,9 @@ producer, the order it published them).
   :mod:`celery_redlock.signals`). A holder whose whole worker dies leaves its
   key to lapse at its TTL: the next call of the key that parks, or the next
   holder's release, hands it over then.
-* A call handed the key that finds it held anyway (a ``lock_also`` limit is
-  full, a call took the key in the gap) keeps its place: it is re-published
+* A call handed the key that finds it held anyway (the holder is still letting
+  go, a ``lock_also`` limit is full, a call took the key in the gap) keeps its
+  place: it polls for the key up to :data:`HANDED_WAIT`, then is re-published
   with the lock's backoff, its claim standing, until it starts.
 * ``lock_queue_max`` N: a call that finds N calls already waiting is answered
   at once as REVOKED, with a reason naming the queue.
@@ -60,6 +61,7 @@ from .headers import ATTEMPT, PARKED_AT, QUEUE_WATCH, QUEUED, attempt_of, header
 from .plan import LockPlan
 
 __all__ = [
+    "HANDED_WAIT",
     "WATCH_TTLS",
     "hand_over",
     "is_handed",
@@ -76,6 +78,9 @@ logger = logging.getLogger("celery_redlock.queues")
 
 #: Lock TTLs a watch waits before it looks at its key (see the module docstring).
 WATCH_TTLS = 1.5
+#: Seconds a handed call that finds its key still held polls for it before it is
+#: re-published: the holder hands over just before it lets go.
+HANDED_WAIT = 0.5
 
 
 def publish(
@@ -149,13 +154,19 @@ def wait_in_line(
     holder: Holder,
     drop: Callable[..., NoReturn],
     republish: Callable[..., NoReturn],
-) -> NoReturn:
+    wait: Callable[..., Lease | Holder],
+) -> Lease:
     """A call of a held key: parked in the key's queue (raises ``Ignore``), answered
     REVOKED when the queue is full (``drop``), or, handed the key but still kept
-    out, re-published with the lock's backoff (``republish``)."""
+    out, waits up to :data:`HANDED_WAIT` for it (``wait``: the holder that handed
+    it over is letting go), then is re-published with the lock's backoff
+    (``republish``). Returns the lease only in that last case."""
     settings = plan.settings
     attempt = attempt_of(request)
     if is_handed(plan, name, request):  # it keeps its place: the claim stands for it
+        waited = wait(task, plan, name, holder, HANDED_WAIT)
+        if isinstance(waited, Lease):
+            return waited
         republish(task, plan, attempt, f"queue of {name!r}: handed the key, still held")
     call = json.dumps({"sig": dict(_signature(task, request, name)), "at": time.time()})
     try:
@@ -205,7 +216,7 @@ def started(task: Any, plan: LockPlan, name: str, request: Any, lease: Lease) ->
         )
     except QuorumUnavailable as exc:
         logger.warning("%s[%s]: queue of %s not updated: %s", task.name, request.id, name, exc)
-        return True  # it started; its entry is taken out by no one: a later hand-over skips it
+        return True  # it started; its release takes it out of the queue
     _dispatch(plan, name, handed)
     parked_at = header(request, PARKED_AT)
     if isinstance(parked_at, (int, float)):
