@@ -20,6 +20,7 @@ from .exceptions import (
     LockKeyError,
     LockLost,
     LockNotAcquired,
+    LockSuperseded,
     QuorumUnavailable,
     RedlockError,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockPlan",
+    "LockSuperseded",
     "LockedTask",
     "QuorumUnavailable",
     "RateSlot",

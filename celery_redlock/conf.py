@@ -237,6 +237,8 @@ class LockSettings:
     throttle_trailing: bool
     receipt_ttl: float
     idempotent_ids: bool
+    queue_max: int = 0
+    queue_retention: float = 7 * 86400.0
     rate: Any = None
     rate_burst: int = 1
 

@@ -14,6 +14,7 @@ from .core.exceptions import (
     LockKeyError,
     LockLost,
     LockNotAcquired,
+    LockSuperseded,
     QuorumUnavailable,
     RedlockError,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "LockKeyError",
     "LockLost",
     "LockNotAcquired",
+    "LockSuperseded",
     "QuorumUnavailable",
     "RedlockError",
 ]

@@ -20,6 +20,16 @@
     that delivery starts on it.
 ``redlock_rate_waits``
     Rounds a rated start has waited out for lack of a quorum (its backoff).
+``redlock_queued``
+    The key a message was handed over for (``lock_on_duplicate="queue"``): the
+    call waited in that key's queue, and its acquire takes the key's claim.
+``redlock_parked_at``
+    When a queued call was parked (epoch seconds): its start observes how long
+    it waited (the ``celery_redlock_queue_wait_seconds`` histogram).
+``redlock_queue_watch``
+    The key a *watch* looks after: a message that runs no body, sent a while
+    after a call parked behind a holder, which hands the key over if its holder
+    died with its whole worker (see :mod:`celery_redlock.queues`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,9 @@ __all__ = [
     "ATTEMPT",
     "CLAIM",
     "CLAIMED_ON",
+    "PARKED_AT",
+    "QUEUED",
+    "QUEUE_WATCH",
     "RATE_AT",
     "RATE_WAITS",
     "SLOT",
@@ -45,6 +58,12 @@ ATTEMPT = "redlock_attempt"
 CLAIM = "redlock_claim"
 #: Message header saying where the claim was written (see :func:`where`).
 CLAIMED_ON = "redlock_claimed_on"
+#: Message header naming the key whose queue handed a message over.
+QUEUED = "redlock_queued"
+#: Message header naming the key a queue's watch looks after.
+QUEUE_WATCH = "redlock_queue_watch"
+#: Message header carrying when a queued call was parked.
+PARKED_AT = "redlock_parked_at"
 #: Message header carrying a throttled message's slot.
 SLOT = "redlock_slot"
 #: Message header carrying a rated message's booked start (see the module docstring).

@@ -36,7 +36,16 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-__all__ = ["EVENTS", "Exporter", "count", "observe", "observe_rate_delay", "reset", "snapshot"]
+__all__ = [
+    "EVENTS",
+    "Exporter",
+    "count",
+    "observe",
+    "observe_queue_wait",
+    "observe_rate_delay",
+    "reset",
+    "snapshot",
+]
 
 logger = logging.getLogger("celery_redlock.metrics")
 
@@ -59,6 +68,10 @@ EVENTS = (
     "rate_delayed",
     "rate_outage",
     "rate_split",
+    "queued",
+    "queue_full",
+    "handed_over",
+    "superseded",
 )
 
 _counts: Counter = Counter()
@@ -73,18 +86,20 @@ except ImportError:  # pragma: no cover - depends on the installed extras
 _EVENTS: Any = None
 _ACQUIRE: Any = None
 _RATE_DELAY: Any = None
+_QUEUE_WAIT: Any = None
 
 
 def _create_metrics() -> None:
     """(Re)create the two metrics on the default registry, with the value class
     ``prometheus_client`` uses now (per process, or files in multiprocess mode)."""
-    global _EVENTS, _ACQUIRE, _RATE_DELAY
-    for metric in (_EVENTS, _ACQUIRE, _RATE_DELAY):
+    global _EVENTS, _ACQUIRE, _RATE_DELAY, _QUEUE_WAIT
+    for metric in (_EVENTS, _ACQUIRE, _RATE_DELAY, _QUEUE_WAIT):
         if metric is not None:
             _prom.REGISTRY.unregister(metric)
     _event_children.clear()
     _acquire_children.clear()
     _rate_delay_children.clear()
+    _queue_wait_children.clear()
     _EVENTS = _prom.Counter(
         "celery_redlock_events", "Lock events by kind and lock name", ("event", "lock")
     )
@@ -100,6 +115,12 @@ def _create_metrics() -> None:
         ("lock",),
         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
     )
+    _QUEUE_WAIT = _prom.Histogram(
+        "celery_redlock_queue_wait_seconds",
+        "How long a queued call waited in its key's queue, parked to started",
+        ("lock",),
+        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
+    )
 
 
 # Labelled children, looked up once per label set: ``labels()`` costs more than
@@ -108,6 +129,7 @@ def _create_metrics() -> None:
 _event_children: dict[tuple[str, str], Any] = {}
 _acquire_children: dict[str, Any] = {}
 _rate_delay_children: dict[str, Any] = {}
+_queue_wait_children: dict[str, Any] = {}
 
 if _prom is not None:
     _create_metrics()
@@ -140,6 +162,15 @@ def observe_rate_delay(seconds: float, lock: str) -> None:
         child = _rate_delay_children.get(lock)
         if child is None:
             child = _rate_delay_children[lock] = _RATE_DELAY.labels(lock)
+        child.observe(seconds)
+
+
+def observe_queue_wait(seconds: float, lock: str) -> None:
+    """Record how long one queued call waited, from its park to its start."""
+    if _prom is not None:
+        child = _queue_wait_children.get(lock)
+        if child is None:
+            child = _queue_wait_children[lock] = _QUEUE_WAIT.labels(lock)
         child.observe(seconds)
 
 

@@ -82,6 +82,16 @@ class LockPlan:
         return "throttle" if self.settings.throttle is not None else None
 
     @property
+    def queued(self) -> bool:
+        """Whether calls of a held key wait in its queue (``queue`` or ``supersede``)."""
+        return self.settings.on_duplicate in ("queue", "supersede")
+
+    @property
+    def superseding(self) -> bool:
+        """Whether the newest call of a key asks the running one to stop (``supersede``)."""
+        return self.settings.on_duplicate == "supersede"
+
+    @property
     def claims(self) -> bool:
         """Whether ``apply_async`` claims the key (enqueue claims, debounce or throttle)."""
         return self.settings.enqueue is not None or self.coalesce is not None
@@ -96,6 +106,8 @@ class LockPlan:
         message's slot stands for its claim (see Redlock.throttle).
         """
         enqueue = self.settings.enqueue
+        if self.queued and headers.header(request, headers.QUEUED):
+            return "take"  # handed the key by its queue (see celery_redlock.queues)
         if enqueue == "until_finished":
             return "check"
         if enqueue == "until_started" and not request.retries:
@@ -150,7 +162,35 @@ def build_plan(task_cls: Any, app: Any) -> LockPlan:
             if plan.also or plan.also_rates:  # a Redis Cluster node: one call, one slot
                 together = [n for n, _ in plan.also] + [n for n, _ in plan.also_rates]
                 check_together(redlock.nodes, together, "lock_also")
+        _check_queue(settings, name)
         return plan
+
+
+#: Options that decide which calls run, which a queued key (every call runs) cannot honour.
+_NOT_WITH_QUEUE = ("enqueue", "debounce", "throttle")
+
+
+def _check_queue(settings: conf.LockSettings, task_name: str) -> None:
+    """``lock_queue_max`` needs ``queue``; ``queue`` and ``supersede`` exclude claims,
+    debounce and throttle; ``supersede`` asks one holder to stop (``lock_limit`` 1)."""
+    policy = settings.on_duplicate
+    queued = policy in ("queue", "supersede")
+    if policy == "supersede" and settings.limit != 1:
+        raise conf.ImproperlyConfigured(
+            f"{task_name}: lock_on_duplicate='supersede' replaces the one running call, "
+            f"lock_limit = {settings.limit} runs several: use lock_limit = 1 or 'queue'"
+        )
+    if settings.queue_max and policy != "queue":
+        raise conf.ImproperlyConfigured(
+            f"{task_name}: lock_queue_max = {settings.queue_max} bounds a key's queue and "
+            f"needs lock_on_duplicate='queue' (it is {settings.on_duplicate!r})"
+        )
+    for option in _NOT_WITH_QUEUE if queued else ():
+        if getattr(settings, option) is not None:
+            raise conf.ImproperlyConfigured(
+                f"{task_name}: lock_on_duplicate={policy!r} decides which calls of a key run, "
+                f"and so does lock_{option}: choose one (unset lock_{option})"
+            )
 
 
 def set_plan(task_cls: Any, plan: LockPlan) -> None:

@@ -22,6 +22,14 @@ are held, or with ``lock_also`` a named limit is full), by ``lock_on_duplicate``
 ``raise``
     The task fails with :class:`~celery_redlock.exceptions.LockContended`
     (holder, seconds left on its lease).
+``queue``
+    Every call runs, one at a time, in publish order: a call of a held key
+    waits in the key's queue, holding no worker slot, until the holder's
+    release hands it the key (see :mod:`celery_redlock.queues`).
+``supersede``
+    The newest call wins: it replaces the calls waiting (REVOKED at once) and
+    asks the running one to stop at its next ``check()`` (see
+    :mod:`celery_redlock.supersede`).
 ``wait``
     The worker polls, with jittered backoff, for up to ``lock_wait_timeout``
     seconds, then gives up as ``lock_on_exhausted`` says. It keeps a worker
@@ -83,7 +91,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, outage, rates, republish, tracing
+from . import metrics, outage, queues, rates, republish, tracing
 from .core import OWNER_SEP, Claim, Finished, Holder, Lease, RateSlot, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY, attempt_of, header
@@ -143,12 +151,14 @@ def take(task: Any, plan: LockPlan, name: str, request: Any = None) -> Lease:
             return waited
         _exhausted(task, plan, name, waited, f"after waiting {settings.wait_timeout}s")
     policy = settings.on_duplicate
+    if plan.queued and not request.is_eager:
+        return queues.wait_in_line(task, plan, name, request, result, _drop, _republish, _wait)
     if policy == "retry" and not request.is_eager:
         placed = _place(task, plan, name, request) if rates.applies(plan) else None
         if placed is not None:
             return placed
         _retry(task, plan, name, result)
-    if policy in ("wait", "retry"):
+    if policy in ("wait", "retry") or plan.queued:
         waited = _wait(task, plan, name, result, settings.wait_timeout)
         if isinstance(waited, Lease):
             return waited

@@ -1,4 +1,4 @@
-"""Lifecycle receivers, and the ``lock_lost`` signal.
+"""Lifecycle receivers, and the ``lock_lost`` and ``lock_superseded`` signals.
 
 :func:`install` connects them once per app; a :class:`~celery_redlock.LockedTask`
 calls it when it binds, so there is nothing to do by hand.
@@ -64,20 +64,25 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
-from . import conf, metrics, republish
+from . import conf, metrics, queues, republish
 from ._format import nodes_text, spare_text
 from .core import Redlock, heartbeat
 from .enqueue import withdraw
-from .headers import CLAIM, header
+from .headers import CLAIM, QUEUED, header
 from .plan import plan_of
 
-__all__ = ["install", "lock_lost"]
+__all__ = ["install", "lock_lost", "lock_superseded"]
 
 logger = logging.getLogger("celery_redlock.signals")
 
 #: Sent (by the heartbeat thread) when a held lease lost its quorum or lapsed.
 #: Arguments: ``sender`` (the task), ``lease``.
 lock_lost = Signal(name="lock_lost")
+
+#: Sent (by the heartbeat thread) when a newer call asked a running holder to stop
+#: (``lock_on_duplicate="supersede"``). Arguments: ``sender`` (the task), ``lease``,
+#: ``successor`` (the newer call's task id).
+lock_superseded = Signal(name="lock_superseded")
 
 _installed: weakref.WeakSet = weakref.WeakSet()
 
@@ -268,6 +273,7 @@ def _task_revoked(
         )
     else:
         _withdraw(sender, request.id, header(request, CLAIM), "revoked or expired")
+        _leave_queue(sender, request.id, header(request, QUEUED))
 
 
 def _message_discarded(sender: Any = None, message: Any = None, **_: Any) -> None:
@@ -312,6 +318,8 @@ def _release_for_dead(task: Any, task_id: str, args: Any, kwargs: Any, why: str)
             freed += plan.redlock.release_owned_by(other, task_id, limit)
         if plan.settings.enqueue is not None:
             withdraw(plan.redlock, plan.lock_name, name, task_id, why)
+        if plan.queued:
+            queues.hand_over(plan, name)  # the next call waiting, now, not at the TTL
     except Exception as exc:  # noqa: BLE001 - a receiver must not raise
         logger.warning(
             "could not release the lock of %s[%s] (%s): %s", task.name, task_id, why, exc
@@ -320,3 +328,18 @@ def _release_for_dead(task: Any, task_id: str, args: Any, kwargs: Any, why: str)
     if freed:
         metrics.count("parent_released", plan.lock_name)
         logger.info("released the lock of %s[%s] on %d nodes: %s", task.name, task_id, freed, why)
+
+
+def _leave_queue(task: Any, task_id: str, name: str | None) -> None:
+    """A call handed its key by the queue, revoked or expired before it started: it
+    leaves the queue, its claim is withdrawn, and the key goes to the next call."""
+    plan = plan_of(task)
+    if not name or plan is None or not plan.queued:
+        return
+    try:
+        plan.redlock.queue_next(name, drop=task_id, retention=plan.settings.queue_retention)
+        plan.redlock.withdraw_claim(name, task_id)
+    except Exception as exc:  # noqa: BLE001 - a receiver must not raise
+        logger.warning("could not take %s out of the queue of %s: %s", task_id, name, exc)
+        return
+    queues.hand_over(plan, name)

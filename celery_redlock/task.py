@@ -24,7 +24,12 @@ How it works, per execution, on the worker:
    ``lock_heartbeat_interval`` (ttl / 3). If a renewal loses the quorum, the
    lease is marked lost: ``self.request.redlock.lost`` turns True,
    ``check()`` raises :class:`~celery_redlock.exceptions.LockLost`, and the
-   :data:`~celery_redlock.signals.lock_lost` signal is sent.
+   :data:`~celery_redlock.signals.lock_lost` signal is sent. Under
+   ``lock_on_duplicate="supersede"`` a newer call of the key makes ``check()``
+   raise :class:`~celery_redlock.exceptions.LockSuperseded` (a ``LockLost``)
+   after the next renewal, and the
+   :data:`~celery_redlock.signals.lock_superseded` signal is sent; a body that
+   lets it propagate ends REVOKED naming its successor.
 4. The body gets the lease as ``self.request.redlock`` (or
    :func:`current_lease` in an unbound task), and its fencing token as the
    ``fencing_token`` keyword when ``run`` declares that parameter with a
@@ -59,12 +64,22 @@ import sys
 from typing import Any
 
 from celery import Task, current_task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 
-from . import enqueue, metrics, policies, rates, republish, signals, tracing
+from . import (
+    enqueue,
+    metrics,
+    policies,
+    queues,
+    rates,
+    republish,
+    signals,
+    supersede,
+    tracing,
+)
 from .core import Lease, heartbeat
 from .django.base import LockedTaskType
-from .exceptions import LockLost
+from .exceptions import LockLost, LockSuperseded
 from .plan import LockPlan, build_plan, plan_of, set_plan
 
 __all__ = ["LockPlan", "LockedTask", "current_lease"]
@@ -117,8 +132,12 @@ class LockedTask(Task, metaclass=LockedTaskType):
     lock_limit: int | None = None
     #: Setting ``redlock_min_replicas``.
     lock_min_replicas: int | None = None
-    #: Setting ``redlock_on_duplicate``: drop, retry, raise or wait.
+    #: Setting ``redlock_on_duplicate``: drop, retry, raise, wait or queue.
     lock_on_duplicate: str | None = None
+    #: Setting ``redlock_queue_max``: most calls of a key waiting (queue; 0: no bound).
+    lock_queue_max: int | None = None
+    #: Setting ``redlock_queue_retention``.
+    lock_queue_retention: float | None = None
     #: Setting ``redlock_retry_backoff``.
     lock_retry_backoff: float | None = None
     #: Setting ``redlock_retry_backoff_max``.
@@ -190,9 +209,17 @@ class LockedTask(Task, metaclass=LockedTaskType):
             self._refuse_if_unbound()
             return self.run(*args, **kwargs)
         name = plan.keys.build(args, kwargs)
+        watched = queues.is_watch(plan, request)
+        if watched:  # a queue's watch runs no body (see celery_redlock.queues)
+            queues.watch(self, plan, watched, request)
         clock = plan.redlock.clock
         started = clock()
         lease = policies.take(self, plan, name, request)
+        handed = queues.is_handed(plan, name, request)  # handed the key by its queue
+        if handed and not queues.started(self, plan, name, request, lease):
+            _release(plan, lease, False, False)
+            queues.hand_over(plan, name)
+            raise Ignore("a queued call that started already, or was superseded")
         waited = clock() - started
         metrics.observe(waited, plan.lock_name)
         metrics.count("acquired", plan.lock_name)
@@ -200,7 +227,10 @@ class LockedTask(Task, metaclass=LockedTaskType):
         succeeded = retrying = False
         try:
             request.redlock = lease
-            heartbeat.hold(lease, plan.settings.heartbeat_interval, self._lock_lost)
+            probe = (
+                supersede.probe(self, plan, name, self._superseded) if plan.superseding else None
+            )
+            heartbeat.hold(lease, plan.settings.heartbeat_interval, self._lock_lost, probe)
             if plan.token_arg is not None:
                 # This call's own dict (``**kwargs`` always is): request.kwargs stays as sent.
                 kwargs[plan.token_arg] = lease.fencing_token
@@ -210,8 +240,14 @@ class LockedTask(Task, metaclass=LockedTaskType):
         except Retry:
             retrying = True
             raise
+        except LockSuperseded as exc:
+            if exc.successor != lease.superseded_by:
+                raise  # not this lease's (another task's, re-raised in this body)
+            supersede.superseded(self, plan, request, exc)
         finally:
             lost = tracing.ENABLED and lease.lost
+            if plan.queued:  # before letting go: no gap; out of the queue, if it still is
+                queues.hand_over(plan, name, lease.owner, request.id if handed else "")
             _release(plan, lease, succeeded, retrying, not request.is_eager)
             tracing.released(plan.lock_name, lease, lost)
 
@@ -228,6 +264,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
         plan = plan_of(self)
         if plan is None or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
+        if plan.queued:
+            return queues.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
         if plan.claims:
             return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
         if rates.applies(plan):  # its start booked at publish (see rates.publish)
@@ -248,6 +286,9 @@ class LockedTask(Task, metaclass=LockedTaskType):
         """Celery's ``retry``; on a worker the new message is published only once the
         RETRY state is stored, so it never lands over the new execution's state (see
         :mod:`.republish`)."""
+        plan = plan_of(self)
+        if plan is not None and plan.queued:
+            queues.leave_line(self.request)  # a retry goes to the back of the queue
         with republish.held(self.request):
             return super().retry(*args, **kwargs)
 
@@ -271,6 +312,10 @@ class LockedTask(Task, metaclass=LockedTaskType):
         if plan is not None:
             metrics.count("lost", plan.lock_name)
         signals.lock_lost.send(sender=self, lease=lease)
+
+    def _superseded(self, lease: Lease, successor: str) -> None:
+        """A newer call asked this holder to stop: send the ``lock_superseded`` signal."""
+        signals.lock_superseded.send(sender=self, lease=lease, successor=successor)
 
     @property
     def redlock(self) -> Lease | None:

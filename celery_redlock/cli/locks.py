@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .. import conf
+from .. import conf, queues
 from .._format import KeyReport, echo_down, glob_escape, ms_text, plural, ttl_text, view_cells
 from .._reading import all_settings, connect, key_report
 from ..core import STARTED_MARK, Redlock
@@ -195,6 +195,7 @@ def release(
                     f"not deleted: {key} was taken by another holder meanwhile; run again"
                 )
         deletions = client.force_release(name)
+    _hand_over(app, echo, options.get("task"), name)
     errors = [(d.node, d.error) for d in deletions if d.error is not None]
     deleted = sum(1 for d in deletions if d.deleted)
     missing = total - deleted - len(errors)
@@ -203,6 +204,19 @@ def release(
     echo_down(echo, errors, ": its copy expires with its TTL.")
     if not client.has_quorum(total - len(errors)):
         raise Unavailable(f"only {total - len(errors)} of {total} nodes answered the delete")
+
+
+def _hand_over(app: Any, echo: Callable, task: str | None, name: str) -> None:
+    """A queued key (queue, supersede) freed: hand it to its next call at once. Its
+    queue lives beside the lock key and is never deleted with it."""
+    if not task:
+        return
+    plan = plan_named(app, task)
+    if not plan.queued:
+        return
+    handed = queues.hand_over(plan, name)
+    if handed is not None and handed.id is not None:
+        echo(f"Handed the key to task {handed.id} ({handed.waiting} waiting, counting it).")
 
 
 def _release_task_id(

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .. import rates
+from .. import queues, rates
 from .._format import table, view_cells
 from .._reading import connect, key_report
 from .base import LOCK, Unavailable, command, option
@@ -31,7 +31,9 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
     """Show who holds one lock: the quorum's view and every node's.
 
     With lock_limit K > 1, every permit of the key with its holder and the
-    TTL left (the node table is permit 0's, the lock key).
+    TTL left (the node table is permit 0's, the lock key). A queued key
+    (lock_on_duplicate queue or supersede): how many calls wait, the next
+    call's task id and how long it has waited, and a hand-over not started yet.
 
     The lock is TASK's for the arguments given with --args/--kwargs (the key
     is computed exactly as the worker computes it), or --name. TASK must be a
@@ -49,6 +51,7 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
         ]
         # A rate callable needs the whole call, not the lock_on arguments alone.
         rate_rows, rate = rates.status(client, settings, name, *(call or (None, None)))
+        queue_rows, queue = queues.status(client, settings, name)
     holder, problem = lock.holder, lock.outage()
     if as_json:
         out: dict[str, Any] = {
@@ -91,6 +94,8 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
             ]
         if rate is not None:
             out["rate"] = rate
+        if queue is not None:
+            out["queue"] = queue
         if problem:
             out["error"] = problem
         echo(json.dumps(out, indent=2))
@@ -106,7 +111,7 @@ def status(app: Any, echo: Callable, as_json: bool, timeout: float, **options: A
         if settings.limit > 1:
             held = sum(1 for report in permits if report.holder.owner is not None)
             about[-1] = ["Permits:", f"{held} of {settings.limit} held"]
-        echo(table(about + rate_rows) + "\n")
+        echo(table(about + rate_rows + queue_rows) + "\n")
         if settings.limit > 1:
             rows = [
                 [

@@ -16,12 +16,14 @@ from .exceptions import (
     LockKeyError,
     LockLost,
     LockNotAcquired,
+    LockSuperseded,
     QuorumUnavailable,
     RedlockError,
 )
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
 from .nodes import check_together, check_ttl
+from .queues import HandOver, Parked, QueueView
 from .quorum import DRIFT_FLOOR
 from .rate_view import peek_rate
 from .rates import reserve_place, reserve_rates
@@ -51,6 +53,7 @@ __all__ = [
     "ConfigurationError",
     "Deletion",
     "Finished",
+    "HandOver",
     "Holder",
     "Lease",
     "LockContended",
@@ -58,8 +61,11 @@ __all__ = [
     "LockKeyError",
     "LockLost",
     "LockNotAcquired",
+    "LockSuperseded",
     "NodeInfo",
     "NodeView",
+    "Parked",
+    "QueueView",
     "QuorumUnavailable",
     "RateKey",
     "RateSlot",

@@ -12,6 +12,8 @@
         ├── LockNotAcquired       a blocking acquire timed out
         │   └── LockContended     another holder has it (``holder``, ``remaining``)
         ├── LockLost              the lease lapsed or lost its quorum while held
+        │   └── LockSuperseded    a newer call of the key asked the holder to stop
+        │                         (``successor``: its task id)
         └── AlreadyEnqueued       another task is claimed to run the key next
                                   (``task_id``, ``remaining``)
 
@@ -38,6 +40,7 @@ __all__ = [
     "LockKeyError",
     "LockLost",
     "LockNotAcquired",
+    "LockSuperseded",
     "QuorumUnavailable",
     "RedlockError",
 ]
@@ -127,6 +130,21 @@ class LockContended(LockNotAcquired):
 
 class LockLost(LockError):
     """The lease is no longer held: it expired, or a renewal failed to reach a quorum."""
+
+
+class LockSuperseded(LockLost):
+    """A newer call of the key asked the holder to stop (``lock_on_duplicate="supersede"``).
+
+    The lease itself is still held (renewed until the holder lets go): a body
+    that catches this may finish a write before it stops.
+
+    Attributes:
+        successor: the task id of the newer call.
+    """
+
+    def __init__(self, message: str, name: str, successor: str):
+        self.successor = successor
+        super().__init__(message, name)
 
 
 class AlreadyEnqueued(LockError):

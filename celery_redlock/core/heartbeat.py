@@ -34,6 +34,10 @@ body runs. That is this module.
   reset: its locks are recreated (one may have been held at fork time) and it
   starts empty, since the inherited leases belong to the parent, which keeps
   renewing them. The child starts its own thread when it first holds a lease.
+* **Probe:** a lease held with ``probe`` has it called, in the heartbeat
+  thread, after each of its renewals that reached a quorum: a holder that must
+  hear of something on the nodes (a newer call asking it to stop) hears of it
+  within one renewal interval. A probe that raises is logged.
 * Only weak references to leases are kept, so a dropped lease is never kept
   alive by the heartbeat, and a lease collected without :meth:`~Heartbeat.drop`
   simply stops being renewed.
@@ -66,13 +70,21 @@ OnLost = Callable[["Lease"], None]
 class _Entry:
     """One held lease: a weak reference, its schedule and its callback."""
 
-    __slots__ = ("ref", "interval", "on_lost", "due")
+    __slots__ = ("ref", "interval", "on_lost", "due", "probe")
 
-    def __init__(self, lease: Lease, interval: float, on_lost: OnLost | None, due: float):
+    def __init__(
+        self,
+        lease: Lease,
+        interval: float,
+        on_lost: OnLost | None,
+        due: float,
+        probe: OnLost | None = None,
+    ):
         self.ref = weakref.ref(lease)
         self.interval = interval
         self.on_lost = on_lost
         self.due = due
+        self.probe = probe
 
 
 class Heartbeat:
@@ -115,8 +127,15 @@ class Heartbeat:
             finalizer.detach()
         self._finalizer: weakref.finalize | None = None
 
-    def hold(self, lease: Lease, interval: float, on_lost: OnLost | None = None) -> None:
-        """Renew ``lease`` every ``interval`` seconds until :meth:`drop`.
+    def hold(
+        self,
+        lease: Lease,
+        interval: float,
+        on_lost: OnLost | None = None,
+        probe: OnLost | None = None,
+    ) -> None:
+        """Renew ``lease`` every ``interval`` seconds until :meth:`drop`; call ``probe(lease)``
+        after each renewal that reached a quorum.
 
         Holding a lease already held updates its interval and callback; its
         schedule still counts from its last renewal.
@@ -136,9 +155,10 @@ class Heartbeat:
             entry = self._entries.get(id(lease))
             if entry is not None and entry.ref() is lease:  # updated in place: a round may be
                 entry.due += interval - entry.interval  # in flight with this very entry
-                entry.interval, entry.on_lost = float(interval), on_lost
+                entry.interval, entry.on_lost, entry.probe = float(interval), on_lost, probe
             else:
-                self._entries[id(lease)] = _Entry(lease, float(interval), on_lost, now + interval)
+                entry = _Entry(lease, float(interval), on_lost, now + interval, probe)
+                self._entries[id(lease)] = entry
             if self._idle_nap is None or interval < self._idle_nap:
                 self._idle_nap = float(interval)
             if self.autostart:
@@ -200,6 +220,12 @@ class Heartbeat:
             except Exception as exc:  # one client's outage must not touch the others
                 results, reason = [False] * len(live), f"the renewal failed ({exc!r})"
             lost += [(lease, entry, reason) for (lease, entry), ok in zip(live, results) if not ok]
+            for (lease, entry), ok in zip(live, results):
+                if ok and entry.probe is not None:
+                    try:
+                        entry.probe(lease)
+                    except Exception:
+                        logger.exception("probe of lock %r raised", lease.key)
         if lost:
             self._report(lost)
 
@@ -287,9 +313,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 default = Heartbeat()
 
 
-def hold(lease: Lease, interval: float, on_lost: OnLost | None = None) -> None:
+def hold(
+    lease: Lease, interval: float, on_lost: OnLost | None = None, probe: OnLost | None = None
+) -> None:
     """Renew ``lease`` every ``interval`` seconds in this process's heartbeat thread."""
-    default.hold(lease, interval, on_lost)
+    default.hold(lease, interval, on_lost, probe)
 
 
 def drop(lease: Lease) -> None:

@@ -40,6 +40,7 @@ its own:
 * :mod:`.fencing`: the fencing tokens and their write-back (phase 2);
 * :mod:`.permits`: K holders of a name, and several names taken together;
 * :mod:`.claims`: claims on a name's next holder, debounce and throttle;
+* :mod:`.queues`: a name's calls waiting in publish order, and the hand-over;
 * :mod:`.inspect`: read-only views for the tools, and the force release;
 * :mod:`.rates`: rate reservations, at most N starts per window (GCRA on the quorum);
 * :mod:`.scripts`: the Lua, grouped the same way, its helpers written once;
@@ -74,6 +75,7 @@ from .keyspace import KeySpace
 from .lease import Lease, Leases
 from .nodes import Node, NodeSpec, check_together
 from .permits import Permits
+from .queues import Queues
 from .quorum import Quorum
 from .rates import RatedRound, Rates
 from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
@@ -213,6 +215,7 @@ class Redlock:
         self._claims = Claims(self._quorum, self._keyspace, self._leases)
         self._inspection = Inspection(self._quorum, self._keyspace)
         self._rates = Rates(self._quorum, self._keyspace)
+        self._queues = Queues(self._quorum, self._keyspace)
 
     has_quorum = _handed("_quorum", Quorum.has_quorum)
     check_quorum = _handed("_quorum", Quorum.check)
@@ -239,6 +242,11 @@ class Redlock:
     read_claim = _handed("_inspection", Inspection.read_claim)
     force_release = _handed("_inspection", Inspection.force_release)
     node_info = _handed("_inspection", Inspection.node_info)
+    # A name's waiting calls (see celery_redlock.core.queues).
+    park = _handed("_queues", Queues.park)
+    queue_next = _handed("_queues", Queues.next)
+    queue_keys = _handed("_queues", Queues.queue_keys)
+    queue_peek = _handed("_queues", Queues.peek)
     # Rate reservations (see celery_redlock.core.rates).
     rate = _handed("_rates", Rates.rate)
 

@@ -12,12 +12,12 @@ caller names the setting, the source and the value.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .spelling import closest, misspelt_prefix
 from .windows import check_rate
 
 __all__ = [
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: What a duplicate execution does while the key is held.
-POLICIES = ("drop", "retry", "raise", "wait")
+POLICIES = ("drop", "retry", "raise", "wait", "queue", "supersede")
 #: What ``retry`` and ``wait`` fall back to when their attempts or time run out.
 EXHAUSTED = ("drop", "raise")
 #: How long an enqueue claim lives (``None``: no claim).
@@ -268,7 +268,9 @@ SETTINGS: tuple[Setting, ...] = (
         "redlock_on_duplicate",
         "drop",
         _choice(POLICIES),
-        "What a second execution of a held key does: drop, retry, raise or wait.",
+        "What a second execution of a held key does: drop, retry, raise, wait, queue "
+        "(every call runs, one at a time, in publish order) or supersede (the newest call "
+        "asks the running one to stop, and replaces the waiting ones); see the queues page.",
     ),
     Setting(
         "redlock_retry_backoff",
@@ -372,6 +374,19 @@ SETTINGS: tuple[Setting, ...] = (
         "receipt lasts. Off: only copies are, and a new publish runs, as in plain Celery.",
     ),
     Setting(
+        "redlock_queue_max",
+        0,
+        check_count,
+        "With lock_on_duplicate='queue': at most this many calls of one key wait; a call "
+        "beyond it is answered at once as REVOKED. 0: no bound.",
+    ),
+    Setting(
+        "redlock_queue_retention",
+        7 * 86400.0,
+        check_seconds,
+        "Seconds a key's queue is kept after its last change (a park or a hand-over).",
+    ),
+    Setting(
         "redlock_rate",
         None,
         check_rate,
@@ -456,45 +471,3 @@ def by_name(name: str) -> Setting:
 def default(name: str) -> Any:
     """The default of a setting, by its ``app.conf`` name."""
     return _BY_NAME[name].default
-
-
-def closest(name: str, declared: Iterable[str]) -> str | None:
-    """The declared name a misspelt ``name`` most likely meant, if any is close."""
-    matches = difflib.get_close_matches(name, list(declared), n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
-#: Edits, at most, between a misspelt prefix and ``redlock`` (see :func:`misspelt_prefix`).
-PREFIX_EDITS = 2
-
-
-def misspelt_prefix(key: str, declared: Iterable[str]) -> str | None:
-    """The declared ``redlock_*`` setting that ``key`` names under a misspelt
-    prefix (``redlok_nodes``, ``redis_lock_ttl``), if any.
-
-    Tight, so that other keys of ``app.conf`` never match: what follows the
-    prefix must be a setting's own part exactly (``nodes``, ``ttl``), and the
-    prefix must start with ``r`` and be :data:`PREFIX_EDITS` edits from
-    ``redlock`` at most, once its ``_`` are removed (``redis_lock``: 2;
-    ``redis``: 4, so Celery's ``redis_*`` settings are never taken for one).
-    """
-    if not key.startswith("r") or key.startswith("redlock_"):
-        return None
-    names = set(declared)
-    for i, char in enumerate(key):
-        if char != "_":
-            continue
-        name = "redlock_" + key[i + 1 :]
-        if name in names and _edits(key[:i].replace("_", ""), "redlock") <= PREFIX_EDITS:
-            return name
-    return None
-
-
-def _edits(a: str, b: str) -> int:
-    """Levenshtein distance: insertions, deletions and substitutions from ``a`` to ``b``."""
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        diagonal, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
-    return row[-1]

@@ -13,6 +13,7 @@ a hung node costs one timeout per refresh, not one per key.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -22,14 +23,14 @@ from .._format import KeyReport, glob_escape, outage, printable, slot_number, sl
 from .._health import SAFE_POLICIES, findings
 from .._reading import all_settings, connect, key_report, locked_plans
 from ..conf import LockSettings
-from ..core import OWNER_SEP, STARTED_MARK, Redlock
+from ..core import OWNER_SEP, STARTED_MARK, QuorumUnavailable, Redlock
 from .pager import Pager, RawKey
 from .watch import Watch
 
 __all__ = ["FAMILIES", "Board", "Group"]
 
 #: The key families shown, in the page's order. ``rate`` is shown generically.
-FAMILIES = ("lock", "permit", "claim", "burst", "throttle", "rate", "beat")
+FAMILIES = ("lock", "permit", "claim", "queue", "burst", "throttle", "rate", "beat")
 
 
 class Group:
@@ -209,6 +210,21 @@ class Board:
             rows.append(_claim_row(f"{prefix}:claim:{name}", name, report, tasks))
         return rows
 
+    def _queue_rows(self, group: Group, names: list[str], down: dict, tasks: dict, plans: dict):
+        """A queued key's waiting calls (lock_on_duplicate queue or supersede)."""
+        prefix, rows = group.client.key_prefix, []
+        for name in names:
+            row = {**_identity(f"{prefix}:queue:{name}", name, tasks), "known": True}
+            try:
+                view = group.client.queue_peek(name)
+            except QuorumUnavailable as exc:
+                rows.append({**row, "known": False, "error": str(exc), "waiting": None})
+                continue
+            row.update(waiting=view.waiting, next=view.next, answered=view.answered)
+            row["oldest_age"] = _parked_age(view.call)
+            rows.append(row)
+        return rows
+
     def _burst_rows(self, group: Group, names: list[str], down: dict, tasks: dict, plans: dict):
         prefix, rows = group.client.key_prefix, []
         for name in names:
@@ -339,6 +355,14 @@ def _raw_row(key: str, name: str, views: list[RawKey], quorum: int, tasks: dict)
         "nodes_total": len(views),
         "remaining": None if pttl is None else pttl / 1000,
     }
+
+
+def _parked_age(call: str | None) -> float | None:
+    """How long a parked call has waited, from the time its message records."""
+    try:
+        return max(0.0, time.time() - float(json.loads(call or "")["at"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _ms_time(text: Any) -> float | None:

@@ -21,6 +21,8 @@ SETTLE = "cli.settle"
 PLAIN = "cli.plain"
 #: A rated LockedTask: at most 10 starts per minute per customer.
 SYNC = "cli.sync"
+#: A queued LockedTask: every call of an order runs, in publish order.
+QUEUED = "cli.ticket"
 
 
 def make_app(nodes: Sequence[str], main: str = "cli_app", **settings: Any) -> Celery:
@@ -43,6 +45,21 @@ def make_app(nodes: Sequence[str], main: str = "cli_app", **settings: Any) -> Ce
     @app.task(base=LockedTask, shared=False, name=SYNC, lock_on=("customer_id",), lock_rate="10/m")
     def sync(customer_id: int) -> None:
         return None
+
+    # A queue runs every call: it binds only where the app sets no enqueue claims,
+    # debounce or throttle for every task.
+    coalescing = ("redlock_enqueue", "redlock_debounce", "redlock_throttle")
+    if not any(settings.get(name) for name in coalescing):
+
+        @app.task(
+            base=LockedTask,
+            shared=False,
+            name=QUEUED,
+            lock_on=("order_id",),
+            lock_on_duplicate="queue",
+        )
+        def queued(order_id: int, step: int = 0) -> None:
+            return None
 
     @app.task(shared=False, name=PLAIN)
     def plain() -> None:

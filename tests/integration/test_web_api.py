@@ -127,6 +127,20 @@ def serve() -> Iterator[Any]:
         s.close()
 
 
+def test_the_state_shows_a_queue(celery_app, redlock, serve):
+    """A queued key's row: how many calls wait, the next one, how long it has waited."""
+    call = json.dumps({"sig": {}, "at": time.time() - 5})
+    for id in ("task-q1", "task-q2"):
+        redlock.park("web.settle:{jkl}", id, call, most=0, retention=60)
+    site = serve(make_app(celery_app))
+    status, state = site.call("/api/state")
+    assert status == 200, state
+    (row,) = state["groups"][0]["families"]["queue"]["rows"]
+    assert row["tasks"] == ["web.settle"] and row["digest"] == "jkl"
+    assert row["waiting"] == 2 and row["next"] == "task-q1" and row["answered"] == 3
+    assert 5 <= row["oldest_age"] < 60
+
+
 def test_the_state_shows_a_held_lock_a_claim_and_a_throttle(celery_app, redlock, serve):
     lease = redlock.acquire("web.settle:{abc}", ttl=30)
     assert lease is not None
@@ -272,7 +286,7 @@ def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, red
 
 def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, redlock, serve):
     """The first read and each refresh stay fast; SCAN calls per refresh are bounded."""
-    families = 7  # lock, permit, claim, burst, throttle, rate, beat
+    families = 8  # lock, permit, claim, queue, burst, throttle, rate, beat
     if is_postgres(nodes):
         postgres_ten_thousand_keys(celery_app, nodes, redlock, serve, families)
         return

@@ -35,6 +35,7 @@ from celery.exceptions import Ignore
 
 from celery_redlock import LockedTask, LockLost, current_lease
 from celery_redlock.headers import RATE_AT, attempt_of, header
+from tests.support.queue_tasks import add_queue_tasks
 
 # -- the fenced resource ---------------------------------------------------------
 
@@ -584,6 +585,7 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
         )
         return lease.fencing_token
 
+    add_queue_tasks(app, rec, body)
     return app
 
 

@@ -129,3 +129,17 @@ def test_exporter_fails_clearly_without_prometheus(monkeypatch):
     monkeypatch.setattr(metrics, "_prom", None)
     with pytest.raises(RuntimeError, match="prometheus"):
         metrics.Exporter(0)
+
+
+def test_a_queued_calls_wait_is_exported_per_lock_name():
+    def waits(lock, suffix="count"):
+        value = prom.REGISTRY.get_sample_value(
+            f"celery_redlock_queue_wait_seconds_{suffix}", {"lock": lock}
+        )
+        return value or 0.0
+
+    before = waits("queue-a"), waits("queue-a", "sum")
+    metrics.observe_queue_wait(2.5, "queue-a")
+    metrics.observe_queue_wait(0.5, "queue-a")
+    assert waits("queue-a") == before[0] + 2
+    assert waits("queue-a", "sum") == pytest.approx(before[1] + 3.0)

@@ -1,6 +1,8 @@
 """Redlock's public surface does not move: its methods, their signatures, its
 attributes, Lease's, and the names celery_redlock exports, against a list
-recorded before the core was split into one module per primitive."""
+recorded before the core was split into one module per primitive (and grown
+since: the queues' park, queue_next, queue_peek and queue_keys; a lease's
+supersede and superseded_by; LockSuperseded)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ RECORDED = {
             "owner",
             "permit",
             "redlock",
+            "superseded_by",
             "task_id",
             "ttl",
         ],
@@ -49,6 +52,7 @@ RECORDED = {
             "check": "(self) -> 'None'",
             "mark_lost": "(self) -> 'None'",
             "remaining": "(self) -> 'float'",
+            "supersede": "(self, successor: 'str') -> 'bool'",
         },
     },
     "Redlock": {
@@ -101,7 +105,14 @@ RECORDED = {
             "lock": "(self, name: 'str', *, ttl: 'float', timeout: 'float | "
             "None' = None) -> 'Iterator[Lease]'",
             "node_info": "(self) -> 'list[NodeInfo]'",
+            "park": "(self, name: 'str', id: 'str', call: 'str', *, most: 'int', "
+            "retention: 'float', supersede: 'bool' = False) -> 'Parked'",
             "permit_keys": "(self, name: 'str', limit: 'int') -> 'list[str]'",
+            "queue_keys": "(self, name: 'str') -> 'tuple[str, str]'",
+            "queue_peek": "(self, name: 'str') -> 'QueueView'",
+            "queue_next": "(self, name: 'str', *, limit: 'int' = 1, drop: 'str' = '', "
+            "owner: 'str' = '', claim_ttl: 'float | None' = None, retention: 'float' = "
+            "1.0) -> 'HandOver'",
             "rate": "(self, name: 'str', rate: 'Any', *, burst: 'int' = 1, also: "
             "'Mapping[str, Any] | Iterable[tuple[str, Any]] | None' = None, now: "
             "'float | None' = None) -> 'RateSlot'",
@@ -148,6 +159,7 @@ RECORDED = {
         "LockLost",
         "LockNotAcquired",
         "LockPlan",
+        "LockSuperseded",
         "LockedTask",
         "QuorumUnavailable",
         "RateSlot",

@@ -6,6 +6,7 @@
 * :mod:`.lease`: acquire, a lazy lease's token, fence, extend, release;
 * :mod:`.permits`: the acquire of one of K permits, with other names held together;
 * :mod:`.claims`: claims and the schedules of coalesced calls;
+* :mod:`.queues`: a name's waiting calls in publish order, and the hand-over;
 * :mod:`.rates`: the rate reservation (GCRA per window, two phases), and the
   acquires that book a rated start in their own round;
 * :mod:`.inspect`: the read-only views.
@@ -22,6 +23,7 @@ from .claims import CLAIM, CLAIM_NEXT, DEBOUNCE, THROTTLE
 from .inspect import INSPECT, PEEK
 from .lease import ACQUIRE, EXTEND, FENCE, ISSUE, RELEASE, RELEASE_PREFIX
 from .permits import ACQUIRE_PERMIT
+from .queues import QUEUE_NEXT, QUEUE_PARK, QUEUE_PEEK
 from .rates import ACQUIRE_PERMIT_RATED, ACQUIRE_RATED, RATE, UNSTART
 from .shared import Script
 
@@ -38,6 +40,9 @@ __all__ = [
     "INSPECT",
     "ISSUE",
     "PEEK",
+    "QUEUE_NEXT",
+    "QUEUE_PARK",
+    "QUEUE_PEEK",
     "RATE",
     "RELEASE",
     "RELEASE_PREFIX",

@@ -4,6 +4,7 @@
 const FAMILIES = [
   ["lock", "Locks and permits"],
   ["claim", "Enqueue claims"],
+  ["queue", "Queues"],
   ["burst", "Debounce schedules"],
   ["throttle", "Throttle schedules"],
   ["rate", "Rates"],
@@ -249,6 +250,15 @@ const TABLES = {
       el("td", {}, r.state || "-"), el("td", { class: "num left" }, secs(r.remaining)),
       el("td", { class: "num" }, r.votes + "/" + r.nodes_total),
       el("td", {}, actionButton("withdraw", r.state === "queued", () => confirmWithdraw(g, r))))), "claims");
+  },
+  queue(state, group, g, rows) {
+    const head = ["Task / lock", "Digest", "Waiting", "Next call", "Oldest waiting", "Nodes"];
+    return table(head, rows.map((r) => el("tr", { class: "row queue", "data-key": r.key },
+      taskCell(r), el("td", { class: "mono" }, r.digest.slice(0, 12) || "-"),
+      el("td", { class: "num" }, r.known ? String(r.waiting) : "unknown"),
+      el("td", { class: "mono" }, r.next || "-"),
+      el("td", { class: "num" }, r.oldest_age === null || r.oldest_age === undefined ? "-" : secs(r.oldest_age)),
+      el("td", { class: "num" }, r.known ? r.answered + " answered" : "-"))), "queues");
   },
   burst(state, group, g, rows) {
     const head = ["Task / lock", "Digest", "Burst began", "Next run due", "Claimant", "Time left", "Nodes"];

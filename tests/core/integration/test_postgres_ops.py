@@ -444,3 +444,54 @@ def test_rate_bookings_give_the_replies_redis_gives(both, seed):
         if phase == "1" and isinstance(reply, list) and reply[0] == 1:
             booked[tuple(keys)] = reply
     both.same_contents()
+
+
+def test_queues_park_in_order_and_hand_over_as_redis_does(both):
+    """queue_park: tickets in order, a re-park keeps its place, a full queue, a ticket
+    raised by the write-back; queue_next: a pending hand-over, held keys (a holder
+    handing over counts as free), an empty queue, the head claimed, a take-out."""
+    claim, queue, calls = both.k("claim", "q"), both.k("queue", "q"), both.k("qcalls", "q")
+    lock, permit = both.k("lock", "q"), both.k("permit", "q", "1")
+
+    def park(id: str, most: int = 3, floor: str = "") -> Any:
+        return both.op(scripts.QUEUE_PARK, [queue, calls], [id, f"call-{id}", most, 60000, floor])
+
+    def next_(drop: str = "", owner: str = "", ttl: str = "30000", *locks: str) -> Any:
+        keys = [claim, queue, calls, *(locks or (lock,))]
+        return both.op(scripts.QUEUE_NEXT, keys, [drop, owner, ttl, 60000])
+
+    assert park("a") == [1, 1, b"1"] and park("b") == [1, 2, b"2"]
+    assert park("a") == [1, 1, b"1"]  # re-sent: keeps its place
+    assert park("c", floor="7") == [1, 3, b"7"]  # the agreed ticket written back
+    assert park("d") == [0, 3]  # full
+    peek = both.op(scripts.QUEUE_PEEK, [queue, calls], [])
+    assert peek == [3, b"a", b"call-a", b"1"]
+    assert park("d", most=0) == [1, 4, b"8"]  # the last ticket never goes back
+    both.cmd("SET", lock, "t1|a", "NX", "PX", 30000)
+    assert next_() == [0, 1, 1]  # held
+    assert next_("", "t1|a") == [0, 3, b"a", b"call-a", b"1", 4]  # its holder hands over
+    assert next_()[:3] == [0, 0, b"a"]  # a hand-over is pending
+    both.cmd("DEL", claim, lock)
+    both.cmd("SET", claim, "~a", "NX", "PX", 30000)  # a started: its mark is no claim
+    assert next_("a")[:4] == [1, 3, b"b", b"call-b"]
+    assert next_("zz", "", "") == [0, 4]  # take out only
+    both.cmd("DEL", claim)
+    both.cmd("SET", lock, "t2|a", "NX", "PX", 30000)
+    assert next_("", "", "30000", lock, permit)[:3] == [0, 3, b"b"]  # one permit of two free
+    both.cmd("SET", permit, "t3|a", "NX", "PX", 30000)
+    both.cmd("DEL", claim)
+    assert next_("", "", "30000", lock, permit) == [0, 1, 2]
+    for id in ("b", "c", "d"):
+        next_(id, "", "")
+    both.cmd("DEL", claim, lock, permit)
+    assert next_() == [0, 2]  # nobody waits
+    both.cmd("SET", lock, "t4|a", "NX", "PX", 30000)
+    assert next_() == [0, 2]  # nobody waits, whoever holds the key
+    assert both.op(scripts.QUEUE_PEEK, [queue, calls], []) == [0, None, None, None]
+    # supersede: the newest park takes every other waiting id out, and names them
+    park("e", most=0)
+    park("f", most=0)
+    newest = both.op(scripts.QUEUE_PARK, [queue, calls], ["g", "call-g", 0, 60000, "", "1"])
+    assert newest[:2] == [1, 1] and sorted(newest[3:]) == [b"e", b"f"]
+    assert both.op(scripts.QUEUE_PEEK, [queue, calls], [])[:2] == [1, b"g"]
+    both.same_contents()

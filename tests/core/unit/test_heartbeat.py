@@ -132,6 +132,47 @@ def test_renew_once_takes_an_explicit_now(hb, clock, monkeypatch):
     assert calls == [[lease]]
 
 
+def test_a_probe_runs_after_each_renewal_that_reached_a_quorum(hb, clock):
+    """A lease held with a probe has it called after its renewals (not before one,
+    not after a failed one); a probe that raises is logged, and the renewals go on."""
+    redlock, servers = cluster(clock)
+    lease = redlock.acquire("probed", ttl=TTL)
+    seen: list[float] = []
+
+    def probe(held):
+        seen.append(held.remaining())
+        if len(seen) == 2:
+            raise RuntimeError("a probe that fails")
+
+    hb.hold(lease, 1.0, probe=probe)
+    hb.renew_once()
+    assert seen == []  # not due yet
+    clock.advance(1.0)
+    hb.renew_once()
+    clock.advance(1.0)
+    hb.renew_once()  # raises in the probe: logged
+    assert seen == [pytest.approx(VALID)] * 2 and not lease.lost
+    delete_on(servers, lease.key)
+    clock.advance(1.0)
+    hb.renew_once()  # the renewal fails: the lease is lost, no probe
+    assert len(seen) == 2 and lease.lost
+
+
+def test_a_superseded_lease_raises_lock_superseded_and_stays_held(clock):
+    """supersede() marks the lease once; check() then raises LockSuperseded (a
+    LockLost) naming the successor, while the lease itself is not lost."""
+    from celery_redlock.exceptions import LockSuperseded
+
+    redlock, _ = cluster(clock)
+    lease = redlock.acquire("superseded", ttl=TTL)
+    lease.check()
+    assert lease.supersede("newer") and not lease.supersede("newest")
+    with pytest.raises(LockSuperseded) as info:
+        lease.check()
+    assert isinstance(info.value, LockLost) and info.value.successor == "newer"
+    assert lease.superseded_by == "newer" and not lease.lost
+
+
 def test_lease_deleted_on_a_majority_is_lost_and_reported_once(hb, clock, monkeypatch, caplog):
     redlock, servers = cluster(clock)
     calls = spy(monkeypatch, redlock)

@@ -323,18 +323,36 @@ class View:
         self._store_z(key, entry, kept)
         return out
 
+    def c_zrange(self, key: bytes, start: bytes, stop: bytes, *opts: bytes) -> list[bytes]:
+        entry = self._zset(key)
+        return self._ranged(entry.value if entry else [], start, stop, opts)
+
     def c_zrevrange(self, key: bytes, start: bytes, stop: bytes, *opts: bytes) -> list[bytes]:
         entry = self._zset(key)
-        if entry is None:
-            return []
-        rev = entry.value[::-1]
+        return self._ranged(entry.value[::-1] if entry else [], start, stop, opts)
+
+    def _ranged(self, pairs: list, start: bytes, stop: bytes, opts: tuple) -> list[bytes]:
         scores = any(o.upper() == b"WITHSCORES" for o in opts)
         out: list[bytes] = []
-        for i in self._range(len(rev), _int(start), _int(stop)):
-            out.append(rev[i][0])
+        for i in self._range(len(pairs), _int(start), _int(stop)):
+            out.append(pairs[i][0])
             if scores:
-                out.append(score_text(rev[i][1]))
+                out.append(score_text(pairs[i][1]))
         return out
+
+    def c_zcard(self, key: bytes) -> int:
+        entry = self._zset(key)
+        return len(entry.value) if entry else 0
+
+    def c_zscore(self, key: bytes, member: bytes) -> bytes | None:
+        entry = self._zset(key)
+        found = [s for m, s in (entry.value if entry else []) if m == member]
+        return score_text(found[0]) if found else None
+
+    def c_zrank(self, key: bytes, member: bytes) -> int | None:
+        entry = self._zset(key)
+        ranks = [i for i, (m, _) in enumerate(entry.value if entry else []) if m == member]
+        return ranks[0] if ranks else None
 
 
 def _differs(before: Entry | None, after: Entry | None) -> bool:

@@ -15,9 +15,9 @@ from importlib import resources
 __all__ = ["VERSION", "check_sql", "ddl", "install_sql"]
 
 #: The schema's version: a node whose schema is at another one is refused.
-VERSION = 1
+VERSION = 2
 
-_FILES = ("storage.sql", "lease.sql", "permits.sql", "claims.sql", "rates.sql")
+_FILES = ("storage.sql", "lease.sql", "permits.sql", "claims.sql", "queues.sql", "rates.sql")
 
 
 def ddl(schema: str = "redlock") -> str:

@@ -261,8 +261,11 @@ BEGIN
         WHEN 'acquire_rated' THEN {schema}.rated('acquire', k, a)
         WHEN 'acquire_permit_rated' THEN {schema}.rated('acquire_permit', k, a)
         WHEN 'unstart' THEN {schema}.unstart(k, a)
+        WHEN 'queue_park' THEN {schema}.queue_park(k, a)
+        WHEN 'queue_next' THEN {schema}.queue_next(k, a)
+        WHEN 'queue_peek' THEN {schema}.queue_peek(k, a)
     END;
     IF reply IS NULL THEN RAISE EXCEPTION 'no operation %', op; END IF;
-    IF op NOT IN ('inspect', 'peek') THEN PERFORM {schema}.sweep(); END IF;
+    IF op NOT IN ('inspect', 'peek', 'queue_peek') THEN PERFORM {schema}.sweep(); END IF;
     RETURN reply::text;
 END $$;
