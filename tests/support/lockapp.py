@@ -585,7 +585,7 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
         )
         return lease.fencing_token
 
-    add_queue_tasks(app, rec, body)
+    add_queue_tasks(app, rec, body, clusters)
     return app
 
 

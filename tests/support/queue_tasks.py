@@ -17,8 +17,10 @@ from celery_redlock.signals import lock_superseded
 SIGNALS_RUN = "queue-tasks-superseded-signals"
 
 
-def add_queue_tasks(app: Celery, rec: Any, body: Any) -> None:
-    """Give ``app`` the queue tasks; ``body`` is lockapp's recording body."""
+def add_queue_tasks(app: Celery, rec: Any, body: Any, clusters: bool = False) -> None:
+    """Give ``app`` the queue tasks; ``body`` is lockapp's recording body. On
+    Redis Cluster nodes (``clusters``) the task with ``lock_also`` is left out:
+    it is refused at bind there."""
 
     def task(**options: Any) -> Any:
         options.setdefault("bind", True)
@@ -35,10 +37,12 @@ def add_queue_tasks(app: Celery, rec: Any, body: Any) -> None:
     def queued_max(self, key, run, duration=0.1, seq=0, fencing_token=None):
         return body(self, key, run, duration, fencing_token, seq=seq)
 
-    @task(name="lockapp.queued_also", lock_also={"qa-shared": 1}, lock_node_timeout=0.5)
-    def queued_also(self, key, run, duration=0.1, seq=0, fencing_token=None):
-        """Queued per key, and one at a time across keys (a named limit of 1)."""
-        return body(self, key, run, duration, fencing_token, seq=seq)
+    if not clusters:
+
+        @task(name="lockapp.queued_also", lock_also={"qa-shared": 1}, lock_node_timeout=0.5)
+        def queued_also(self, key, run, duration=0.1, seq=0, fencing_token=None):
+            """Queued per key, and one at a time across keys (a named limit of 1)."""
+            return body(self, key, run, duration, fencing_token, seq=seq)
 
     @task(name="lockapp.queued_rated", lock_rate="5/s", lock_node_timeout=0.5)
     def queued_rated(self, key, run, duration=0.0, seq=0, fencing_token=None):
