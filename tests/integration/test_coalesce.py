@@ -93,8 +93,9 @@ def test_debounce_runs_once_after_the_burst_with_the_last_arguments(coalesce_wor
     time.sleep(1.5)  # quiet: nothing else runs
     runs = coalesce_worker.records(run)
     assert [r["note"] for r in runs] == [last_note] and runs[0]["id"] == last_id
-    # about 1 s: the ETA, then the worker's timer and pool (slower on a loaded host)
-    assert 0.9 <= runs[0]["start"] - last_at < 2.0, runs[0]["start"] - last_at
+    # not before the 1 s debounce; then the ETA, the worker's timer and pool, which
+    # a loaded host stretches (3.7 s beside two busy loops and a second test process)
+    assert 0.9 <= runs[0]["start"] - last_at < 5.0, runs[0]["start"] - last_at
     replaced = coalesce_worker.app.AsyncResult(sent[0][2])
     with pytest.raises(TaskRevokedError, match="superseded by task"):
         replaced.get(timeout=5)
@@ -137,9 +138,11 @@ def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):
         first_of_burst = min(c[0] for c in sent if c[0] >= previous)
         assert r["start"] - first_of_burst <= 2.0 + 0.5, (r, first_of_burst)
     assert all(b - a <= 2.3 + 0.5 for a, b in zip(starts, starts[1:])), starts
-    for r in runs:  # each ran with the newest arguments at its start (the grant comes first)
+    for r in runs:  # each ran with the newest arguments at its start (the grant comes
+        # first): none older than the last call planned 0.05 s before it (a call
+        # planned after it may be sent, on a loaded host, just before it)
         newest = max((c for c in sent if c[0] <= r["start"] - 0.05), key=lambda c: c[0])
-        assert r["note"] == newest[1], (r["note"], newest)
+        assert r["note"] >= newest[1], (r["note"], newest)
     assert runs[-1]["note"] == sent[-1][1]  # the end of the burst is not lost
     assert_no_overlap(runs)
 
