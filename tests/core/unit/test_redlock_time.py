@@ -58,6 +58,12 @@ def clients(servers, **kwargs):
     return [fakeredis.FakeRedis(server=server, **kwargs) for server in servers]
 
 
+def redlock(servers, **kwargs) -> Redlock:
+    """A Redlock on the fake nodes. Their Lua runs on the client's threads, which a
+    loaded host can stall past the 50 ms default: a round here must not lose a node to that."""
+    return Redlock(clients(servers), **{"node_timeout": 2.0, **kwargs})
+
+
 def peek(servers) -> list[fakeredis.FakeRedis]:
     """Decoded clients that look at the nodes behind the Redlock's back."""
     return clients(servers, decode_responses=True)
@@ -70,7 +76,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def rl(servers, clock) -> Redlock:
-    return Redlock(clients(servers), clock=clock, sleep=clock.sleep)
+    return redlock(servers, clock=clock, sleep=clock.sleep)
 
 
 def test_fakeredis_clients_are_accepted_as_independent_nodes(servers, rl):
@@ -94,7 +100,7 @@ def test_remaining_right_after_acquire_is_ttl_minus_drift(rl, clock):
 
 @pytest.mark.parametrize("drift_factor", [0.0, 0.1, 0.25])
 def test_custom_drift_factor_changes_the_validity(servers, clock, drift_factor):
-    rl = Redlock(clients(servers), clock=clock, drift_factor=drift_factor)
+    rl = redlock(servers, clock=clock, drift_factor=drift_factor)
     lease = rl.acquire("job", ttl=TTL)
     assert lease.remaining() == pytest.approx(TTL - TTL * drift_factor - DRIFT_FLOOR, abs=1e-9)
 
@@ -124,7 +130,7 @@ def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatc
         return replies
 
     monkeypatch.setattr(redis_kind, "run", slow_nodes)
-    rl = Redlock(clients(servers), clock=clock)
+    rl = redlock(servers, clock=clock)
     lease = rl.acquire("job", ttl=TTL)
     assert lease.remaining() == pytest.approx(TTL - 3.0 - TTL * 0.01 - DRIFT_FLOOR, abs=1e-9)
 
@@ -145,7 +151,7 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
         return replies
 
     monkeypatch.setattr(redis_kind, "run", slow_nodes)
-    rl = Redlock(clients(servers), clock=clock)
+    rl = redlock(servers, clock=clock)
     lock_key, fence_key = rl.keys("job")
     # one node ahead of the others: the nodes disagree, so a fence phase is due
     peek(servers)[0].set(fence_key, "5000000000000000")
@@ -168,7 +174,7 @@ def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(server
         scripts.append(script.name)
         return real(script, *args, **kwargs)
 
-    rl = Redlock(clients(servers))
+    rl = redlock(servers)
     lock_key, fence_key = rl.keys("job")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(redis_kind, "run", recording)
@@ -210,7 +216,7 @@ def put_one_node_ahead(servers, fence_key: str, index: int) -> int:
 
 
 def test_fence_values_count_on_as_decimal_strings_past_two_to_the_53(servers):
-    rl = Redlock(clients(servers))
+    rl = redlock(servers)
     _, fence_key = rl.keys("job")
     for client in peek(servers):
         client.set(fence_key, "99999999999999999999")  # 10**20 - 1: no double holds it exactly
@@ -221,9 +227,9 @@ def test_fence_values_count_on_as_decimal_strings_past_two_to_the_53(servers):
 
 def test_expired_lease_frees_the_nodes_and_the_next_token_is_larger(servers):
     with freeze_time("2030-01-01 00:00:00") as frozen:
-        rl = Redlock(clients(servers), clock=time.monotonic, sleep=frozen.tick)
+        rl = redlock(servers, clock=time.monotonic, sleep=frozen.tick)
         first = rl.acquire("job", ttl=5)
-        other = Redlock(clients(servers), clock=time.monotonic)
+        other = redlock(servers, clock=time.monotonic)
         assert other.acquire("job", ttl=5) is None
         frozen.tick(4.9)
         assert not first.lost
@@ -241,7 +247,7 @@ def test_expired_lease_frees_the_nodes_and_the_next_token_is_larger(servers):
 def test_tokens_grow_under_a_frozen_node_clock(servers):
     """With TIME frozen, the fence value written back is what makes tokens grow."""
     with freeze_time("2030-01-01 00:00:00"):
-        rl = Redlock(clients(servers), clock=time.monotonic)
+        rl = redlock(servers, clock=time.monotonic)
         tokens = []
         for _ in range(5):
             lease = rl.acquire("job", ttl=TTL)
@@ -253,7 +259,7 @@ def test_tokens_grow_under_a_frozen_node_clock(servers):
 
 def test_extend_sets_the_ttl_and_never_adds(servers):
     with freeze_time("2030-01-01 00:00:00") as frozen:
-        rl = Redlock(clients(servers), clock=time.monotonic)
+        rl = redlock(servers, clock=time.monotonic)
         lease = rl.acquire("job", ttl=TTL)
         frozen.tick(4)
         assert [c.pttl(lease.key) for c in peek(servers)] == [6000] * 3
@@ -340,9 +346,9 @@ def test_disconnected_node_is_used_again_when_it_comes_back(rl, servers):
 
 
 def test_blocking_acquire_gives_up_after_the_timeout(servers, clock):
-    holder = Redlock(clients(servers), clock=clock)
+    holder = redlock(servers, clock=clock)
     holder.acquire("job", ttl=60)
-    waiter = Redlock(clients(servers), clock=clock, sleep=clock.sleep, rng=lambda: 1.0)
+    waiter = redlock(servers, clock=clock, sleep=clock.sleep, rng=lambda: 1.0)
     assert waiter.acquire("job", ttl=TTL, blocking=True, timeout=1.0) is None
     # full jitter with rng=1: base * 2**n, cut to what is left of the timeout
     assert clock.sleeps == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.25])
@@ -351,10 +357,10 @@ def test_blocking_acquire_gives_up_after_the_timeout(servers, clock):
 
 def test_blocking_acquire_gets_the_lock_when_the_holder_expires(servers):
     with freeze_time("2030-01-01 00:00:00") as frozen:
-        holder = Redlock(clients(servers), clock=time.monotonic)
+        holder = redlock(servers, clock=time.monotonic)
         held = holder.acquire("job", ttl=2)
         start = time.monotonic()
-        waiter = Redlock(clients(servers), clock=time.monotonic, sleep=frozen.tick)
+        waiter = redlock(servers, clock=time.monotonic, sleep=frozen.tick)
         lease = waiter.acquire("job", ttl=TTL, blocking=True, timeout=30, retry_delay_max=0.5)
         waited = time.monotonic() - start
     assert lease is not None and lease.fencing_token > held.fencing_token
@@ -493,8 +499,8 @@ def test_lazy_read_after_validity_ran_out_raises_without_io(rl, servers, clock, 
 
 def test_lazy_token_cannot_be_issued_after_a_later_eager_grant(servers, clock):
     """A later grant needs the lazy lease's key gone on a majority: the lazy read then fails."""
-    a = Redlock(clients(servers), clock=clock)
-    b = Redlock(clients(servers), clock=clock)
+    a = redlock(servers, clock=clock)
+    b = redlock(servers, clock=clock)
     _, fence_key = a.keys("job")
     put_one_node_ahead(servers, fence_key, 0)
     lazy = a.acquire("job", ttl=TTL, fence=False)
@@ -541,7 +547,7 @@ def test_concurrent_first_reads_issue_the_token_once(rl, servers, monkeypatch):
 
 
 def test_lazy_with_fencing_off_has_no_token_and_no_io(servers, clock, monkeypatch):
-    rl = Redlock(clients(servers), clock=clock, fencing=False)
+    rl = redlock(servers, clock=clock, fencing=False)
     lease = rl.acquire("job", ttl=TTL, fence=False)
     calls = count_scripts(monkeypatch)
     assert lease.fencing_token is None and calls == []
@@ -555,7 +561,7 @@ def test_interleaved_eager_and_lazy_grants_issue_increasing_tokens(servers, seed
     rng = random.Random(seed)
     issued: list[int] = []
     with freeze_time("2030-01-01 00:00:00") as frozen:
-        rls = [Redlock(clients(servers), clock=time.monotonic) for _ in range(2)]
+        rls = [redlock(servers, clock=time.monotonic) for _ in range(2)]
         fence_key = rls[0].keys("job")[1]
         for _ in range(60):
             if rng.random() < 0.3:
