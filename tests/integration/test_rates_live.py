@@ -10,6 +10,7 @@ at most N in any window shorter than the period by 0.2 s.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -70,10 +71,10 @@ def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) ->
     second: no window of 1 s holds more than 12 starts (see below), and every call runs
     once. On a quiet host the starts span about the ideal and each unrated call starts
     within 0.5 s of its sending (``benchmarks/rates.py`` measures both); a loaded
-    host delays deliveries, so the bounds here are 1.2x the ideal span and 3x the
-    probe's 0.5 s: a schedule that loses a fifth of the limit, or unrated work held
-    up behind rated traffic, still fails (before rated starts were booked at
-    publish, the probe waited 1.7-3.5 s on this kind of host)."""
+    host delays deliveries, so the bounds here are 1.2x the ideal span and, for
+    the median probe, 1.5x its 0.5 s: a schedule that loses a fifth of the limit, or
+    unrated work held up behind rated traffic, still fails (before rated starts were
+    booked at publish, the probes waited 1.7-3.5 s on this kind of host)."""
     procs = harness.senders(topology, calls)
     probe_run, sent = harness.new_run(), {}
     while len(worker.records(run, "start")) < len(calls) and len(sent) < 40:
@@ -94,7 +95,10 @@ def full_run(worker: WorkerHandle, topology: Topology, calls: list, run: str) ->
     wait_for(lambda: len(worker.records(probe_run, "start")) == len(sent), 10, "probes")
     probes = {r["id"]: r["start"] for r in worker.records(probe_run, "start")}
     waits = sorted(probes[i] - sent[i] for i in sent)
-    assert waits[-1] <= 3 * 0.5, waits
+    # held up behind rated traffic, the probes waited as a rule; a loaded host
+    # delays one here and there (1.7 s seen beside two busy loops): the typical
+    # probe is what is bounded, and the worst one loosely
+    assert statistics.median(waits) <= 1.5 * 0.5 and waits[-1] <= 6 * 0.5, waits
 
 
 def test_ten_per_second_uses_the_limit(two_workers: WorkerHandle, topology: Topology):
