@@ -45,11 +45,27 @@ def run(
 ) -> list[Any]:
     """One round of ``op`` on ``nodes``: one statement each, all at once."""
     params = [op.name.encode(), text_array(keys), text_array(args)]
+    plain = _plain(op.name, keys, args)
     return gather(
         nodes,
-        [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],
+        [
+            (node.run_sql, [*params, b"t" if node.min_replicas else b"f"])
+            if plain is None or node.min_replicas
+            else (getattr(node, plain[0]), plain[1])
+            for node in nodes
+        ],
         timeout,
     )
+
+
+def _plain(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, list[bytes]] | None:
+    """The statement of its own (the node's attribute) and its parameters for a
+    lock's acquire that no gate applies to or its plain release; None for any other."""
+    if name == "acquire" and len(keys) == 2 and len(args) == 4:
+        return "acquire_sql", [_text(v).encode() for v in (*keys, *args)]
+    if name == "release" and len(keys) == 1 and len(args) == 1:
+        return "release_sql", [_text(keys[0]).encode(), _text(args[0]).encode()]
+    return None
 
 
 def send(op: Any, nodes: Sequence[PostgresNode], keys: Any, args: Any) -> list[int]:

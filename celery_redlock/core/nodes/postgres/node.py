@@ -104,6 +104,9 @@ class PostgresNode:
         self.min_replicas = min_replicas
         self.connect_timeout = connect_timeout
         self.run_sql = f"SELECT {schema}.run($1, $2, $3, $4)".encode()
+        #: The two calls of every lock as statements of their own (see ``lease.sql``).
+        self.acquire_sql = f"SELECT {schema}.acquire_plain($1, $2, $3, $4, $5, $6)".encode()
+        self.release_sql = f"SELECT {schema}.release_plain($1, $2)".encode()
         self._idle: list[pq.abc.PGconn] = []
         self._generation = _generation
         self._checked = False

@@ -236,3 +236,62 @@ $$;
 
 CREATE OR REPLACE FUNCTION {schema}.peek(k text[], a text[]) RETURNS jsonb
 LANGUAGE sql AS $$ SELECT jsonb_build_array({schema}.r_get(k[1]), {schema}.r_pttl(k[1])); $$;
+
+-- The two calls of every lock, an acquire no gate applies to and a plain release,
+-- as one function each with scalar arguments and nothing nested: a call's cost on
+-- the server is mostly the PL/pgSQL functions it passes through. Each does what
+-- run('acquire' | 'release', ...) does (the same advisory lock, the same rows, the
+-- same sweep) and hands anything but the common case to the general operation.
+CREATE OR REPLACE FUNCTION {schema}.acquire_plain(k1 text, k2 text, owner text, px bigint,
+                                                  retention text, now_us text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    tag text := {schema}.tag(k1);
+    fence text;
+BEGIN
+    IF {schema}.tag(k2) <> tag THEN  -- a key space whose two keys differ in tag
+        RETURN {schema}.run('acquire', ARRAY[k1, k2], ARRAY[owner, px::text, retention, now_us],
+                            false);
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(tag, 0));
+    IF random() < 0.25 THEN PERFORM {schema}.sweep(); END IF;
+    INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
+    VALUES (k1, 's', owner, NULL, clock_timestamp() + px * interval '1 millisecond')
+    ON CONFLICT (key) DO UPDATE
+       SET kind = 's', val = EXCLUDED.val, map = NULL, expires_at = EXCLUDED.expires_at
+     WHERE t.expires_at <= clock_timestamp();
+    IF NOT FOUND THEN  -- held, or this very call sent again: as the general acquire says
+        RETURN {schema}.acquire(ARRAY[k1, k2], ARRAY[owner, px::text, retention, now_us])::text;
+    END IF;
+    IF retention = '' THEN RETURN '[1]'; END IF;
+    -- advance(k2, false, ...) written out: moved on where it lives, else seeded
+    fence := greatest(now_us::numeric,
+                      floor(extract(epoch FROM clock_timestamp())) * 1000000)::text;
+    INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
+    VALUES (k2, 's', fence, NULL, clock_timestamp() + retention::bigint * interval '1 millisecond')
+    ON CONFLICT (key) DO UPDATE
+       SET val = CASE WHEN t.expires_at IS NULL OR t.expires_at > clock_timestamp()
+                      THEN (t.val::numeric + 1)::text ELSE EXCLUDED.val END,
+           kind = 's', map = NULL, expires_at = EXCLUDED.expires_at
+     WHERE t.kind = 's' OR t.expires_at <= clock_timestamp()
+    RETURNING val INTO fence;
+    IF NOT FOUND THEN  -- a live key of another type: advance raises as GET does
+        fence := {schema}.advance(k2, false, ARRAY[owner, px::text, retention, now_us]);
+    END IF;
+    RETURN jsonb_build_array(1, fence)::text;
+END $$;
+
+CREATE OR REPLACE FUNCTION {schema}.release_plain(k1 text, owner text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    out integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended({schema}.tag(k1), 0));
+    IF random() < 0.25 THEN PERFORM {schema}.sweep(); END IF;
+    DELETE FROM {schema}.kv
+     WHERE key = k1 AND kind = 's' AND val = owner
+       AND (expires_at IS NULL OR expires_at > clock_timestamp());
+    GET DIAGNOSTICS out = ROW_COUNT;
+    IF out = 0 THEN PERFORM {schema}.owns(k1, owner); END IF;  -- GET's WRONGTYPE, if any
+    RETURN out::text;
+END $$;

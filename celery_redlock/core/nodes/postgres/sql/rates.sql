@@ -266,6 +266,8 @@ BEGIN
         WHEN 'queue_peek' THEN {schema}.queue_peek(k, a)
     END;
     IF reply IS NULL THEN RAISE EXCEPTION 'no operation %', op; END IF;
-    IF op NOT IN ('inspect', 'peek', 'queue_peek') THEN PERFORM {schema}.sweep(); END IF;
+    IF op NOT IN ('inspect', 'peek', 'queue_peek') AND random() < 0.25 THEN
+        PERFORM {schema}.sweep();
+    END IF;
     RETURN reply::text;
 END $$;
