@@ -1,7 +1,8 @@
 """PostgreSQL lock nodes under the faults of their own kind, on real servers:
 a crash and restart with leases held, a paused server, backends killed in the
-middle of rounds, pgbouncer's transaction pooling, and the schema's life
-(created on first use, refused at another version, applied by the CLI)."""
+middle of rounds, pgbouncer's transaction pooling, the schema's life
+(created on first use, refused at another version, applied by the CLI), and
+names used once swept away by the calls that follow."""
 
 from __future__ import annotations
 
@@ -121,6 +122,25 @@ def test_transaction_pooling_keeps_exclusion_and_growing_tokens(postgres_node1):
     grants = section.grants
     assert section.overlaps == 0
     assert len(grants) == 150 and grants == sorted(set(grants))
+
+
+def test_names_used_once_are_swept_away_by_later_calls(postgres_node1):
+    """Every name leaves a fence row for its retention; once those expired, the
+    calls on other names clear them (one write in eight clears up to 32: four a
+    write), on the common path of a lock and on the general one alike."""
+    server = postgres_node1[0]
+    rows = "SELECT count(*) FROM redlock.kv"
+    rl = Redlock(postgres_node1.urls, node_timeout=1.0, fence_retention=3)
+    plain = Redlock(postgres_node1.urls, node_timeout=1.0, fencing=False)
+    for limit in (1, 2):  # the lock's own statements, then the general one (a permit)
+        before = server.sql(rows)[0][0]
+        for i in range(300):
+            rl.release(rl.acquire(f"once-{limit}-{i}", ttl=5))
+        assert server.sql(rows)[0][0] - before == 300  # a fence row each, none expired yet
+        time.sleep(3.2)
+        for _ in range(300):  # 600 writes: about 2,400 rows' worth of clearing
+            plain.release(plain.acquire("busy", ttl=5, limit=limit))
+        assert server.sql(rows)[0][0] <= 10
 
 
 def test_the_schema_is_made_on_first_use_and_another_version_is_refused(postgres_node1):

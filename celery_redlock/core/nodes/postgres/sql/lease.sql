@@ -254,7 +254,7 @@ BEGIN
                             false);
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended(tag, 0));
-    IF random() < 0.25 THEN PERFORM {schema}.sweep(); END IF;
+    IF random() < 0.125 THEN PERFORM {schema}.sweep(); END IF;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
     VALUES (k1, 's', owner, NULL, clock_timestamp() + px * interval '1 millisecond')
     ON CONFLICT (key) DO UPDATE
@@ -287,7 +287,7 @@ DECLARE
     out integer;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended({schema}.tag(k1), 0));
-    IF random() < 0.25 THEN PERFORM {schema}.sweep(); END IF;
+    IF random() < 0.125 THEN PERFORM {schema}.sweep(); END IF;
     DELETE FROM {schema}.kv
      WHERE key = k1 AND kind = 's' AND val = owner
        AND (expires_at IS NULL OR expires_at > clock_timestamp());

@@ -266,7 +266,7 @@ BEGIN
         WHEN 'queue_peek' THEN {schema}.queue_peek(k, a)
     END;
     IF reply IS NULL THEN RAISE EXCEPTION 'no operation %', op; END IF;
-    IF op NOT IN ('inspect', 'peek', 'queue_peek') AND random() < 0.25 THEN
+    IF op NOT IN ('inspect', 'peek', 'queue_peek') AND random() < 0.125 THEN
         PERFORM {schema}.sweep();
     END IF;
     RETURN reply::text;
