@@ -6,14 +6,20 @@ sockets of every node of the round polled together until each has answered or
 its deadline passed): a paused or hung server costs one timeout, never a
 hang, and nothing retries in the client. A new connection gets the node's
 connect budget before the round's timeout starts for its reply, as on Redis.
-Connections are plain libpq sessions in autocommit with no session state, no
-advisory session lock and no named prepared statement, so a transaction
-pooler (pgbouncer ``pool_mode = transaction``) between client and server
-changes nothing.
+Connections are plain libpq sessions in autocommit with no session state and
+no advisory session lock, so a transaction pooler (pgbouncer ``pool_mode =
+transaction``) between client and server changes nothing. The one exception is
+a saving, not a state anything relies on: each new connection prepares the two
+statements of every lock (its acquire and release; parsing and planning them was
+a third of a call's time on the server), named after a hash of their text. A
+pooler that runs a call on a server connection where they were not prepared
+answers "prepared statement does not exist" before anything ran; the call goes
+again unprepared, and so does every later one to that node.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -40,6 +46,8 @@ MAX_IDLE = 8
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 _generation = 0
+#: The reply to a call sent as a prepared statement its server connection lacks.
+_UNPREPARED = object()
 
 
 def _forked() -> None:
@@ -107,6 +115,16 @@ class PostgresNode:
         #: The two calls of every lock as statements of their own (see ``lease.sql``).
         self.acquire_sql = f"SELECT {schema}.acquire_plain($1, $2, $3, $4, $5, $6)".encode()
         self.release_sql = f"SELECT {schema}.release_plain($1, $2)".encode()
+        #: Their names as prepared statements: one name, one text, whoever prepared it.
+        self.statements = {
+            sql: b"crl_" + hashlib.sha1(sql).hexdigest()[:16].encode()
+            for sql in (self.acquire_sql, self.release_sql)
+        }
+        self.prepare_sql = "".join(
+            f"PREPARE {name.decode()} AS {sql.decode()};" for sql, name in self.statements.items()
+        )
+        #: False once a pooler ran a call where its statements were not prepared.
+        self.prepares = True
         self._idle: list[pq.abc.PGconn] = []
         self._generation = _generation
         self._checked = False
@@ -216,6 +234,8 @@ def _result(conn: pq.abc.PGconn, name: str) -> Any:
     if result is None:
         return NodeError(f"{name}: no result")
     if result.status != pq.ExecStatus.TUPLES_OK:
+        if result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":  # no such statement
+            return _UNPREPARED
         message = (result.error_message or b"").decode(errors="replace").strip()
         return NodeError(f"{name}: {message or pq.ExecStatus(result.status).name}")
     raw = result.get_value(0, 0)
@@ -288,7 +308,11 @@ def _broken(call: _Call, error: Exception, timeout: float) -> None:
 
 def _send(call: _Call, deadline: float) -> None:
     try:
-        call.conn.send_query_params(call.sql, call.params)
+        name = call.node.statements.get(call.sql) if call.node.prepares else None
+        if name is None:
+            call.conn.send_query_params(call.sql, call.params)
+        else:
+            call.conn.send_query_prepared(name, call.params)
     except Exception as exc:  # noqa: BLE001 - a broken connection
         _broken(call, NodeError(f"{call.node.name}: {exc}"), deadline - time.monotonic())
         return
@@ -316,11 +340,20 @@ def _step(call: _Call, timeout: float, now: float) -> None:
             if status != pq.PollingStatus.OK:
                 call.want = select.POLLIN if status == pq.PollingStatus.READING else select.POLLOUT
                 return
-            if not call.node._checked:
-                problem = call.node.check(conn, now + timeout)
+            node = call.node
+            if not node._checked:
+                problem = node.check(conn, now + timeout)
                 if problem is not None:
                     _fail(call, problem)
                     return
+            if node.prepares:  # part of the connection's set-up: the connect budget
+                budget = node.connect_timeout or timeout
+                prepared = execute(conn, node.prepare_sql, time.monotonic() + budget)
+                if isinstance(prepared, TimeoutError):
+                    _fail(call, TimeoutError(f"{node.name}: no connect in {budget:g}s"))
+                    return
+                # refused (a pooler's server connection had them already, say): unprepared
+                node.prepares = not isinstance(prepared, Exception)
             # the reply's timeout starts now: the connect (and a first use's
             # schema creation) had budgets of their own
             _send(call, time.monotonic() + timeout)
@@ -334,6 +367,10 @@ def _step(call: _Call, timeout: float, now: float) -> None:
             if conn.is_busy():
                 return
             call.reply = _result(conn, call.node.name)
+            if call.reply is _UNPREPARED:  # nothing ran: again, unprepared from now on
+                call.node.prepares = False
+                _send(call, call.deadline)
+                return
             if isinstance(call.reply, Exception) and conn.status != pq.ConnStatus.OK:
                 _broken(call, call.reply, timeout)
                 return
