@@ -7,8 +7,11 @@ function written as the Lua script of the same name
 (:mod:`celery_redlock.core.scripts`), so it answers with the same values. A
 call is one statement in its own transaction, which first takes a
 transaction-scoped advisory lock on each of its keys: the calls on one key
-run one after another, as scripts do on Redis. See :mod:`.node` for the
-connections and :mod:`.schema` for the SQL.
+run one after another, as scripts do on Redis. The two calls of every lock
+(an acquire no gate applies to, a plain release) have functions of their own
+with scalar arguments, prepared on each connection; every other call goes
+through ``run(op, keys, args)``. See :mod:`.node` for the connections and
+:mod:`.schema` for the SQL.
 """
 
 from __future__ import annotations
