@@ -120,23 +120,8 @@ DECLARE
     g record;
     stop jsonb;
 BEGIN
-    IF a[5] IS NULL THEN  -- no gate: one SET NX in the common case, as one upsert
-        INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
-        VALUES (k[1], 's', a[1], NULL, clock_timestamp() + a[2]::bigint * interval '1 millisecond')
-        ON CONFLICT (key) DO UPDATE
-           SET kind = 's', val = EXCLUDED.val, map = NULL, expires_at = EXCLUDED.expires_at
-         WHERE t.expires_at <= clock_timestamp();
-        IF FOUND THEN
-            IF a[3] = '' THEN RETURN '[1]'; END IF;
-            RETURN jsonb_build_array(1, {schema}.advance(k[2], false, a));
-        END IF;
-        holder := {schema}.r_get(k[1]);
-        IF holder IS DISTINCT FROM a[1] THEN
-            RETURN jsonb_build_array(0, holder, {schema}.r_pttl(k[1]), NULL);
-        END IF;
-        PERFORM {schema}.r_set(k[1], a[1], a[2]::bigint);
-        IF a[3] = '' THEN RETURN '[1]'; END IF;
-        RETURN jsonb_build_array(1, {schema}.advance(k[2], true, a));
+    IF a[5] IS NULL THEN  -- no gate: the lock's own function (below)
+        RETURN {schema}.acquire_plain(k[1], k[2], a[1], a[2]::bigint, a[3], a[4])::jsonb;
     END IF;
     g := {schema}.gate_enter(k, a);
     IF g.stop IS NOT NULL THEN RETURN g.stop; END IF;
@@ -238,30 +223,38 @@ CREATE OR REPLACE FUNCTION {schema}.peek(k text[], a text[]) RETURNS jsonb
 LANGUAGE sql AS $$ SELECT jsonb_build_array({schema}.r_get(k[1]), {schema}.r_pttl(k[1])); $$;
 
 -- The two calls of every lock, an acquire no gate applies to and a plain release,
--- as one function each with scalar arguments and nothing nested: a call's cost on
--- the server is mostly the PL/pgSQL functions it passes through. Each does what
--- run('acquire' | 'release', ...) does (the same advisory lock, the same rows, the
--- same sweep) and hands anything but the common case to the general operation.
+-- as one function each with scalar arguments and, in the common case, nothing
+-- nested: a call's cost on the server is mostly the PL/pgSQL functions it passes
+-- through. Each does what run('acquire' | 'release', ...) does: the same advisory
+-- lock, the same rows, the same sweep.
 CREATE OR REPLACE FUNCTION {schema}.acquire_plain(k1 text, k2 text, owner text, px bigint,
                                                   retention text, now_us text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     tag text := {schema}.tag(k1);
+    holder text;
     fence text;
 BEGIN
-    IF {schema}.tag(k2) <> tag THEN  -- a key space whose two keys differ in tag
-        RETURN {schema}.run('acquire', ARRAY[k1, k2], ARRAY[owner, px::text, retention, now_us],
-                            false);
+    IF {schema}.tag(k2) = tag THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(tag, 0));
+    ELSE  -- a key space whose two keys differ in tag
+        PERFORM {schema}.lock_keys(ARRAY[k1, k2]);
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended(tag, 0));
     IF random() < 0.125 THEN PERFORM {schema}.sweep(); END IF;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
     VALUES (k1, 's', owner, NULL, clock_timestamp() + px * interval '1 millisecond')
     ON CONFLICT (key) DO UPDATE
        SET kind = 's', val = EXCLUDED.val, map = NULL, expires_at = EXCLUDED.expires_at
      WHERE t.expires_at <= clock_timestamp();
-    IF NOT FOUND THEN  -- held, or this very call sent again: as the general acquire says
-        RETURN {schema}.acquire(ARRAY[k1, k2], ARRAY[owner, px::text, retention, now_us])::text;
+    IF NOT FOUND THEN  -- held, or this very call sent again (then it is ours: kept)
+        holder := {schema}.r_get(k1);
+        IF holder IS DISTINCT FROM owner THEN
+            RETURN jsonb_build_array(0, holder, {schema}.r_pttl(k1), NULL)::text;
+        END IF;
+        PERFORM {schema}.r_set(k1, owner, px);
+        IF retention = '' THEN RETURN '[1]'; END IF;
+        fence := {schema}.advance(k2, true, ARRAY[owner, px::text, retention, now_us]);
+        RETURN jsonb_build_array(1, fence)::text;
     END IF;
     IF retention = '' THEN RETURN '[1]'; END IF;
     -- advance(k2, false, ...) written out: moved on where it lives, else seeded
