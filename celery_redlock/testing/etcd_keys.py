@@ -24,8 +24,9 @@ def api(url: str, body: Any = None, timeout: float = 1.0) -> Any:
 class Keys:
     """A lock node's keys on an etcd cluster, with the calls of a decoded redis-py
     client that tests use (``get``, ``set``, ``pttl``, ``exists``, ``delete``,
-    ``keys``, ``scan_iter``, ``zrange``, ``zcard``, ``time``): a test of the
-    lock's state runs on every kind. Each key is an etcd key under ``prefix``
+    ``keys``, ``scan_iter``, ``zrange``, ``zcard``, ``time``), and ``set_many``
+    for the many keys a pipeline writes on Redis: a test of the lock's state
+    runs on every kind. Each key is an etcd key under ``prefix``
     holding a JSON record ``{"t": type, "v": value, "e": expiry ms, "p": ttl ms}``
     on a lease (see :mod:`celery_redlock.core.nodes.etcd.keyspace`)."""
 
@@ -75,6 +76,26 @@ class Keys:
         compare = [{"key": put["key"], "target": "CREATE", "create_revision": "0"}] if nx else []
         got = self._api("kv/txn", {"compare": compare, "success": [{"request_put": put}]})
         return True if got.get("succeeded") else None
+
+    def set_many(self, values: dict[str, Any], px: int) -> None:
+        """Write every key of ``values`` with a TTL of ``px`` ms: one lease for them all,
+        Txns of 100 puts (etcd refuses a Txn of more than ``--max-txn-ops``, 128)."""
+        expiry = int(time.time() * 1000) + px
+        lease = self._api("lease/grant", {"TTL": -(-px // 1000) + 1})["ID"]
+        puts = [
+            {
+                "request_put": {
+                    "key": _b64(self.prefix + key.encode()),
+                    "value": _b64(
+                        json.dumps({"t": "s", "v": str(v), "e": expiry, "p": px}).encode()
+                    ),
+                    "lease": lease,
+                }
+            }
+            for key, v in values.items()
+        ]
+        for start in range(0, len(puts), 100):
+            self._api("kv/txn", {"success": puts[start : start + 100]})
 
     def delete(self, *keys: str) -> int:
         return sum(

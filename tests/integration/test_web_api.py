@@ -1,5 +1,5 @@
 """The dashboard's JSON API and its guards, over real lock nodes (no browser): three
-Redis masters, three Redis Clusters, three PostgreSQL databases.
+Redis masters, three Redis Clusters, three PostgreSQL databases, three etcd clusters.
 
 The browser tests are in test_web_browser.py.
 """
@@ -27,12 +27,17 @@ PREFIX = "crl-web"
 TOKEN = "s3cret-token-for-tests"
 
 
-@pytest.fixture(scope="module", params=["3masters", "3clusters", "3postgres"])
+#: The kinds whose servers the session starts: emptied here, not stopped.
+SESSION_SERVERS = {"3postgres": "postgres_servers_session", "3etcd": "etcd_nodes3_session"}
+
+
+@pytest.fixture(scope="module", params=["3masters", "3clusters", "3postgres", "3etcd"])
 def nodes(request) -> Iterator[Any]:
     """Three plain masters, the session's three Redis Clusters of three masters
-    (a row per shard), or its three PostgreSQL servers, emptied before and after."""
-    if request.param == "3postgres":
-        servers = request.getfixturevalue("postgres_servers_session")
+    (a row per shard), its three PostgreSQL servers, or its three one-member etcd
+    clusters, emptied before and after."""
+    if request.param in SESSION_SERVERS:
+        servers = request.getfixturevalue(SESSION_SERVERS[request.param])
         servers.flushall()
         yield servers
         servers.heal()
@@ -49,12 +54,17 @@ def nodes(request) -> Iterator[Any]:
 
 
 def node_timeout(nodes: Any) -> float:
-    """A PostgreSQL node's call is a commit: the 500 ms its page advises; Redis's default."""
-    return 0.5 if is_postgres(nodes) else 0.05
+    """A PostgreSQL node's call is a commit, an etcd node's a raft commit: the 500 ms
+    their pages advise; Redis's default."""
+    return 0.5 if is_postgres(nodes) or is_etcd(nodes) else 0.05
 
 
 def is_postgres(nodes: Any) -> bool:
     return nodes.urls[0].startswith("postgresql://")
+
+
+def is_etcd(nodes: Any) -> bool:
+    return nodes.urls[0].startswith("etcd://")
 
 
 @pytest.fixture
@@ -77,7 +87,7 @@ def celery_app(nodes: Any) -> Celery:
 def redlock(nodes: Any) -> Iterator[Redlock]:
     client = Redlock(nodes.urls, key_prefix=PREFIX, node_timeout=node_timeout(nodes))
     yield client
-    if is_postgres(nodes):
+    if is_postgres(nodes) or is_etcd(nodes):
         nodes.flushall()
         client.close()
         return
@@ -244,7 +254,8 @@ def test_a_holder_that_is_not_renewed_turns_suspect(celery_app, redlock, serve):
 
 
 def take_down(node: Any) -> None:
-    """A lock node down: a plain master stopped, every server of a cluster paused."""
+    """A lock node down: a plain master, a PostgreSQL server or an etcd cluster stopped,
+    every server of a Redis Cluster paused."""
     if isinstance(node, RedisCluster):
         for server in node.servers:
             server.pause()
@@ -287,8 +298,8 @@ def test_a_node_down_is_shown_and_the_state_still_answers(celery_app, nodes, red
 def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, redlock, serve):
     """The first read and each refresh stay fast; SCAN calls per refresh are bounded."""
     families = 8  # lock, permit, claim, queue, burst, throttle, rate, beat
-    if is_postgres(nodes):
-        postgres_ten_thousand_keys(celery_app, nodes, redlock, serve, families)
+    if is_postgres(nodes) or is_etcd(nodes):
+        ten_thousand_keys_paged_on(celery_app, nodes, redlock, serve, families)
         return
     for node in nodes:
         with node.client() as c:
@@ -335,25 +346,36 @@ def test_ten_thousand_keys_one_scan_page_per_family_per_node(celery_app, nodes, 
     print(f"\n/api/state over 10,000 held keys: {', '.join(f'{t:.3f}' for t in timings)} s")
 
 
-def postgres_ten_thousand_keys(
+def ten_thousand_keys_paged_on(
     celery_app: Celery, nodes: Any, redlock: Redlock, serve: Any, families: int
 ) -> None:
-    """The PostgreSQL nodes' share of the test above: each refresh sends one SCAN per
-    family per node (the pager's count) and pages on through 10,000 held keys."""
-    assert redlock.holder("web.settle:{none}").owner is None  # the schema is there
-    for node in nodes:
-        node.sql(
-            "INSERT INTO redlock.kv (key, kind, val, expires_at) SELECT "
-            "%s || ':lock:web.settle:{' || lpad(to_hex(i), 32, '0') || '}', 's', "
-            "'task-' || i || '|0|host|' || i || '|abcdef', clock_timestamp() + interval '120 s' "
-            "FROM generate_series(0, 9999) i",
-            PREFIX,
-        )
+    """The PostgreSQL and etcd nodes' share of the test above (no command stats to
+    read): each refresh sends one SCAN per family per node (the pager's count) and
+    pages on through 10,000 held keys."""
+    names = [f"{PREFIX}:lock:web.settle:{{{i:032x}}}" for i in range(10_000)]
+    if is_etcd(nodes):
+        for node in nodes:
+            with node.client() as keys:
+                keys.set_many(
+                    {n: f"task-{i}|0|host|{i}|abcdef" for i, n in enumerate(names)}, 120_000
+                )
+    else:
+        assert redlock.holder("web.settle:{none}").owner is None  # the schema is there
+        for node in nodes:
+            node.sql(
+                "INSERT INTO redlock.kv (key, kind, val, expires_at) SELECT "
+                "%s || ':lock:web.settle:{' || lpad(to_hex(i), 32, '0') || '}', 's', "
+                "'task-' || i || '|0|host|' || i || '|abcdef', "
+                "clock_timestamp() + interval '120 s' FROM generate_series(0, 9999) i",
+                PREFIX,
+            )
     site = serve(make_app(celery_app))
-    cursor, pages = None, set()
+    cursor, pages, timings = None, set(), []
     for _ in range(4):
         query = "" if cursor is None else f"?cursor.0.lock={cursor}"
+        started = time.perf_counter()
         status, state = site.call("/api/state" + query)
+        timings.append(time.perf_counter() - started)
         assert status == 200
         assert state["scan_calls"] <= families * len(nodes)
         lock = state["groups"][0]["families"]["lock"]
@@ -362,3 +384,4 @@ def postgres_ten_thousand_keys(
         pages.add(lock["rows"][0]["digest"])
         cursor = lock["next"]
     assert len(pages) == 4  # each refresh read the next page
+    print(f"\n/api/state over 10,000 held keys: {', '.join(f'{t:.3f}' for t in timings)} s")

@@ -1,12 +1,13 @@
-"""Network faults between one client and one Redis node: a TCP proxy on loopback.
+"""Network faults between one client and one lock node: a TCP proxy on loopback.
 
 A :class:`NodeProxy` listens on a port of its own on 127.0.0.1 and forwards
-every connection to one Redis node; a client that is to suffer network faults
-is given the proxies' URLs instead of the nodes' (a prefork worker gets them in
-``CRL_NODES``: the proxy lives in the test process, independent of the worker,
-and the worker's processes connect to its port). One proxy per (client, node)
-pair, so a fault can cut one worker off while another still reaches the node:
-:class:`ProxyGrid` builds them.
+every connection to one lock node (a Redis master, a PostgreSQL server, an etcd
+cluster's one member: the proxy forwards bytes, whatever the protocol); a
+client that is to suffer network faults is given the proxies' URLs instead of
+the nodes' (a prefork worker gets them in ``CRL_NODES``: the proxy lives in the
+test process, independent of the worker, and the worker's processes connect to
+its port). One proxy per (client, node) pair, so a fault can cut one worker
+off while another still reaches the node: :class:`ProxyGrid` builds them.
 
 Modes, switched at run time with :meth:`NodeProxy.set` (they apply at once to
 new and open connections):
@@ -32,7 +33,7 @@ new and open connections):
     every open connection gets an RST (``SO_LINGER`` 0, then close), and so
     does every new one as soon as it is accepted.
 ``reply_loss``
-    requests reach Redis (and run there); replies are dropped.
+    requests reach the node (and run there); replies are dropped.
 
 Tests only.
 """
@@ -124,7 +125,7 @@ class _Link:
 
 
 class NodeProxy:
-    """A TCP proxy from a port of its own on 127.0.0.1 to one Redis node.
+    """A TCP proxy from a port of its own on 127.0.0.1 to one lock node.
 
     Args:
         host, port: the node.
@@ -237,7 +238,7 @@ class NodeProxy:
             self._links.add(_Link(self, client, upstream))
 
     def url(self, template: str) -> str:
-        """``template`` (a node's ``redis://`` URL) with this proxy's host and port."""
+        """``template`` (a node's URL) with this proxy's host and port."""
         parts = urlsplit(template)
         userinfo = parts.netloc.rpartition("@")[0]
         netloc = f"{userinfo}@" if userinfo else ""
@@ -257,12 +258,22 @@ class NodeProxy:
         return f"<NodeProxy {self.name} :{self.port} {self.mode}>"
 
 
+def _endpoint(url: str) -> tuple[str, int]:
+    """The one (host, port) a node URL names: one proxy stands for one endpoint, so a
+    URL of several (an etcd cluster's members) is refused, not cut to its first."""
+    parts = urlsplit(url)
+    if "," in parts.netloc:
+        raise ValueError(f"{url}: several endpoints; a proxy stands for one (one member)")
+    return parts.hostname or "127.0.0.1", parts.port or 6379
+
+
 class ProxyGrid:
     """One :class:`NodeProxy` per (client, node): ``grid[client][i]`` stands between
     ``client`` and node ``i``; ``grid.urls(client)`` are the URLs ``client`` is given.
 
     Args:
-        node_urls: the nodes' ``redis://`` URLs (host, port and db are kept).
+        node_urls: the nodes' URLs, one endpoint each (``redis://``,
+            ``postgresql://``, ``etcd://``; user, path and query are kept).
         clients: the clients' names.
     """
 
@@ -273,9 +284,8 @@ class ProxyGrid:
             for client in clients:
                 row = []
                 for i, url in enumerate(self.node_urls):
-                    parts = urlsplit(url)
-                    row.append(NodeProxy(parts.hostname or "127.0.0.1", parts.port or 6379,
-                                         f"{client}->n{i}"))  # fmt: skip
+                    host, port = _endpoint(url)
+                    row.append(NodeProxy(host, port, f"{client}->n{i}"))
                     self.proxies[client] = row
         except BaseException:
             self.close()

@@ -82,16 +82,41 @@ def plain(node: EtcdNode, cmd: tuple, deadline: float) -> Any:
         done = execute(node, [key], lambda view: view.c_set(key, _bytes(rest[1]), *opts), deadline)
         return b"OK" if done else None
     if verb == "SCAN" and len(rest) == 5:
-        cursor, count = int(_text(rest[0])), int(_text(rest[4]))
-        match = re.compile(glob_regex(_text(rest[2])), re.DOTALL)
-        got = node.post(
-            "kv/range",
-            {"key": b64(node.prefix), "range_end": b64(_range_end(node.prefix)), "keys_only": True},
-            deadline,
-        )
-        names = [unb64(kv["key"])[len(node.prefix) :] for kv in got.get("kvs", [])]
-        names = [n for n in names if match.fullmatch(n.decode(errors="replace"))]
-        page = names[cursor : cursor + count]
-        after = cursor + len(page) if cursor + len(page) < len(names) else 0
-        return [str(after).encode(), page]
+        return _scan(node, int(_text(rest[0])), _text(rest[2]), int(_text(rest[4])), deadline)
     raise NodeError(f"the etcd node does not answer {verb}")
+
+
+def _literal_head(pattern: str) -> str:
+    """What every key ``pattern`` (a ``SCAN ... MATCH`` glob) matches starts with: the
+    pattern up to its first wildcard, escapes undone."""
+    head, i = [], 0
+    while i < len(pattern) and pattern[i] not in "*?[":
+        if pattern[i] == "\\" and i + 1 < len(pattern):
+            i += 1
+        head.append(pattern[i])
+        i += 1
+    return "".join(head)
+
+
+def _scan(node: EtcdNode, cursor: int, pattern: str, count: int, deadline: float) -> list[Any]:
+    """One page of at most ``count`` keys matching ``pattern``: a range read from the
+    cursor's key on, within the keys that start with the pattern's literal head, so
+    a page costs its ``count`` keys, never the whole key space (a dashboard sends
+    one page per family per refresh). The cursor is the key to go on from, after
+    the head, as a number, as Redis's cursors are (0: from the start; ``0x01``
+    before the bytes keeps their leading zero bytes)."""
+    head = node.prefix + _literal_head(pattern).encode()
+    start = head + cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:]
+    got = node.post(
+        "kv/range",
+        {"key": b64(start), "range_end": b64(_range_end(head)), "keys_only": True,
+         "limit": count + 1},
+        deadline,
+    )  # fmt: skip
+    keys = [unb64(kv["key"]) for kv in got.get("kvs", [])]
+    page, after = keys[:count], keys[count:]
+    match = re.compile(glob_regex(pattern), re.DOTALL)
+    names = [k[len(node.prefix) :] for k in page]
+    names = [n for n in names if match.fullmatch(n.decode(errors="replace"))]
+    following = int.from_bytes(b"\x01" + after[0][len(head) :], "big") if after else 0
+    return [str(following).encode(), names]
