@@ -47,8 +47,10 @@ def run(
     op: Any, nodes: Sequence[PostgresNode], keys: Sequence[str], args: Sequence[Any], timeout: float
 ) -> list[Any]:
     """One round of ``op`` on ``nodes``: one statement each, all at once."""
-    params = [op.name.encode(), text_array(keys), text_array(args)]
     plain = _plain(op.name, keys, args)
+    if plain is not None and not any(node.min_replicas for node in nodes):
+        return gather(nodes, [(getattr(node, plain[0]), plain[1]) for node in nodes], timeout)
+    params = [op.name.encode(), text_array(keys), text_array(args)]
     return gather(
         nodes,
         [
