@@ -217,8 +217,12 @@ def test_lock_context_manager_releases_on_exit_even_on_error(nodes):
             raise ZeroDivisionError
     assert second.fencing_token > lease.fencing_token
     assert node_values(nodes, lock_key) == [None] * len(nodes)
-    # the fence value stays (by design): the next grant must see it
-    assert node_values(nodes, fence_key) == [str(second.fencing_token)] * len(nodes)
+    # the fence value stays (by design): the next grant must see it. A quorum holds
+    # the token; a node whose seed fell on the other side of a second boundary
+    # (the seed takes the node's clock to the second) may hold less, never more
+    values = node_values(nodes, fence_key)
+    assert values.count(str(second.fencing_token)) >= len(nodes) // 2 + 1, values
+    assert max(int(v) for v in values) == second.fencing_token, values
 
 
 def test_holder(nodes):
