@@ -47,18 +47,15 @@ def run(
     op: Any, nodes: Sequence[PostgresNode], keys: Sequence[str], args: Sequence[Any], timeout: float
 ) -> list[Any]:
     """One round of ``op`` on ``nodes``: one statement each, all at once."""
-    plain = _plain(op.name, keys, args)
-    if plain is not None and not any(node.min_replicas for node in nodes):
-        return gather(nodes, [(getattr(node, plain[0]), plain[1]) for node in nodes], timeout)
+    # a replicated call sets its commit's wait in run(): the general statement
+    plain = None if any(node.min_replicas for node in nodes) else _plain(op.name, keys, args)
+    if plain is not None:
+        attr, params = plain
+        return gather(nodes, [(getattr(node, attr), params) for node in nodes], timeout)
     params = [op.name.encode(), text_array(keys), text_array(args)]
     return gather(
         nodes,
-        [
-            (node.run_sql, [*params, b"t" if node.min_replicas else b"f"])
-            if plain is None or node.min_replicas
-            else (getattr(node, plain[0]), plain[1])
-            for node in nodes
-        ],
+        [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],
         timeout,
     )
 
