@@ -136,13 +136,14 @@ def start(
     A delivery that carries its booking (the ``redlock_rate_at`` header, or
     ``booked_at`` in eager mode) and comes within the grace of it starts on it;
     one that comes early sleeps up to the grace, else is re-published (raises
-    ``Retry``); one that comes late books again.
+    ``Retry``); one that comes, or wakes from that sleep, later than the grace
+    books again.
     """
     keys = _keys(plan, name, request.args or (), request.kwargs or {})
     if not keys:
         return None
     if booked_at is not None:
-        return Start(keys, True)
+        return Start(keys, _in_grace(booked_at, keys))
     booked = _booked(request)
     if booked is not None:
         slack, ahead = grace(keys), lead(keys)
@@ -150,10 +151,17 @@ def start(
         if -slack <= early <= ahead + slack:
             if early > 0:
                 plan.redlock.sleep(early)
-            return Start(keys, True)
+            return Start(keys, _in_grace(booked, keys))
         if early > ahead + slack:  # this worker's clock is behind the booking's: not yet
             _republish(task, request, early, {RATE_AT: _rate_at(booked, request)}, "rate: early")
     return Start(keys, False)
+
+
+def _in_grace(instant: float, keys: list[RateKey]) -> bool:
+    """Whether a start on ``instant`` may still take it: a loaded host may wake from the
+    sleep up to it later than its grace, and such a start books again (its slot is
+    wasted, never exceeded), so a start is never more than g + d after its instant."""
+    return time.time() <= instant + grace(keys)
 
 
 def unavailable(

@@ -1,9 +1,9 @@
 """A prefork worker whose one lock node is an etcd cluster (the deployment of a
 team that already runs etcd): the plain suites' own tests of locked,
-retried, claimed, debounced and permit-limited tasks run here unchanged
+retried, claimed, debounced, permit-limited and rated tasks run here unchanged
 (imported, not copied), their lock TTLs raised to etcd's 2 s floor. After the
 module no lock key is left, and every claim, schedule and receipt key expires,
-as on Redis. (The live shared-rate test is not among them: see the etcd page.)
+as on Redis.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ from tests.integration.test_locked_task import (  # noqa: F401
 from tests.integration.test_permits_live import (  # noqa: F401
     test_limit_3_twenty_tasks_under_retry,
     test_named_limit_of_2_shared_by_three_tasks,
+)
+from tests.integration.test_rates_live import (  # noqa: F401
+    test_shared_rate_across_tasks,
+    two_workers,
 )
 from tests.support import harness
 

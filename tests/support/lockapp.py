@@ -34,7 +34,9 @@ from celery import signals as celery_signals
 from celery.exceptions import Ignore
 
 from celery_redlock import LockedTask, LockLost, current_lease
+from celery_redlock.core.quorum import DRIFT_FLOOR
 from celery_redlock.headers import RATE_AT, attempt_of, header
+from celery_redlock.plan import plan_of
 from tests.support.queue_tasks import add_queue_tasks
 
 # -- the fenced resource ---------------------------------------------------------
@@ -161,6 +163,15 @@ def booked_at(request: Any) -> float | None:
     return int(value.split(":")[0]) / 1000.0 if isinstance(value, str) else None
 
 
+def round_age(task: Any, lease: Any) -> float:
+    """Seconds since the round that granted ``lease`` began: its TTL less the validity
+    left and the drift allowance (a lease is valid for that much less than its TTL
+    from the start of its round). Read at a body's start, it is the rates page's d:
+    the lock's round between the rate's grace check and the body."""
+    drift = plan_of(task).redlock.drift_factor
+    return lease.ttl - lease.remaining() - (lease.ttl * drift + DRIFT_FLOOR)
+
+
 def make_app(
     broker: str,
     backend: str,
@@ -215,6 +226,7 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
             booked=booked_at(request),
             kwargs=dict(request.kwargs or {}),
             start=time.time(),
+            round=round_age(task, lease),
             **extra,
         )
         rec.push(run, phase="start", **fields)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def most_in_window(instants: list[float], period: float) -> int:
     """The most instants in any half-open window [t, t + period)."""
@@ -12,3 +14,25 @@ def most_in_window(instants: list[float], period: float) -> int:
             j += 1
         best = max(best, j - i)
     return best
+
+
+def assert_rate(records: list[dict], n: int, period: float, spacing: float = 0.0) -> None:
+    """The rates page's bound on actual starts, burst 1: bookings ``spacing`` apart
+    (T: period / n unless given) and a grace g of min(T, 0.5) / 2, so a start comes
+    at most g + d after its instant, d its own lock round (the records' "round").
+
+    Any window of the period holds at most N + ceil((g + d) / T) starts, d the
+    longest round among its starts (the instants behind them lie in a window of
+    the period widened by g + d), and its first period - g - d at most N. A loaded
+    host lengthens d and so loosens the bound; the bookings' spacing never moves.
+    """
+    t = spacing or period / n
+    g = min(t, 0.5) / 2
+    runs = sorted((r["start"], max(0.0, r["round"])) for r in records)
+    for i, (at, _) in enumerate(runs):
+        inside = [d for s, d in runs[i:] if s < at + period - 1e-6]
+        d = max(d for d in inside)
+        bound = n + math.ceil((g + d) / t - 1e-9)
+        assert len(inside) <= bound, (len(inside), "starts from", at, "d", d, "bound", bound)
+        short = sum(s < at + period - g - d - 1e-6 for s, _ in runs[i:])
+        assert short <= n, (short, "starts in", period - g - d, "s from", at)

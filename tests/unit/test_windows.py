@@ -1,0 +1,40 @@
+"""The live rate tests' bound (``tests.support.windows.assert_rate``) on made-up starts:
+it holds the rates page's N + ceil((g + d) / T) and fails past it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.windows import assert_rate
+
+
+def starts(at: list[float], d: float) -> list[dict]:
+    return [{"start": t, "round": d} for t in at]
+
+
+def test_a_schedule_at_the_rate_passes_with_short_rounds():
+    assert_rate(starts([i / 10 for i in range(30)], 0.005), 10, 1.0)
+
+
+def test_one_start_late_by_its_grace_and_round_is_the_one_extra():
+    # instants 0.0 .. 0.9; the first start comes g + d late, so [0.04, 1.04) holds 10
+    # and a start on instant 1.0 makes 11 = N + ceil((0.05 + 0.04) / 0.1)
+    at = [0.09] + [i / 10 for i in range(1, 11)]
+    records = starts(at, 0.04)
+    assert_rate(records, 10, 1.0)
+    with pytest.raises(AssertionError):
+        assert_rate(records + starts([1.05], 0.04), 10, 1.0)
+
+
+def test_a_long_round_loosens_the_bound_by_what_it_explains():
+    # 12 starts within a second: N + 2 needs g + d past T
+    at = [0.5 + i / 12 for i in range(12)]
+    with pytest.raises(AssertionError):
+        assert_rate(starts(at, 0.01), 10, 1.0)
+    assert_rate(starts(at, 0.12), 10, 1.0)
+
+
+def test_the_short_window_holds_n():
+    # 11 starts in 0.9 s with short rounds: over N in period - g - d
+    with pytest.raises(AssertionError):
+        assert_rate(starts([i * 0.09 for i in range(11)], 0.0), 10, 1.0)
