@@ -258,7 +258,14 @@ BEGIN
         RETURN jsonb_build_array(1, fence)::text;
     END IF;
     IF retention = '' THEN RETURN '[1]'; END IF;
-    -- advance(k2, false, ...) written out: moved on where it lives, else seeded
+    -- advance(k2, false, ...) written out: moved on where it lives (an update, the
+    -- common case, cheaper than the upsert's insertion attempt), else seeded
+    UPDATE {schema}.kv
+       SET val = (val::numeric + 1)::text, map = NULL,
+           expires_at = clock_timestamp() + retention::bigint * interval '1 millisecond'
+     WHERE key = k2 AND kind = 's' AND (expires_at IS NULL OR expires_at > clock_timestamp())
+    RETURNING val INTO fence;
+    IF FOUND THEN RETURN '[1,"' || fence || '"]'; END IF;  -- digits only: nothing to escape
     fence := greatest(now_us::numeric,
                       floor(extract(epoch FROM clock_timestamp())) * 1000000)::text;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
