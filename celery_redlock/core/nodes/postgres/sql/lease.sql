@@ -226,7 +226,7 @@ LANGUAGE sql AS $$ SELECT jsonb_build_array({schema}.r_get(k[1]), {schema}.r_ptt
 -- as one function each with scalar arguments and, in the common case, nothing
 -- nested: a call's cost on the server is mostly the PL/pgSQL functions it passes
 -- through. Each does what run('acquire' | 'release', ...) does: the same advisory
--- lock, the same rows, the same sweep.
+-- lock, the same rows, and the sweep at run's pace in fewer scans (storage.sql).
 CREATE OR REPLACE FUNCTION {schema}.acquire_plain(k1 text, k2 text, owner text, px bigint,
                                                   retention text, now_us text) RETURNS text
 LANGUAGE plpgsql AS $$
@@ -235,12 +235,13 @@ DECLARE
     holder text;
     fence text;
 BEGIN
-    IF {schema}.tag(k2) = tag THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended(tag, 0));
-    ELSE  -- a key space whose two keys differ in tag
+    -- the lock as an expression, not a query (PERFORM): it costs a call, not a plan
+    IF {schema}.tag(k2) <> tag THEN  -- a key space whose two keys differ in tag
         PERFORM {schema}.lock_keys(ARRAY[k1, k2]);
+    ELSIF pg_advisory_xact_lock(hashtextextended(tag, 0)) IS NULL THEN
+        NULL;
     END IF;
-    IF random() < 0.125 THEN PERFORM {schema}.sweep(); END IF;
+    IF random() < 0.03125 THEN PERFORM {schema}.sweep_wide(); END IF;  -- its pace
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
     VALUES (k1, 's', owner, NULL, clock_timestamp() + px * interval '1 millisecond')
     ON CONFLICT (key) DO UPDATE
@@ -257,7 +258,14 @@ BEGIN
         RETURN jsonb_build_array(1, fence)::text;
     END IF;
     IF retention = '' THEN RETURN '[1]'; END IF;
-    -- advance(k2, false, ...) written out: moved on where it lives, else seeded
+    -- advance(k2, false, ...) written out: moved on where it lives (an update, the
+    -- common case, cheaper than the upsert's insertion attempt), else seeded
+    UPDATE {schema}.kv
+       SET val = (val::numeric + 1)::text, map = NULL,
+           expires_at = clock_timestamp() + retention::bigint * interval '1 millisecond'
+     WHERE key = k2 AND kind = 's' AND (expires_at IS NULL OR expires_at > clock_timestamp())
+    RETURNING val INTO fence;
+    IF FOUND THEN RETURN '[1,"' || fence || '"]'; END IF;  -- digits only: nothing to escape
     fence := greatest(now_us::numeric,
                       floor(extract(epoch FROM clock_timestamp())) * 1000000)::text;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
@@ -279,8 +287,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     out integer;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended({schema}.tag(k1), 0));
-    IF random() < 0.125 THEN PERFORM {schema}.sweep(); END IF;
+    IF pg_advisory_xact_lock(hashtextextended({schema}.tag(k1), 0)) IS NULL THEN NULL; END IF;
     DELETE FROM {schema}.kv
      WHERE key = k1 AND kind = 's' AND val = owner
        AND (expires_at IS NULL OR expires_at > clock_timestamp());

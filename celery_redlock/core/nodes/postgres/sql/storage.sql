@@ -21,11 +21,15 @@ CREATE TABLE IF NOT EXISTS {schema}.kv (
 CREATE INDEX IF NOT EXISTS kv_expires_at ON {schema}.kv (expires_at)
     WHERE expires_at IS NOT NULL;
 
--- A key's hash tag, as Redis Cluster reads it: the text inside its first
--- braces, or the whole key. The keys of one name share it.
+-- A key's hash tag, as Redis Cluster reads it: the text between its first "{"
+-- and the first "}" after it when that is not empty, else the whole key. The
+-- keys of one name share it. Positions, not a regular expression: every call
+-- on a name reads its keys' tags, and a match cost more than the rest of them.
 CREATE OR REPLACE FUNCTION {schema}.tag(k text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(nullif(substring(k FROM '\{([^}]*)\}'), ''), k);
+    SELECT CASE WHEN strpos(k, '{') > 0 AND strpos(substr(k, strpos(k, '{') + 1), '}') > 1
+                THEN substr(k, strpos(k, '{') + 1, strpos(substr(k, strpos(k, '{') + 1), '}') - 1)
+                ELSE k END;
 $$;
 
 -- Serialize the calls on ``keys`` (see above): a call on one name's keys, the
@@ -66,6 +70,19 @@ BEGIN
     DELETE FROM {schema}.kv WHERE key IN (
         SELECT key FROM {schema}.kv WHERE expires_at < now_ts
          ORDER BY expires_at LIMIT 32 FOR UPDATE SKIP LOCKED);
+END $$;
+
+-- The same for a lock's own acquire (``random() < 0.03125``): up to 128 rows in one
+-- call in 32, the same pace of 4 a call in a quarter of the scans (its release adds
+-- no row, and sweeps none). A constant limit: a generic plan keeps to the index.
+CREATE OR REPLACE FUNCTION {schema}.sweep_wide() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+BEGIN
+    DELETE FROM {schema}.kv WHERE key IN (
+        SELECT key FROM {schema}.kv WHERE expires_at < now_ts
+         ORDER BY expires_at LIMIT 128 FOR UPDATE SKIP LOCKED);
 END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.typed(k text, want "char") RETURNS {schema}.kv
