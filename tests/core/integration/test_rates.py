@@ -293,7 +293,9 @@ def test_rated_starts_are_spaced_and_recorded(nodes3):
     time.sleep(max(0.0, later[0].start_at - time.time()))
     lease = rl.try_acquire("{rec}:1", ttl=5, rates=[api], booked=True)
     assert isinstance(lease, Lease)
-    assert nodes3[0].client().zcard(api.starts) == 2
+    # recorded once; the first start's record may have aged out (a period old)
+    recorded = nodes3[0].client().zrange(api.starts, 0, -1)
+    assert recorded.count(lease.owner) == 1 and set(recorded) <= {results[0].owner, lease.owner}
     rl.release(lease)
     rl.release(results[0])
 
