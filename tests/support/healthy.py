@@ -14,6 +14,10 @@ HEALTHY_NODE_TIMEOUT = 2.0
 
 
 def healthy(urls: Any, **options: Any) -> Redlock:
-    """A ``Redlock`` on healthy nodes: the options given, a generous node timeout."""
+    """A ``Redlock`` on healthy nodes: the options given, a generous node timeout,
+    and a connect timeout as long (a PostgreSQL node forks a backend for each new
+    connection: eight threads connecting at once beside a second test run took
+    longer than the 1 s default)."""
     options.setdefault("node_timeout", HEALTHY_NODE_TIMEOUT)
+    options.setdefault("connect_timeout", options["node_timeout"])
     return Redlock(urls, **options)
