@@ -57,9 +57,7 @@ def test_limit_3_twenty_tasks_under_retry(prefork_worker: WorkerHandle, run: str
     of the run, tokens distinct and growing in grant order."""
     task = prefork_worker.task("permit3")
     assert plan_of(task).settings.limit == 3
-    # runs of 2 s: a hand-over (a release, then a retried call's round) costs a
-    # loaded host some tenths of a second, which runs of 1 s made 40 % of the run
-    results = [task.apply_async((run, run), {"duration": 2.0}) for _ in range(20)]
+    results = [task.apply_async((run, run), {"duration": 1.0}) for _ in range(20)]
     for result in results:
         result.get(timeout=120)
     ran = prefork_worker.records(run)
