@@ -209,8 +209,27 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
     rec = Recorder(recorder)
     app.recorder = rec  # for the tests: the same recorder the bodies write to
 
-    def body(task: Any, key: str, run: str, duration: float, token: Any, **extra: Any) -> dict:
-        """Record a start, hold the lock ``duration`` seconds, record an end."""
+    def note_rate_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any):
+        """A rated call re-published by its rate, recorded under ``{run}:retries`` with
+        the booking its delivery carried (a booking given up, when it carried one)."""
+        message = str(getattr(reason, "message", None) or reason)
+        run = (getattr(request, "kwargs", None) or {}).get("run")
+        if getattr(sender, "app", None) is app and run and message.startswith("rate:"):
+            rec.push(f"{run}:retries", reason=message, booked=booked_at(request), at=time.time())
+
+    celery_signals.task_retry.connect(note_rate_retry, weak=False)
+
+    def body(
+        task: Any,
+        key: str,
+        run: str,
+        duration: float,
+        token: Any,
+        go_key: str | None = None,
+        **extra: Any,
+    ) -> dict:
+        """Record a start, hold the lock ``duration`` seconds (or until ``go_key`` exists
+        on the recorder, if given), record an end."""
         request = task.request
         lease = request.redlock
         fields = dict(
@@ -230,7 +249,8 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
             **extra,
         )
         rec.push(run, phase="start", **fields)
-        _sleep_until(fields["start"] + duration)
+        go = (lambda: rec.client.exists(go_key)) if go_key else None
+        _sleep_until(fields["start"] + duration, go)
         fields.update(end=time.time(), lost=lease.lost, remaining=lease.remaining())
         rec.push(run, phase="end", **fields)
         return {"token": token, "pid": fields["pid"]}
@@ -243,8 +263,8 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
         return app.task(base=LockedTask, shared=False, **options)
 
     @task(name="lockapp.slow")
-    def slow(self, key, run, duration=1.0, fencing_token=None):
-        return body(self, key, run, duration, fencing_token)
+    def slow(self, key, run, duration=1.0, fencing_token=None, go_key=None):
+        return body(self, key, run, duration, fencing_token, go_key)
 
     @task(name="lockapp.by_order", lock_on={"order_id": int})
     def by_order(self, order_id, run, duration=1.0, fencing_token=None):

@@ -36,3 +36,18 @@ def assert_rate(records: list[dict], n: int, period: float, spacing: float = 0.0
         assert len(inside) <= bound, (len(inside), "starts from", at, "d", d, "bound", bound)
         short = sum(s < at + period - g - d - 1e-6 for s, _ in runs[i:])
         assert short <= n, (short, "starts in", period - g - d, "s from", at)
+
+
+def wasted_slots(records: list[dict], retries: list[dict], grace: float) -> int:
+    """The booked instants a rated run gave up: each re-publish of a delivery that
+    carried a booking (booked again, or its key held), other than one come early,
+    and each start later than its booking's grace plus its round (booked again on
+    the spot). A loaded host wastes them by design: a slot is wasted, never exceeded."""
+    given_up = sum(
+        r["booked"] is not None and not r["reason"].startswith("rate: early") for r in retries
+    )
+    late = sum(
+        r["booked"] is not None and r["start"] - r["booked"] > grace + max(0.0, r["round"])
+        for r in records
+    )
+    return given_up + late

@@ -1,11 +1,12 @@
-"""The live rate tests' bound (``tests.support.windows.assert_rate``) on made-up starts:
-it holds the rates page's N + ceil((g + d) / T) and fails past it."""
+"""The live rate tests' checks on made-up starts: the bound (``assert_rate``) holds the
+rates page's N + ceil((g + d) / T) and fails past it; ``wasted_slots`` counts the
+booked instants a run gave up."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.windows import assert_rate
+from tests.support.windows import assert_rate, wasted_slots
 
 
 def starts(at: list[float], d: float) -> list[dict]:
@@ -38,3 +39,19 @@ def test_the_short_window_holds_n():
     # 11 starts in 0.9 s with short rounds: over N in period - g - d
     with pytest.raises(AssertionError):
         assert_rate(starts([i * 0.09 for i in range(11)], 0.0), 10, 1.0)
+
+
+def test_wasted_slots_are_the_bookings_given_up():
+    records = [
+        {"start": 10.02, "booked": 10.0, "round": 0.01},  # on its booking
+        {"start": 10.30, "booked": 10.1, "round": 0.01},  # late: booked again on the spot
+        {"start": 10.40, "booked": 10.38, "round": 0.0},  # the re-published one, on time
+        {"start": 10.5, "booked": None, "round": 0.01},  # booked on arrival
+    ]
+    retries = [
+        {"reason": "rate: starts in 2.000s", "booked": 10.2},  # late, booked again
+        {"reason": "rate: starts in 0.900s", "booked": None},  # a first booking
+        {"reason": "rate: early", "booked": 10.6},  # keeps its booking
+    ]
+    assert wasted_slots(records, retries, grace=0.05) == 2
+    assert wasted_slots(records[:1], [], grace=0.05) == 0
