@@ -242,6 +242,8 @@ def hand_over(plan: LockPlan, name: str, owner: str = "", drop: str = "") -> Han
     except Exception as exc:  # noqa: BLE001 - the lock's release must go on
         logger.warning("queue of %s not handed over: %s", name, exc)
         return None
+    if handed.state == "" and handed.id is None:
+        logger.info("queue of %s not handed over: the nodes agree on no call; a watch tries", name)
     _dispatch(plan, name, handed)
     return handed
 
@@ -265,27 +267,31 @@ def is_watch(plan: LockPlan, request: Any) -> str | None:
 
 def watch(task: Any, plan: LockPlan, name: str, request: Any) -> NoReturn:
     """A watch of ``name``'s queue: hand the key over if it is free (its holder died
-    with its worker), and send itself again while calls wait. Runs no body and
-    stores no state (raises ``Ignore``)."""
+    with its worker), and send itself again while calls may wait. Runs no body
+    and stores no state (raises ``Ignore``)."""
     handed = hand_over(plan, name)
-    if handed is not None and _behind(handed):
-        sig = task.signature_from_request(request, retries=request.retries)
-        _arm(plan, name, sig, handed, request.id)
+    sig = task.signature_from_request(request, retries=request.retries)
+    _arm(plan, name, sig, handed, request.id)
     raise Ignore(f"watched the queue of {name!r}")
 
 
-def _behind(handed: HandOver) -> bool:
-    """Whether calls wait behind a holder or a hand-over (a watch has work to do)."""
-    return handed.state in ("held", "pending") or (handed.state == "handed" and handed.waiting > 1)
+def _behind(handed: HandOver | None) -> bool:
+    """Whether calls may wait behind a holder or a hand-over (a watch has work to do):
+    also when the hand-over failed (None) or the nodes agreed on nothing (a node
+    restarted empty, another that did not answer), since only a quorum's
+    "empty", or the last call handed, says that nobody is left to hand the key to."""
+    if handed is None or handed.state in ("held", "pending", ""):
+        return True
+    return handed.state == "handed" and handed.waiting > 1
 
 
 def _arm(
     plan: LockPlan, name: str, sig: Any, handed: HandOver | None, watch_id: str | None = None
 ) -> None:
-    """Send a watch of ``name`` due :data:`WATCH_TTLS` TTLs from now, when calls wait
-    behind a holder or a hand-over and the key has no watch yet (or it is
+    """Send a watch of ``name`` due :data:`WATCH_TTLS` TTLs from now, when calls may
+    wait behind a holder or a hand-over and the key has no watch yet (or it is
     ``watch_id``'s: a watch sending itself again). Never raises."""
-    if handed is None or not _behind(handed):
+    if not _behind(handed):
         return
     ttl = plan.settings.ttl
     countdown = ttl * WATCH_TTLS
