@@ -131,13 +131,15 @@ def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):
     runs = wait_for(ended, 30, "the run of the burst's end")
     assert len(runs) >= 2, runs
     # Each run starts at most 2 s after the first call of its burst (the first
-    # call after the previous run started), give or take the delivery of an
-    # ETA message; so runs are at most 2 s apart plus the 0.3 s call spacing.
+    # call after the previous run started), give or take the delivery of an ETA
+    # message (0.5 s, 3x for a loaded host: 2.85 s seen beside two busy loops;
+    # uncapped, the run would come 5 s after the burst's first call); so runs are
+    # at most 2 s apart plus the 0.3 s call spacing and that delivery.
     starts = [sent[0][0]] + [r["start"] for r in runs]
     for previous, r in zip(starts, runs):
         first_of_burst = min(c[0] for c in sent if c[0] >= previous)
-        assert r["start"] - first_of_burst <= 2.0 + 0.5, (r, first_of_burst)
-    assert all(b - a <= 2.3 + 0.5 for a, b in zip(starts, starts[1:])), starts
+        assert r["start"] - first_of_burst <= 2.0 + 1.5, (r, first_of_burst)
+    assert all(b - a <= 2.3 + 1.5 for a, b in zip(starts, starts[1:])), starts
     for r in runs:  # each ran with the newest arguments at its start (the grant comes
         # first): none older than the last call planned 0.05 s before it (a call
         # planned after it may be sent, on a loaded host, just before it)
@@ -168,7 +170,10 @@ def test_throttle_starts_at_most_once_per_period(coalesce_worker, run):
     # these calls would start 60 ms apart.
     began = [r["start"] - r["round"] for r in runs]
     assert all(b - a >= 1.0 - 0.05 for a, b in zip(began, starts[1:])), (starts, began)
-    assert 3 <= len(runs) <= 5, starts
+    # a leading run, one a period at most while calls come, and the trailing one: the
+    # calls' own span (3 s planned; a loaded host's producer sent them over longer)
+    span = sent[-1][0] - sent[0][0]
+    assert 3 <= len(runs) <= int(span / 1.0) + 2, (starts, span)
     assert runs[-1]["note"] == sent[-1][1]  # the trailing run has the last call's arguments
 
 
