@@ -53,6 +53,20 @@ def short_of(runs: list[dict], limit: int) -> list[float]:
     return out + ([last_start - since] if since is not None else [])
 
 
+def node_trouble(worker: WorkerHandle, name: str, results: list) -> int:
+    """How many releases of ``name`` missed a quorum, and rounds of ``results`` found
+    none, by the worker's log (a prefork worker's file; none kept for threads)."""
+    if worker.process is None:
+        return 0
+    ids = {r.id for r in results}
+    with open(worker.process.logfile) as f:
+        return sum(
+            ("release of '" in line and name in line and "did not reach" in line)
+            or ("lock nodes unavailable" in line and any(i in line for i in ids))
+            for line in f
+        )
+
+
 #: Longer than an acquire round and the record push after it, even on a loaded host
 #: (a child descheduled between its grant and its start record passed 0.5 s beside
 #: two busy loops: 3x that).
@@ -89,9 +103,14 @@ def test_limit_3_twenty_tasks_under_retry(prefork_worker: WorkerHandle, run: str
     full = spent.get(3, 0.0) / total
     print(f"\npermits: 20 runs in {total:.2f}s, {full:.0%} of it with 3 running, {spent}")
     assert peak == 3, f"more than 3 at once: {spent}"
-    backoff_max = plan_of(task).settings.retry_backoff_max
+    settings = plan_of(task).settings
+    # a release that missed a quorum (a node timeout on a loaded host, which the worker
+    # logs) leaves its permit held there to its TTL, and a round without a quorum
+    # puts its call off: each such event the worker logged allows one TTL more
+    missed = node_trouble(prefork_worker, plan_of(task).keys.build((run, run), {}), results)
+    allowed = settings.retry_backoff_max + ROUND + settings.ttl * missed
     gaps = short_of(ran, 3)
-    assert all(gap <= backoff_max + ROUND for gap in gaps), f"the limit is not used: {gaps}"
+    assert all(gap <= allowed for gap in gaps), f"the limit is not used: {gaps}, {missed} missed"
     tokens = [r["token"] for r in sorted(ran, key=lambda r: r["start"])]
     assert len(set(tokens)) == 20, tokens
     assert_tokens_grow_in_grant_order(ran)

@@ -129,7 +129,10 @@ def test_a_start_that_meets_its_key_held_books_its_place(
     ends = two_workers.records(run)
     assert len(ends) == len({r["id"] for r in ends}) == 3
     harness.assert_no_overlap(ends)
-    assert [r["attempt"] for r in ends] == [0, 0, 0]  # no lock retry among them
+    # no bouncing on the lock's backoff: a call goes by the lock's policy (a retry)
+    # only when the schedule admits it sooner than the key frees (``rates.place``),
+    # which a loaded host's late delivery can make so for one of them
+    assert sum(r["attempt"] > 0 for r in ends) <= 1, [r["attempt"] for r in ends]
     assert sum(r["booked"] is not None for r in ends) >= 2
 
 
