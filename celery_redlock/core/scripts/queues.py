@@ -64,9 +64,11 @@ return reply
 # whose lock key counts as free (a holder handing over before it lets go; ''
 # for none), ARGV[3] how long a hand-over's claim lives, in ms ('' to take out
 # only), ARGV[4] how long the queue's keys outlive this change, in ms.
-# Next: when no claim is pending (a started mark is none), a lock key (or
-# permit) is free, and an id waits, the claim is pointed at the first id
-# waiting (lowest ticket, then id), which stays in the queue until it starts.
+# Next: when no claim is pending (a started mark is none, nor a claim of an id
+# no longer waiting here: it started, or left, and its claim's take missed this
+# node), a lock key (or permit) is free, and an id waits, the claim is pointed
+# at the first id waiting (lowest ticket, then id), which stays in the queue
+# until it starts.
 # Every reply begins with 1 if ARGV[1] was taken out, else 0; then
 # {., 0, claimant, pttl_ms} a hand-over is pending; {., 2} nobody waits;
 # {., 1, held} every lock key is held; {., 3, id, call, ticket, waiting} the claim
@@ -81,7 +83,7 @@ if ARGV[1] ~= '' then
 end
 if ARGV[3] == '' then return {out, 4} end
 local claim = redis.call('GET', KEYS[1])
-if claim and string.sub(claim, 1, 1) ~= '~' then
+if claim and string.sub(claim, 1, 1) ~= '~' and redis.call('ZSCORE', KEYS[2], claim) then
   return {out, 0, claim, redis.call('PTTL', KEYS[1])}
 end
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')

@@ -15,7 +15,7 @@ from importlib import resources
 __all__ = ["VERSION", "check_sql", "ddl", "install_sql"]
 
 #: The schema's version: a node whose schema is at another one is refused.
-VERSION = 3
+VERSION = 4
 
 _FILES = ("storage.sql", "lease.sql", "permits.sql", "claims.sql", "queues.sql", "rates.sql")
 

@@ -59,7 +59,8 @@ BEGIN
     END IF;
     IF a[3] = '' THEN RETURN jsonb_build_array(out, 4); END IF;
     claim := {schema}.r_get(k[1]);
-    IF claim IS NOT NULL AND left(claim, 1) <> '~' THEN
+    IF claim IS NOT NULL AND left(claim, 1) <> '~'
+       AND EXISTS (SELECT 1 FROM {schema}.zmembers(k[2]) WHERE member = claim) THEN
         RETURN jsonb_build_array(out, 0, claim, {schema}.r_pttl(k[1]));
     END IF;
     SELECT member, score INTO head FROM {schema}.zmembers(k[2]) LIMIT 1;
