@@ -100,11 +100,21 @@ class Claims:
         if wrote:
             q.run(scripts.RELEASE, (key,), (claimant,), wrote)
         q.check(replies)
-        other = agree(
-            [(text(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 0],
-            q.needed,
-        )
-        return Claim(other.owner, other.remaining)
+        seen = [(text(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 0]
+        other = agree(seen, q.needed)
+        if other.owner is None or (
+            len(seen) == len(q.nodes) and {o for o, _ in seen} == {other.owner}
+        ):
+            return Claim(other.owner, other.remaining)
+        # The nodes answer at different moments: a claimant split by a third and
+        # trying again can show on a majority across two of its own attempts (the
+        # first withdrawn before the second was written) without ever holding one.
+        # Unless every node named it, a second read confirms it, so that a
+        # duplicate is never handed the id of a call that did not win.
+        confirmed = self.claimant(name)
+        if confirmed.claimant != other.owner:
+            return Claim(None, None)  # split after all: the caller tries again
+        return confirmed
 
     def debounce(
         self, name: str, claimant: str, *, delay: float, max_delay: float | None, ttl: float
