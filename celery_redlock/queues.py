@@ -242,7 +242,7 @@ def hand_over(plan: LockPlan, name: str, owner: str = "", drop: str = "") -> Han
     except Exception as exc:  # noqa: BLE001 - the lock's release must go on
         logger.warning("queue of %s not handed over: %s", name, exc)
         return None
-    if handed.state == "" and handed.id is None:
+    if handed.state == "":  # no quorum agrees (see HandOver.state)
         logger.info("queue of %s not handed over: the nodes agree on no call; a watch tries", name)
     _dispatch(plan, name, handed)
     return handed

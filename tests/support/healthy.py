@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from celery_redlock.redlock import Redlock
@@ -21,3 +22,13 @@ def healthy(urls: Any, **options: Any) -> Redlock:
     options.setdefault("node_timeout", HEALTHY_NODE_TIMEOUT)
     options.setdefault("connect_timeout", options["node_timeout"])
     return Redlock(urls, **options)
+
+
+def healthy_under(nodes: Any, key_prefix: str) -> Iterator[Redlock]:
+    """A fixture's body: :func:`healthy` on ``nodes`` under ``key_prefix``, whose
+    keys are deleted from every node afterwards."""
+    yield healthy(nodes.urls, key_prefix=key_prefix)
+    for node in nodes:
+        with node.client() as c:
+            for key in c.scan_iter(f"{key_prefix}:*"):
+                c.delete(key)

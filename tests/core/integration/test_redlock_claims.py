@@ -14,7 +14,7 @@ import pytest
 
 from celery_redlock.exceptions import QuorumUnavailable
 from celery_redlock.redlock import Claim, Finished, Holder, Lease, Redlock, TooEarly, make_owner
-from tests.support.healthy import healthy
+from tests.support.healthy import healthy, healthy_under
 from tests.support.kinds import needs_three
 
 pytestmark = pytest.mark.integration
@@ -24,12 +24,7 @@ NAME = "report:{abc}"
 
 @pytest.fixture
 def rl(nodes3):
-    client = healthy(nodes3.urls, key_prefix="crl-claims")
-    yield client
-    for node in nodes3:
-        with node.client() as c:
-            for key in c.scan_iter("crl-claims:*"):
-                c.delete(key)
+    yield from healthy_under(nodes3, "crl-claims")
 
 
 def values(nodes, key):

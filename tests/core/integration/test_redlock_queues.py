@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from tests.support.healthy import healthy
+from tests.support.healthy import healthy, healthy_under
 from tests.support.kinds import needs_three
 
 pytestmark = pytest.mark.integration
@@ -16,12 +16,7 @@ NAME = "report:{queue}"
 
 @pytest.fixture
 def rl(nodes3):
-    client = healthy(nodes3.urls, key_prefix="crl-queues")
-    yield client
-    for node in nodes3:
-        with node.client() as c:
-            for key in c.scan_iter("crl-queues:*"):
-                c.delete(key)
+    yield from healthy_under(nodes3, "crl-queues")
 
 
 def test_a_stale_claim_on_one_node_beside_one_restarted_empty_still_hands_over(rl, nodes3):
