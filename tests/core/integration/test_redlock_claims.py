@@ -265,18 +265,21 @@ def test_a_renewal_short_of_a_quorum_keeps_the_claim(redis_node_factory):
 
 
 def test_debounce_moves_the_due_time_but_not_past_the_cap(rl):
-    first = rl.debounce(NAME, "t1", delay=1.0, max_delay=1.5, ttl=30)
+    # The cap binds a call made between cap - delay and cap after the burst's
+    # first: the third comes 0.8 s in, and has 4.7 s to spare on a loaded host.
+    delay, cap = 5.0, 5.5
+    first = rl.debounce(NAME, "t1", delay=delay, max_delay=cap, ttl=30)
     assert first.kind == "later" and first.other is None
     time.sleep(0.3)
-    second = rl.debounce(NAME, "t2", delay=1.0, max_delay=1.5, ttl=30)
+    second = rl.debounce(NAME, "t2", delay=delay, max_delay=cap, ttl=30)
     assert second.other == "t1"  # taken over
     assert second.due > first.due
     time.sleep(0.5)
-    third = rl.debounce(NAME, "t3", delay=1.0, max_delay=1.5, ttl=30)
-    assert third.due == pytest.approx(first.due - 1.0 + 1.5, abs=0.01)  # capped by the burst
+    third = rl.debounce(NAME, "t3", delay=delay, max_delay=cap, ttl=30)
+    assert third.due == pytest.approx(first.due - delay + cap, abs=0.01)  # capped by the burst
     assert rl.claimant(NAME).claimant == "t3"
     rl.withdraw_claim(NAME, "t3")
-    fresh = rl.debounce(NAME, "t4", delay=1.0, max_delay=1.5, ttl=30)
+    fresh = rl.debounce(NAME, "t4", delay=delay, max_delay=cap, ttl=30)
     assert fresh.other is None and fresh.due > third.due  # a new burst
 
 
