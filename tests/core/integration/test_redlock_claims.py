@@ -20,6 +20,8 @@ from tests.support.kinds import needs_three
 pytestmark = pytest.mark.integration
 
 NAME = "report:{abc}"
+#: The throttle tests' period: their calls before a due time take well under it.
+PERIOD = 3.0
 
 
 @pytest.fixture
@@ -284,13 +286,14 @@ def test_debounce_moves_the_due_time_but_not_past_the_cap(rl):
 
 
 def test_throttle_runs_the_first_at_once_and_trails_the_rest(rl):
-    now = rl.throttle(NAME, "t1", period=1.0, trailing=True, ttl=30)
+    # the four calls fall in one period however slowly a loaded host makes them
+    now = rl.throttle(NAME, "t1", period=PERIOD, trailing=True, ttl=30)
     assert now.kind == "now" and rl.claimant(NAME).claimant is None
-    trail = rl.throttle(NAME, "t2", period=1.0, trailing=True, ttl=30)
-    assert trail.kind == "later" and trail.due == pytest.approx(now.due + 1.0, abs=0.01)
-    again = rl.throttle(NAME, "t3", period=1.0, trailing=True, ttl=30)
+    trail = rl.throttle(NAME, "t2", period=PERIOD, trailing=True, ttl=30)
+    assert trail.kind == "later" and trail.due == pytest.approx(now.due + PERIOD, abs=0.01)
+    again = rl.throttle(NAME, "t3", period=PERIOD, trailing=True, ttl=30)
     assert again.kind == "later" and again.other == "t2" and again.due == trail.due
-    dropped = rl.throttle(NAME, "t4", period=1.0, trailing=False, ttl=30)
+    dropped = rl.throttle(NAME, "t4", period=PERIOD, trailing=False, ttl=30)
     assert dropped.kind == "dropped" and dropped.other == "t3"
 
 
@@ -311,21 +314,21 @@ def test_a_throttled_start_waits_for_its_period(rl):
 
 
 def test_a_throttled_slot_taken_over_is_reported_at_the_start(rl):
-    rl.throttle(NAME, "t1", period=1.0, trailing=True, ttl=30)  # runs now
-    first = rl.throttle(NAME, "t2", period=1.0, trailing=True, ttl=30)
-    second = rl.throttle(NAME, "t3", period=1.0, trailing=True, ttl=30)
+    rl.throttle(NAME, "t1", period=PERIOD, trailing=True, ttl=30)  # runs now
+    first = rl.throttle(NAME, "t2", period=PERIOD, trailing=True, ttl=30)
+    second = rl.throttle(NAME, "t3", period=PERIOD, trailing=True, ttl=30)
     assert first.slot == second.slot and second.other == "t2"
     time.sleep(first.due - time.time())
     lost = rl.try_acquire(
-        NAME, ttl=5, owner=make_owner("t2"), task_id="t2", throttle=1.0, slot=first.slot
+        NAME, ttl=5, owner=make_owner("t2"), task_id="t2", throttle=PERIOD, slot=first.slot
     )
     assert lost == Claim("t3", None)
     won = rl.try_acquire(
-        NAME, ttl=5, owner=make_owner("t3"), task_id="t3", throttle=1.0, slot=second.slot
+        NAME, ttl=5, owner=make_owner("t3"), task_id="t3", throttle=PERIOD, slot=second.slot
     )
     assert isinstance(won, Lease)
     rl.release(won)
     # A call made after the slot's time but before its run started plans the next slot,
     # and leaves the due one to its run.
-    nxt = rl.throttle(NAME, "t4", period=1.0, trailing=True, ttl=30)
+    nxt = rl.throttle(NAME, "t4", period=PERIOD, trailing=True, ttl=30)
     assert nxt.kind == "later" and nxt.slot != second.slot and nxt.other is None
