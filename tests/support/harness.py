@@ -227,7 +227,8 @@ class PreforkWorker:
                 _signal(self.proc.pid, signal.SIGTERM)
                 try:
                     self.proc.wait(term_timeout)
-                except subprocess.TimeoutExpired:
+                except subprocess.TimeoutExpired:  # shown with a failing test's output
+                    print(f"{self.name}: no warm shutdown in {term_timeout:g}s, SIGKILL")
                     _signal(self.proc.pid, signal.SIGKILL)
                     self.proc.wait(10)
             deadline = time.monotonic() + 5  # children exit once their parent is gone
