@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -163,6 +164,15 @@ def booked_at(request: Any) -> float | None:
     return int(value.split(":")[0]) / 1000.0 if isinstance(value, str) else None
 
 
+def eta_of(request: Any) -> float | None:
+    """The message's ETA (epoch seconds; None: due on delivery): for a coalesced call,
+    the due time its schedule computed (a countdown becomes an ETA when sent)."""
+    eta = request.eta
+    if isinstance(eta, datetime):
+        return eta.timestamp()
+    return datetime.fromisoformat(eta).timestamp() if eta else None
+
+
 def round_age(task: Any, lease: Any) -> float:
     """Seconds since the round that granted ``lease`` began: its TTL less the validity
     left and the drift allowance (a lease is valid for that much less than its TTL
@@ -243,6 +253,7 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
             retries=request.retries,
             attempt=attempt_of(request),
             booked=booked_at(request),
+            eta=eta_of(request),
             kwargs=dict(request.kwargs or {}),
             start=time.time(),
             round=round_age(task, lease),
