@@ -34,6 +34,10 @@ new and open connections):
     does every new one as soon as it is accepted.
 ``reply_loss``
     requests reach the node (and run there); replies are dropped.
+``reply_cut``
+    requests reach the node; each reply arrives without its last ``CUT``
+    bytes (a PostgreSQL reply's closing ReadyForQuery message): a
+    connection lost part-way through a reply.
 
 Tests only.
 """
@@ -55,7 +59,10 @@ BLACKHOLE = "blackhole"
 BLACKHOLE_CONNECT = "blackhole_connect"
 RESET = "reset"
 REPLY_LOSS = "reply_loss"
-MODES = (PASS, LATENCY, SLOW_START, BLACKHOLE, BLACKHOLE_CONNECT, RESET, REPLY_LOSS)
+REPLY_CUT = "reply_cut"
+MODES = (PASS, LATENCY, SLOW_START, BLACKHOLE, BLACKHOLE_CONNECT, RESET, REPLY_LOSS, REPLY_CUT)
+#: The bytes a reply loses in ``reply_cut``.
+CUT = 6
 
 #: The modes in which nothing flows (data waits in the proxy).
 _HOLDING = (BLACKHOLE, BLACKHOLE_CONNECT)
@@ -96,6 +103,8 @@ class _Link:
                     break
                 if mode == REPLY_LOSS and is_reply:
                     continue
+                if mode == REPLY_CUT and is_reply:
+                    data = data[:-CUT]
                 if mode == LATENCY and delay > 0:
                     time.sleep(delay)
                 if mode == SLOW_START and is_reply and not self.replied:

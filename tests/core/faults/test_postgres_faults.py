@@ -6,8 +6,12 @@ names used once swept away by the calls that follow."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -15,6 +19,7 @@ from celery_redlock.core import Redlock
 from celery_redlock.core.nodes import postgres
 from celery_redlock.core.nodes.postgres.schema import VERSION
 from celery_redlock.exceptions import QuorumUnavailable
+from tests.support import harness, netproxy
 from tests.support.section import Section
 
 pytestmark = pytest.mark.integration
@@ -55,6 +60,50 @@ def test_a_paused_server_answers_nothing_and_the_round_ends(postgres_nodes3):
     assert time.monotonic() - began < 5
     postgres_nodes3.resume(0)
     postgres_nodes3.resume(1)
+
+
+#: A process that locks once through the proxy, then again when told (a line
+#: on stdin), printing what the second round gave. A process of its own: libpq
+#: holds the interpreter's lock while it waits, so a hang stops a whole process.
+CUT_CLIENT = """
+import sys
+from celery_redlock.core import Redlock
+from celery_redlock.exceptions import QuorumUnavailable
+
+rl = Redlock([sys.argv[1]], node_timeout=0.3)
+rl.release(rl.acquire("warm", ttl=5))
+print("warm", flush=True)
+sys.stdin.readline()
+try:
+    print("granted" if rl.try_acquire("pay", ttl=5) else "refused")
+except QuorumUnavailable as exc:
+    print(exc)
+"""
+
+
+def test_a_reply_cut_off_part_way_costs_one_timeout(postgres_node1):
+    """A reply that stops short of its end (the connection lost part-way) is a
+    node not answering within the timeout, never a wait for the rest: libpq
+    hands out each result as it completes and would block for the next."""
+    (url,) = postgres_node1.urls
+    parts = urlsplit(url)
+    proxy = netproxy.NodeProxy(parts.hostname, parts.port)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CUT_CLIENT, proxy.url(url)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=harness.ROOT,
+        env=dict(os.environ, PYTHONPATH=harness.ROOT),
+    )  # fmt: skip
+    try:
+        assert client.stdout.readline() == "warm\n"  # connected and prepared before the cut
+        proxy.set(netproxy.REPLY_CUT)
+        try:
+            said, _ = client.communicate("go\n", timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the round waited for the rest of a cut-off reply")
+        assert "no reply in 0.3s" in said, said
+    finally:
+        client.kill()
+        proxy.close()
 
 
 def test_backends_killed_in_the_middle_of_rounds_lose_nothing(postgres_nodes3):

@@ -225,12 +225,8 @@ def redis_shaped(value: Any) -> Any:
     return value
 
 
-def _result(conn: pq.abc.PGconn, name: str) -> Any:
-    """The JSON of the call's one value, or its error."""
-    result, res = None, conn.get_result()
-    while res is not None:
-        result = result or res
-        res = conn.get_result()
+def _reply(result: Any, name: str) -> Any:
+    """The JSON of a call's one value (its first result), or its error."""
     if result is None:
         return NodeError(f"{name}: no result")
     if result.status != pq.ExecStatus.TUPLES_OK:
@@ -242,15 +238,33 @@ def _result(conn: pq.abc.PGconn, name: str) -> Any:
     return None if raw is None else json.loads(raw)
 
 
+def _results_read(conn: Any, results: list[Any]) -> bool:
+    """Append to ``results`` what has arrived; True once the last one is read.
+
+    ``get_result`` is only called while a result is ready: once the next one
+    is incomplete (a reply cut off part-way), libpq would wait for the rest
+    with no timeout, so the caller polls for it instead."""
+    conn.consume_input()
+    while not conn.is_busy():
+        res = conn.get_result()
+        if res is None:
+            return True
+        results.append(res)
+    return False
+
+
 class _Call:
     """One node's part of a round: connect (if need be), send, read."""
 
-    __slots__ = ("node", "conn", "sql", "params", "reply", "state", "deadline", "want", "reused")
+    __slots__ = (
+        "node", "conn", "sql", "params", "reply", "results", "state", "deadline", "want", "reused"
+    )  # fmt: skip
 
     def __init__(self, node: PostgresNode, sql: bytes, params: list[bytes | None]):
         self.node, self.sql, self.params = node, sql, params
         self.conn: Any = None
         self.reply: Any = None
+        self.results: list[Any] = []  # of the call being read
         self.state = "done"  # connect -> send -> read -> ok, or done with an error
         self.deadline = 0.0
         self.want = select.POLLOUT
@@ -316,6 +330,7 @@ def _send(call: _Call, deadline: float) -> None:
     except Exception as exc:  # noqa: BLE001 - a broken connection
         _broken(call, NodeError(f"{call.node.name}: {exc}"), deadline - time.monotonic())
         return
+    call.results = []
     call.state, call.deadline, call.want = "send", deadline, select.POLLOUT
     _step(call, 0, time.monotonic())
 
@@ -363,10 +378,9 @@ def _step(call: _Call, timeout: float, now: float) -> None:
                 return
             call.state, call.want = "read", select.POLLIN
         if call.state == "read":
-            conn.consume_input()
-            if conn.is_busy():
+            if not _results_read(conn, call.results):
                 return
-            call.reply = _result(conn, call.node.name)
+            call.reply = _reply(call.results[0] if call.results else None, call.node.name)
             if call.reply is _UNPREPARED:  # nothing ran: again, unprepared from now on
                 call.node.prepares = False
                 _send(call, call.deadline)
@@ -411,26 +425,23 @@ def _drive(calls: list[_Call], timeout: float) -> None:
 def execute(conn: Any, sql: str, deadline: float) -> Any:
     """Run ``sql`` (one or more statements) on ``conn`` and wait for it until
     ``deadline``: the last statement's first value as JSON, or the error."""
+    results: list[Any] = []
     try:
         conn.send_query(sql.encode())
         while conn.flush() != 0:
             if not _wait(conn, select.POLLOUT, deadline):
                 return TimeoutError("no reply in time")
-        while True:
-            conn.consume_input()
-            if not conn.is_busy():
-                break
+        while not _results_read(conn, results):
             if not _wait(conn, select.POLLIN, deadline):
                 return TimeoutError("no reply in time")
     except Exception as exc:  # noqa: BLE001 - the connection broke
         return NodeError(str(exc))
-    last, res = None, conn.get_result()
-    while res is not None:
+    last = None
+    for res in results:
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
             last = NodeError((res.error_message or b"").decode(errors="replace").strip())
         elif not isinstance(last, Exception):
             last = res
-        res = conn.get_result()
     if isinstance(last, Exception) or last is None or not last.ntuples:
         return last
     raw = last.get_value(0, 0)
