@@ -335,12 +335,21 @@ class PostgresFloorAdapter:
         self.conn.close()
 
 
-def postgres_adapters(url: str) -> list[Any]:
-    """celery_redlock on one PostgreSQL node, and the raw lease-table floor beside it."""
+def postgres_adapters(url: str, durable: bool = True) -> list[Any]:
+    """celery_redlock on one PostgreSQL node, and the raw lease-table floor beside it.
+
+    ``durable``: the server flushes each commit to disk (``fsync`` on, as a lock
+    node runs: a grant, and the fence it raised, survive a crash of the machine).
+    Otherwise its keys end in ``-nofsync``: commits cost no flush, and what is left
+    is the statements' and the clients' own cost."""
+    tag, how = ("", "fsync on") if durable else ("-nofsync", "fsync off")
     node = CeleryRedlockAdapter([url], fencing=True)
-    node.key = "celery_redlock-1pg"
-    node.label = "celery_redlock (1 PostgreSQL node, fencing on)"
-    return [node, PostgresFloorAdapter(url)]
+    node.key = "celery_redlock-1pg" + tag
+    node.label = f"celery_redlock (1 PostgreSQL node, {how}, fencing on)"
+    floor = PostgresFloorAdapter(url)
+    floor.key += tag
+    floor.label = f"raw lease table (PostgreSQL, {how}, 2 statements)"
+    return [node, floor]
 
 
 class EtcdLockServiceAdapter:

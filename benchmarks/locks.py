@@ -15,8 +15,12 @@ extend to the full TTL again and again):
   (``--no-clusters`` leaves them out);
 * celery_redlock on one PostgreSQL node, beside the raw lease-table floor on
   the same server (two statements: ``INSERT ... ON CONFLICT ... WHERE
-  expired``, then ``UPDATE``), on a throwaway server of its own
-  (``--no-postgres`` leaves them out; skipped where PostgreSQL is missing);
+  expired``, then ``UPDATE``), on a throwaway server of its own that flushes
+  each commit (``fsync`` on, as a lock node runs: the target is judged
+  here); the same pair on a second server with ``fsync`` off is reported
+  beside it, where commits cost no flush and the statements' and the
+  clients' own cost shows (``--no-postgres`` leaves them out; skipped where
+  PostgreSQL is missing);
 * celery_redlock on one etcd node (a one-member cluster), beside etcd's own
   lock service (``/v3/lock/lock`` + ``unlock`` on one lease) through the same
   gateway (``--no-etcd`` leaves them out; skipped where etcd is missing).
@@ -80,8 +84,10 @@ TARGETS = [
      CLUSTERS_KEY, "celery_redlock-3", ("max", 1.3)),
     ("extend-3-clusters", "3 clusters of 3 masters: extend <= 1.3x 3 plain masters", "extend",
      CLUSTERS_KEY, "celery_redlock-3", ("max", 1.3)),
-    ("cycle-1pg-floor", "1 PostgreSQL node: cycle <= 1.3x the raw lease-table floor", "cycle",
-     "celery_redlock-1pg", "pg-floor", ("max", 1.3)),
+    ("cycle-1pg-floor", "1 PostgreSQL node (fsync on): cycle <= 1.3x the raw lease-table floor",
+     "cycle", "celery_redlock-1pg", "pg-floor", ("max", 1.3)),
+    ("cycle-1pg-nofsync", "1 PostgreSQL node, fsync off: cycle ratio to its floor (reported)",
+     "cycle", "celery_redlock-1pg-nofsync", "pg-floor-nofsync", ("max", 10.0)),
     ("cycle-1pg-vs-3", "1 PostgreSQL node against 3 Redis masters: cycle ratio (reported)",
      "cycle", "celery_redlock-1pg", "celery_redlock-3", ("max", 10.0)),
     ("cycle-1etcd-service", "1 etcd node: cycle <= etcd's own lock service (same gateway)",
@@ -151,6 +157,21 @@ def versions(*packages: str) -> dict[str, str | None]:
     return out
 
 
+def durable_and_not(n: int) -> list[Any]:
+    """No servers, or two: one that flushes each commit (``fsync`` on), one that does not."""
+    from celery_redlock.testing.postgres import PostgresServer
+
+    servers: list[Any] = []
+    try:
+        for fsync in ("on", "off")[:n]:
+            servers.append(PostgresServer(settings={"fsync": fsync}))
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers
+
+
 def start_nodes(n: int) -> Any:
     from celery_redlock.testing import RedisNodes
 
@@ -213,7 +234,7 @@ def bench(
     n: int,
     block: int,
     clusters: list[str] | None = None,
-    postgres: str | None = None,
+    postgres: list[str] | None = None,
     etcd: str | None = None,
 ) -> dict[str, Any]:
     """reps x n cycles and n extends per lock, interleaved in blocks of ``block``.
@@ -230,8 +251,9 @@ def bench(
     ads = _adapters.reference_adapters(nodes) + _adapters.adapters(nodes)
     if clusters:
         ads.append(cluster_adapter(clusters))
-    if postgres:
-        ads += _adapters.postgres_adapters(postgres)
+    if postgres:  # [durable, fsync off]
+        ads += _adapters.postgres_adapters(postgres[0])
+        ads += _adapters.postgres_adapters(postgres[1], durable=False)
     if etcd:
         ads += _adapters.etcd_adapters(etcd)
     ping_client = redis.Redis(host=nodes[0][0], port=nodes[0][1])
@@ -507,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     with (
         start_nodes(N_NODES) as nodes,
         RedisClusters(0 if a.no_clusters else 3) as clusters,
-        PostgresServers(0 if a.no_postgres or missing else 1) as pg,
+        PostgresServers(servers=durable_and_not(0 if a.no_postgres or missing else 2)) as pg,
         EtcdClusters(0 if a.no_etcd or no_etcd else 1) as etcd,
     ):
         addrs = [(HOST, node.port) for node in nodes]
@@ -517,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"nodes up on ports {meta['ports']}; {a.reps} reps x {a.n}")
         raw = bench(
             addrs, a.reps, a.n, a.block, clusters.urls,
-            pg.urls[0] if pg.urls else None, etcd.urls[0] if etcd.urls else None,
+            pg.urls or None, etcd.urls[0] if etcd.urls else None,
         )  # fmt: skip
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0
