@@ -21,9 +21,17 @@ def _no_lock_left_behind(topology: Topology):
     topology.assert_no_lock_keys()
 
 
+def held_until(run: dict) -> float:
+    """When a run stopped holding its permit: its end, or its lease's validity if
+    that ran out first (a heartbeat starved past the TTL, which the worker logs as
+    the lease lost: then another call may take the permit while the body goes on,
+    its fencing token stale)."""
+    return run["end"] + min(0.0, run["remaining"])
+
+
 def concurrency(runs: list[dict]) -> tuple[int, dict[int, float]]:
-    """The most executions running at once, and the seconds spent at each level."""
-    events = sorted([(r["start"], 1) for r in runs] + [(r["end"], -1) for r in runs])
+    """The most executions holding a permit at once, and the seconds at each level."""
+    events = sorted([(r["start"], 1) for r in runs] + [(held_until(r), -1) for r in runs])
     level = peak = 0
     spent: dict[int, float] = {}
     for (at, step), (after, _) in zip(events, events[1:] + events[-1:]):

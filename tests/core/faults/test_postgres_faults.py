@@ -19,12 +19,14 @@ from celery_redlock.core import Redlock
 from celery_redlock.core.nodes import postgres
 from celery_redlock.core.nodes.postgres.schema import VERSION
 from celery_redlock.exceptions import QuorumUnavailable
-from tests.support import harness, netproxy
+from tests.support import netproxy
 from tests.support.section import Section
 
 pytestmark = pytest.mark.integration
 
 NAME = "pay"
+#: The checkout, where a child process imports the package from.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_a_crash_keeps_the_leases_held_and_tokens_keep_growing(postgres_nodes3):
@@ -90,8 +92,8 @@ def test_a_reply_cut_off_part_way_costs_one_timeout(postgres_node1):
     proxy = netproxy.NodeProxy(parts.hostname, parts.port)
     client = subprocess.Popen(
         [sys.executable, "-c", CUT_CLIENT, proxy.url(url)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=harness.ROOT,
-        env=dict(os.environ, PYTHONPATH=harness.ROOT),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
     )  # fmt: skip
     try:
         assert client.stdout.readline() == "warm\n"  # connected and prepared before the cut
