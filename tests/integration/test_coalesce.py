@@ -133,19 +133,25 @@ def test_debounce_max_caps_how_long_a_burst_waits(coalesce_worker, run):
         return runs if runs and runs[-1]["note"] == sent[-1][1] else []
 
     runs = wait_for(ended, 30, "the run of the burst's end")
-    assert len(runs) >= 2, runs
     # Each run is due at most 2 s after the first call of its burst (the first call
     # after the previous run started; uncapped, 5 s), unless its own call came later
     # still (a loaded host delivered the previous run late, and calls that found the
-    # cap passed are due at once); and it starts no sooner. How late a loaded host
-    # delivers an ETA message is Celery's, not the cap's: the message's ETA is the
-    # due time the schedule computed.
+    # cap passed are due at once: no ETA); and it starts no sooner. How late a loaded
+    # host delivers a message is Celery's, not the cap's: the message's ETA is the
+    # due time the schedule computed. (A quiet host runs the burst two or three
+    # times; a loaded one can deliver each call due at once later than the next call,
+    # 0.3 s on, which replaces it: then one run, due at once, still checked here.)
     sent_at = {c[2]: c[0] for c in sent}
     starts = [sent[0][0]] + [r["start"] for r in runs]
     for previous, r in zip(starts, runs):
         first_of_burst = min(c[0] for c in sent if c[0] >= previous)
-        assert r["eta"] <= max(first_of_burst + 2.0, sent_at[r["id"]]) + 0.01, (r, first_of_burst)
-        assert r["start"] >= r["eta"] - 0.01, r
+        due = sent_at[r["id"]] if r["eta"] is None else r["eta"]
+        if r["eta"] is None:  # due at once: only a call that found the cap passed (its
+            # burst's first call was sent, as the producer saw it, up to 1 s after the
+            # nodes recorded it on a loaded host)
+            assert due >= first_of_burst + 2.0 - 1.0, (r, first_of_burst)
+        assert due <= max(first_of_burst + 2.0, sent_at[r["id"]]) + 0.01, (r, first_of_burst)
+        assert r["start"] >= due - 0.01, r
     for r in runs:  # each ran with the newest arguments at its grant: none older than
         # the last call sent 0.05 s before its lock round began (its start less its
         # round; a loaded host may take a while from that round to the body)

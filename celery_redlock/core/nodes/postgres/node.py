@@ -356,13 +356,13 @@ def _step(call: _Call, timeout: float, now: float) -> None:
                 call.want = select.POLLIN if status == pq.PollingStatus.READING else select.POLLOUT
                 return
             node = call.node
-            if not node._checked:
-                problem = node.check(conn, now + timeout)
+            budget = node.connect_timeout or timeout
+            if not node._checked:  # part of the connection's set-up: the connect budget
+                problem = node.check(conn, time.monotonic() + budget)
                 if problem is not None:
                     _fail(call, problem)
                     return
-            if node.prepares:  # part of the connection's set-up: the connect budget
-                budget = node.connect_timeout or timeout
+            if node.prepares:  # as is preparing the statements
                 prepared = execute(conn, node.prepare_sql, time.monotonic() + budget)
                 if isinstance(prepared, TimeoutError):
                     _fail(call, TimeoutError(f"{node.name}: no connect in {budget:g}s"))
