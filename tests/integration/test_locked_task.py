@@ -301,6 +301,15 @@ def test_lock_name_shared_by_two_tasks_excludes_across_them(worker: WorkerHandle
 # -- 2. heartbeat ---------------------------------------------------------------------
 
 
+def outage_retried(worker: WorkerHandle, task_id: str) -> bool:
+    """Whether the worker logged a round of ``task_id`` that found no quorum (a
+    prefork worker's file; none kept for threads)."""
+    if worker.process is None:
+        return False
+    with open(worker.process.logfile) as f:
+        return any("lock nodes unavailable" in line and task_id in line for line in f)
+
+
 def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle, run: str):
     task = worker.task("heartbeat_long")
     ttl = plan_of(task).settings.ttl
@@ -315,22 +324,35 @@ def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle,
         time.sleep(0.2)
     holder.get(timeout=3 * ttl + 10)
 
-    ran = worker.records(run)
-    assert [r["id"] for r in ran] == [holder.id], "only the holder may have run"
+    # Every duplicate is dropped naming the holder, but one whose round found no
+    # quorum (a node timeout on a loaded host) is retried, never dropped, by design:
+    # retried past the holder's release, it rightly runs, after the holder.
+    outcomes = {}
+    for _, duplicate in duplicates:
+        try:
+            duplicate.get(timeout=5)
+            outcomes[duplicate.id] = "ran"
+        except TaskRevokedError as exc:
+            assert holder.id in str(exc), exc
+            outcomes[duplicate.id] = "dropped"
+    ran = sorted(worker.records(run), key=lambda r: r["start"])
+    assert ran[0]["id"] == holder.id, "the holder ran first"
     end = ran[0]
+    later = ran[1:]
+    assert {r["id"] for r in later} == {i for i, o in outcomes.items() if o == "ran"}
+    for r in later:
+        assert r["start"] >= end["end"] and outage_retried(worker, r["id"]), (r, end)
     assert end["end"] - end["start"] >= 3 * ttl
     assert end["lost"] is False
     assert end["remaining"] > 0
-    for _, duplicate in duplicates:
-        with pytest.raises(TaskRevokedError, match=holder.id):
-            duplicate.get(timeout=5)
     # duplicates were sent (and dropped) in every TTL period of the run
     for period in range(3):
         lo, hi = end["start"] + period * ttl, end["start"] + (period + 1) * ttl
         assert any(lo <= sent < hi for sent, _ in duplicates), f"no duplicate in [{lo}, {hi})"
     print(
         f"\n[{worker.kind}] heartbeat: held {end['end'] - end['start']:.2f}s on a {ttl}s TTL, "
-        f"{len(duplicates)} duplicates dropped, {end['remaining']:.2f}s left at the end"
+        f"{list(outcomes.values()).count('dropped')} of {len(duplicates)} duplicates dropped, "
+        f"{end['remaining']:.2f}s left at the end"
     )
 
 
