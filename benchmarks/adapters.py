@@ -287,17 +287,23 @@ class PostgresFloorAdapter:
     """The raw floor of a PostgreSQL lease: one lease-table row per name, taken
     with one ``INSERT ... ON CONFLICT ... WHERE expired`` (a row back: granted,
     with its fence) and freed with one ``UPDATE``, two commits, through psycopg
-    with nothing of ours in between."""
+    with nothing of ours in between. ``flushed_release=False``: the release
+    commits without waiting for its WAL flush, as the node's own does (on a
+    connection of its own with ``synchronous_commit = off``)."""
 
     key = "pg-floor"
     label = "raw lease table (PostgreSQL, 2 statements)"
     n_nodes = 1
     fencing = True
 
-    def __init__(self, url: str, *, ttl: float = TTL) -> None:
+    def __init__(self, url: str, *, ttl: float = TTL, flushed_release: bool = True) -> None:
         import psycopg
 
         self.conn = psycopg.connect(url, autocommit=True)
+        self.release_conn = self.conn
+        if not flushed_release:
+            self.release_conn = psycopg.connect(url, autocommit=True)
+            self.release_conn.execute("SET synchronous_commit = off")
         self.conn.execute(
             "CREATE TABLE IF NOT EXISTS bench_lease (name text PRIMARY KEY, owner text NOT NULL,"
             " fence bigint NOT NULL, expires_at timestamptz NOT NULL)"
@@ -319,7 +325,7 @@ class PostgresFloorAdapter:
         return row is not None
 
     def release(self, h: str) -> None:
-        self.conn.execute(
+        self.release_conn.execute(
             "UPDATE bench_lease SET expires_at = '-infinity' WHERE name = %s AND owner = 'me'",
             (h,),
         )
@@ -333,6 +339,7 @@ class PostgresFloorAdapter:
 
     def close(self) -> None:
         self.conn.close()
+        self.release_conn.close()
 
 
 def postgres_adapters(url: str, durable: bool = True) -> list[Any]:
@@ -349,7 +356,12 @@ def postgres_adapters(url: str, durable: bool = True) -> list[Any]:
     floor = PostgresFloorAdapter(url)
     floor.key += tag
     floor.label = f"raw lease table (PostgreSQL, {how}, 2 statements)"
-    return [node, floor]
+    if not durable:  # no flush to skip
+        return [node, floor]
+    like = PostgresFloorAdapter(url, flushed_release=False)
+    like.key += "-unflushed-release"
+    like.label = f"raw lease table (PostgreSQL, {how}, 2 statements, release unflushed)"
+    return [node, floor, like]
 
 
 class EtcdLockServiceAdapter:

@@ -45,6 +45,34 @@ def test_a_crash_keeps_the_leases_held_and_tokens_keep_growing(postgres_nodes3):
     rl.release(after)
 
 
+def test_a_release_does_not_wait_for_its_flush_and_a_crash_costs_only_the_lease(
+    postgres_nodes3,
+):
+    """A plain release commits without its WAL flush (the acquire keeps it): a crash
+    may lose the release, which leaves the lease to run out, never a second holder."""
+    rl = Redlock(postgres_nodes3.urls, node_timeout=0.5)
+    rl.release(rl.acquire("warm", ttl=5))  # the schema, made on first use
+    with postgres_nodes3[0].connect() as conn:
+        for call, flushed in [
+            ("redlock.acquire_plain('{s}:lock', '{s}:fence', 'me', 5000, '', '0')", "on"),
+            ("redlock.release_plain('{s}:lock', 'me')", "off"),
+        ]:
+            with conn.transaction():
+                conn.execute(f"SELECT {call}")
+                assert conn.execute("SHOW synchronous_commit").fetchone()[0] == flushed
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"  # its own only
+    held = rl.acquire(NAME, ttl=2)
+    assert held is not None
+    rl.release(held)
+    for server in postgres_nodes3:
+        server.crash()
+        server.start()
+    assert rl.holder(NAME).owner in (None, held.owner)  # the release came back, or not
+    after = rl.acquire(NAME, ttl=5, blocking=True, timeout=30)  # at most the 2 s lease's wait
+    assert after is not None and after.fencing_token > held.fencing_token
+    rl.release(after)
+
+
 def test_a_paused_server_answers_nothing_and_the_round_ends(postgres_nodes3):
     """SIGSTOP on every process of one server: the quorum carries on; with two
     paused, the round ends as "not answering", never a hang."""

@@ -282,12 +282,16 @@ BEGIN
     RETURN '[1,"' || fence || '"]';  -- digits only: nothing to escape
 END $$;
 
+-- A plain release commits without waiting for its WAL flush: lost in a crash,
+-- it leaves the lease to run out, never a second holder (a grant after it waits
+-- for its own flush, which writes the WAL up to it, release included).
 CREATE OR REPLACE FUNCTION {schema}.release_plain(k1 text, owner text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     out integer;
 BEGIN
     IF pg_advisory_xact_lock(hashtextextended({schema}.tag(k1), 0)) IS NULL THEN NULL; END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM {schema}.kv
      WHERE key = k1 AND kind = 's' AND val = owner
        AND (expires_at IS NULL OR expires_at > clock_timestamp());
