@@ -29,8 +29,23 @@ NAME = "pay"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+def warmed(rl: Redlock) -> None:
+    """One round passed on every node: each process's first statements on a new
+    connection plan the node's functions, and on a loaded host (fresh from a
+    crash's recovery, say) that may outlast a short node timeout: go again."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            rl.release(rl.acquire("warm", ttl=5))
+        except QuorumUnavailable:
+            assert time.monotonic() < deadline, "no round passed in 60 s"
+            time.sleep(0.2)
+            continue
+        return
+
+
 def test_a_crash_keeps_the_leases_held_and_tokens_keep_growing(postgres_nodes3):
-    rl = Redlock(postgres_nodes3.urls, node_timeout=0.5)
+    rl = Redlock(postgres_nodes3.urls, node_timeout=2.0)  # not about the timeout
     held = rl.acquire(NAME, ttl=60)
     assert held is not None
     for server in postgres_nodes3:
@@ -50,7 +65,7 @@ def test_a_release_does_not_wait_for_its_flush_and_a_crash_costs_only_the_lease(
 ):
     """A plain release commits without its WAL flush (the acquire keeps it): a crash
     may lose the release, which leaves the lease to run out, never a second holder."""
-    rl = Redlock(postgres_nodes3.urls, node_timeout=0.5)
+    rl = Redlock(postgres_nodes3.urls, node_timeout=2.0)  # not about the timeout
     rl.release(rl.acquire("warm", ttl=5))  # the schema, made on first use
     with postgres_nodes3[0].connect() as conn:
         for call, flushed in [
@@ -77,7 +92,7 @@ def test_a_paused_server_answers_nothing_and_the_round_ends(postgres_nodes3):
     """SIGSTOP on every process of one server: the quorum carries on; with two
     paused, the round ends as "not answering", never a hang."""
     rl = Redlock(postgres_nodes3.urls, node_timeout=0.2)
-    rl.release(rl.acquire("warm", ttl=5))  # connections open before the pause
+    warmed(rl)  # connections open before the pause
     postgres_nodes3.pause(0)
     lease = rl.acquire(NAME, ttl=5)
     assert lease is not None
@@ -97,11 +112,17 @@ def test_a_paused_server_answers_nothing_and_the_round_ends(postgres_nodes3):
 #: holds the interpreter's lock while it waits, so a hang stops a whole process.
 CUT_CLIENT = """
 import sys
+import time
 from celery_redlock.core import Redlock
 from celery_redlock.exceptions import QuorumUnavailable
 
 rl = Redlock([sys.argv[1]], node_timeout=0.3)
-rl.release(rl.acquire("warm", ttl=5))
+for _ in range(100):  # a loaded host's first round may outlast 0.3 s: go again
+    try:
+        rl.release(rl.acquire("warm", ttl=5))
+        break
+    except QuorumUnavailable:
+        time.sleep(0.2)
 print("warm", flush=True)
 sys.stdin.readline()
 try:
