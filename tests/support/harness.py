@@ -229,6 +229,9 @@ class PreforkWorker:
                     self.proc.wait(term_timeout)
                 except subprocess.TimeoutExpired:  # shown with a failing test's output
                     print(f"{self.name}: no warm shutdown in {term_timeout:g}s, SIGKILL")
+                    for pid in self.session_pids():  # their stacks to the log (lockapp)
+                        _signal(pid, signal.SIGUSR2)
+                    time.sleep(1.0)
                     _signal(self.proc.pid, signal.SIGKILL)
                     self.proc.wait(10)
             deadline = time.monotonic() + 5  # children exit once their parent is gone

@@ -21,8 +21,10 @@ would register each task on every app finalized later in the process.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -675,3 +677,6 @@ def _write_ready_file(**_: Any) -> None:
 app: Celery | None = app_from_env() if os.environ.get("CRL_BROKER_URL") else None
 if app is not None and os.environ.get("CRL_READY_FILE"):
     celery_signals.worker_ready.connect(_write_ready_file, weak=False)
+    # SIGUSR2: every thread's stack to the worker's log, in the main process and
+    # in each pool child (inherited at fork), for a shutdown that hangs
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
