@@ -58,10 +58,18 @@ from kombu.utils.uuid import uuid
 from . import metrics
 from .core import Claim, Redlock, full_jitter
 from .exceptions import AlreadyEnqueued, QuorumUnavailable
-from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY
+from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY, header
 from .plan import LockPlan
 
-__all__ = ["in_canvas", "publish", "result_of", "run_eagerly", "superseded_by", "withdraw"]
+__all__ = [
+    "in_canvas",
+    "publish",
+    "replaced_at_publish",
+    "result_of",
+    "run_eagerly",
+    "superseded_by",
+    "withdraw",
+]
 
 logger = logging.getLogger("celery_redlock.enqueue")
 
@@ -281,6 +289,22 @@ def _replaced(task: Any, plan: LockPlan, name: str, previous: str, successor: st
     logger.info("%s[%s] replaces %s as the next run of %s", task.name, successor, previous, name)
     if plan.settings.enqueue != "until_finished" and not task.ignore_result:
         task.backend.mark_as_revoked(previous, SUPERSEDED_BY + successor)
+
+
+def replaced_at_publish(task: Any, request: Any) -> str | None:
+    """The reason a later call stored for this one as it replaced it at publish
+    (REVOKED, "superseded by task <id>"), if one did. A worker that finds no
+    quorum drops such a message on it instead of retrying a call that is not to
+    run, whose RETRY would land over the REVOKED. None where the call took no
+    claim at publish, nothing says so, or the result backend cannot be read."""
+    if task.ignore_result or not header(request, CLAIM):
+        return None
+    try:
+        meta = task.backend.get_task_meta(request.id, cache=False)
+    except Exception:  # noqa: BLE001 - unread: the outage's retry goes on
+        return None
+    text = str(meta.get("result")) if meta.get("status") == states.REVOKED else ""
+    return text if text.startswith(SUPERSEDED_BY) else None
 
 
 def superseded_by(result: Any) -> Any:

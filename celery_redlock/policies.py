@@ -91,7 +91,7 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 
-from . import metrics, outage, queues, rates, republish, tracing
+from . import enqueue, metrics, outage, queues, rates, republish, tracing
 from .core import OWNER_SEP, Claim, Finished, Holder, Lease, RateSlot, TooEarly, full_jitter
 from .exceptions import LockContended, QuorumUnavailable
 from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY, attempt_of, header
@@ -208,6 +208,10 @@ def _attempt(
             rates.unavailable(task, plan, name, request, exc)
         metrics.count("outage", plan.lock_name)
         outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
+        replaced = None if request.is_eager else enqueue.replaced_at_publish(task, request)
+        if replaced is not None:  # the call that replaced it said so: nothing to retry
+            metrics.count("superseded", plan.lock_name)
+            _drop(task, plan, name, None, reason=replaced)
         attempt = attempt_of(request)
         of = plan.settings.retry_max_attempts
         if request.is_eager or attempt >= of:
@@ -361,7 +365,7 @@ def _drop(
     task: Any,
     plan: LockPlan,
     name: str,
-    holder: Holder,
+    holder: Holder | None,
     why: str = "",
     reason: str = "",
     logged: bool = False,
@@ -369,6 +373,7 @@ def _drop(
     """Drop the execution: REVOKED with ``reason``; logged at INFO unless ``logged`` already."""
     request = task.request
     if not reason:
+        assert holder is not None, "a drop names its holder or its reason"
         reason = f"duplicate of {plan.lock_name!r}: {_who(holder)}"
         if why:
             reason += f" ({why})"

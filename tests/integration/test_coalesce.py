@@ -217,6 +217,40 @@ def test_a_minority_down_mid_burst_changes_nothing(coalesce_worker, run):
     assert [(r["id"], r["note"]) for r in coalesce_worker.records(run)] == [(ids[-1], 7)]
 
 
+def test_a_call_replaced_at_publish_meets_an_outage_and_stays_revoked(coalesce_worker, run):
+    """A debounced call that the next one replaced is REVOKED at once, naming it.
+    When its message comes due while most lock nodes are down, the worker drops
+    it on that record (no RETRY lands over the REVOKED: its result keeps naming
+    the run that replaced it), and the later call runs once the nodes are back."""
+    task = coalesce_worker.task("debounced")
+    quorum = coalesce_worker.topology.quorum
+    first = task.delay(run, run, note=0)
+    last = task.delay(run, run, note=1)
+    assert superseded_by(first).id == last.id
+    quorum.kill(0)
+    quorum.kill(1)
+    try:
+        # both come due 1 s after their call; the first meets no quorum
+        wait_for(lambda: delivered(coalesce_worker, first.id), 30, "the first's delivery", 0.1)
+    finally:
+        quorum.restart(0)
+        quorum.restart(1)
+    assert "dropped: superseded by task " + last.id in delivered(coalesce_worker, first.id)
+    assert result_of(first).id == last.id
+    assert last.get(timeout=60)["token"] > 0
+    assert [r["note"] for r in coalesce_worker.records(run)] == [1]
+
+
+def delivered(worker: WorkerHandle, task_id: str) -> str:
+    """The worker's log line that ended a delivery of ``task_id`` (its drop, or its
+    retry: "lock nodes unavailable, retry"), or ""."""
+    with open(worker.process.logfile) as f:
+        for line in f:
+            if task_id in line and ("dropped: " in line or "unavailable, retry" in line):
+                return line
+    return ""
+
+
 def test_a_majority_down_publishes_every_call(coalesce_worker, run, caplog):
     task = coalesce_worker.task("debounced")
     quorum = coalesce_worker.topology.quorum
