@@ -182,8 +182,11 @@ def test_five_keys_in_parallel(two_workers: WorkerHandle, topology: Topology):
         by_key.setdefault(r["key"], []).append(r)
     for key_starts in by_key.values():
         assert_rate(key_starts, 5, 1.0)
-    # about 25 starts per second in all: 75 starts in about 3 s
-    assert max(got) - min(got) <= 3.0 + 2.0, max(got) - min(got)
+    # about 25 starts per second in all: 75 starts in about 3 s, plus a 5/s interval
+    # for each slot a loaded host's late delivery gave up (all on one key at worst)
+    records = two_workers.records(run, "start")
+    wasted = wasted_slots(records, two_workers.records(f"{run}:retries", None), grace=0.2 / 2)
+    assert max(got) - min(got) <= 3.0 + 2.0 + wasted / 5, (max(got) - min(got), wasted)
     assert most_in_window(got, 1.0) >= 15
 
 
