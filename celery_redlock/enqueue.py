@@ -303,8 +303,13 @@ def replaced_at_publish(task: Any, request: Any) -> str | None:
         meta = task.backend.get_task_meta(request.id, cache=False)
     except Exception:  # noqa: BLE001 - unread: the outage's retry goes on
         return None
-    text = str(meta.get("result")) if meta.get("status") == states.REVOKED else ""
-    return text if text.startswith(SUPERSEDED_BY) else None
+    return _superseded_reason(meta.get("status"), meta.get("result")) or None
+
+
+def _superseded_reason(state: str | None, result: Any) -> str:
+    """A stored REVOKED's "superseded by task <id>", else ""."""
+    text = str(result) if state == states.REVOKED else ""
+    return text if text.startswith(SUPERSEDED_BY) else ""
 
 
 def superseded_by(result: Any) -> Any:
@@ -318,9 +323,8 @@ def superseded_by(result: Any) -> Any:
     seen = set()
     while result.id not in seen:
         seen.add(result.id)
-        reason = result.result if result.state == states.REVOKED else None
-        text = str(reason) if reason is not None else ""
-        if not text.startswith(SUPERSEDED_BY):
+        text = _superseded_reason(result.state, result.result)
+        if not text:
             return successor
         successor = result = type(result)(text[len(SUPERSEDED_BY) :].split()[0], app=result.app)
     return successor
