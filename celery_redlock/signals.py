@@ -23,9 +23,10 @@ In the worker's main process, once the worker is ready:
 
 * ``worker_ready``: one INFO line naming the lock nodes; a single node (the
   broker's Redis when ``redlock_nodes`` is not set) is said to be one. Each
-  node is then asked once (a PING, :data:`START_CHECK_TIMEOUT` to connect and
-  answer): the nodes that do not answer are named in a WARNING, with how many
-  more failures the quorum now tolerates.
+  node is then asked how it is (:data:`START_CHECK_TIMEOUT` to connect and
+  answer), and a node that does not answer is asked once more: the nodes that
+  fail both are named in a WARNING, with how many more failures the quorum
+  now tolerates.
 
 With ``redlock_metrics_port`` set, in the worker's main process:
 
@@ -199,6 +200,12 @@ def _announce_nodes(app: Any, sender: Any = None, **_: Any) -> None:
             logger.warning("celery_redlock: cannot check the lock nodes: %s", exc)
 
 
+def _unanswered(client: Redlock) -> dict[str, str]:
+    """Node name -> error of the nodes that do not answer now. A cluster with a shard
+    down counts as a node down, as in ``celery redlock nodes``."""
+    return {info.lock_node: info.error for info in client.node_info() if info.error is not None}
+
+
 def _warn_unanswered(settings: conf.LockSettings) -> None:
     """One WARNING naming the nodes that do not answer now, and what that leaves."""
     with warnings.catch_warnings():
@@ -206,12 +213,13 @@ def _warn_unanswered(settings: conf.LockSettings) -> None:
         options = {**settings.redlock_options(), "node_timeout": START_CHECK_TIMEOUT}
         client = Redlock(settings.node_list, **options)
     try:
-        infos = client.node_info()
+        down = _unanswered(client)
+        if down:  # asked again: a stall of this process or of the host at start is no outage
+            again = _unanswered(client)
+            down = {name: error for name, error in again.items() if name in down}
         quorum, total = client.quorum, len(client.nodes)
     finally:
         client.close()
-    # A cluster with a shard down counts as a node down, as in ``celery redlock nodes``.
-    down = {info.lock_node: info.error for info in infos if info.error is not None}
     if not down:
         return
     answered = total - len(down)

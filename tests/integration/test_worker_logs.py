@@ -15,8 +15,11 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from celery import Celery
 
-from celery_redlock.testing import free_port
+from celery_redlock import LockedTask, signals
+from celery_redlock.plan import plan_of
+from celery_redlock.testing import RedisNodes, free_port
 from tests.support import harness, lockapp
 from tests.support.harness import Topology, WorkerHandle, wait_for
 
@@ -112,6 +115,42 @@ def test_a_worker_whose_nodes_all_answer_does_not_warn(quorum_worker: WorkerHand
     said = "lock nodes: "
     wait_for(lambda: said in _log(quorum_worker), 10, "the lock nodes line")
     assert "not answering at start" not in _log(quorum_worker)
+
+
+def test_a_node_that_answers_when_asked_again_at_start_is_not_named(monkeypatch, caplog):
+    """The start check asks a node that did not answer once more: a node paused through
+    the first round and resumed before the second is no outage to warn of; one that
+    fails both is named."""
+    with RedisNodes(3) as nodes:
+        app = Celery("start-check", set_as_current=False)
+        app.conf.redlock_nodes = nodes.urls
+
+        @app.task(base=LockedTask, shared=False, name="start.check")
+        def check() -> None: ...
+
+        settings = plan_of(app.tasks["start.check"]).resolved
+        rounds: list[dict[str, str]] = []
+        ask = signals._unanswered
+
+        def asked(client):
+            rounds.append(ask(client))
+            nodes.resume(2)  # back for the second round, if there is one
+            return rounds[-1]
+
+        monkeypatch.setattr(signals, "_unanswered", asked)
+        nodes.pause(2)
+        with caplog.at_level("WARNING", logger="celery_redlock"):
+            signals._warn_unanswered(settings)
+        assert len(rounds) == 2 and nodes.urls[2] in rounds[0], rounds
+        assert "not answering at start" not in caplog.text
+
+        nodes.kill(1)  # refuses both rounds
+        rounds.clear()
+        with caplog.at_level("WARNING", logger="celery_redlock"):
+            signals._warn_unanswered(settings)
+        assert len(rounds) == 2 and nodes.urls[1] in rounds[1], rounds
+        assert f"not answering at start: {nodes.urls[1]} (" in caplog.text
+        assert "2 of 3 answered" in caplog.text
 
 
 def test_an_outage_is_said_once_when_it_starts_and_once_when_it_ends(

@@ -98,6 +98,9 @@ app.conf.update(
     # `celery beat --max-interval` takes whole seconds only; half a second keeps ticks close.
     beat_max_loop_interval=float(os.environ.get("CRL_BEAT_MAX_INTERVAL", "0.5")),
     timezone="UTC",
+    # No result backend: without this, beat adds Celery's own daily entry
+    # (celery.backend_cleanup, 04:00) and a test running then sees its message.
+    result_expires=None,
 )
 
 
