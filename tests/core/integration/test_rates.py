@@ -37,6 +37,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 NODE_TIMEOUT = 1.5
 
 
+#: Reservations a caller makes of one start before the test calls the splits a fault.
+SPLIT_TRIES = 5
+
+
 def book(rl: Redlock, name: str, rate, n: int, threads: int = 4, **kw) -> list[float]:
     """``n`` reservations from ``threads`` threads at once: their instants."""
     out: list[float] = []
@@ -44,8 +48,13 @@ def book(rl: Redlock, name: str, rate, n: int, threads: int = 4, **kw) -> list[f
 
     def worker(count: int) -> None:
         for _ in range(count):
-            slot = rl.rate(name, rate, **kw)
-            assert slot.reserved
+            # A reservation whose every round split the nodes is booked again, as
+            # the task layer does (busy threads on a loaded host can split all five).
+            for _ in range(SPLIT_TRIES):
+                slot = rl.rate(name, rate, **kw)
+                if slot.reserved:
+                    break
+            assert slot.reserved, f"{SPLIT_TRIES} reservations in a row split the nodes"
             with lock:
                 out.append(slot.start_at)
 
