@@ -190,6 +190,11 @@ def test_five_keys_in_parallel(two_workers: WorkerHandle, topology: Topology):
     assert most_in_window(got, 1.0) >= 15
 
 
+def _scheduled(reason: str) -> bool:
+    """A rate's re-publish for its booked instant (not an outage's or a split's)."""
+    return reason.startswith(("rate: starts in", "rate: early"))
+
+
 def test_majority_down_holds_every_start_until_it_returns(
     two_workers: WorkerHandle, topology: Topology
 ):
@@ -210,9 +215,17 @@ def test_majority_down_holds_every_start_until_it_returns(
     got = starts(two_workers, run, 20, timeout=30)
     assert len(got) == 20
     assert min(got) >= healing
-    assert_rate(two_workers.records(run, "start"), 10, 1.0)
-    # back within the outage cap (2 s) plus the 2 s the 20 starts take at 10/s
-    assert max(got) - healed <= 2.0 + 2.0 + 3.0, max(got) - healed
+    records = two_workers.records(run, "start")
+    assert_rate(records, 10, 1.0)
+    # back within the outage cap (2 s) plus the 2 s the 20 starts take at 10/s. On a
+    # loaded host a node just restarted may miss its 50 ms again after the heal: each
+    # such round is an outage (or a split booking) once more, and the call asks again
+    # within the cap; a late delivery gives its slot up (one interval each)
+    retries = two_workers.records(f"{run}:retries", None)
+    relapses = sum(r["at"] >= healed and not _scheduled(r["reason"]) for r in retries)
+    wasted = wasted_slots(records, retries, grace=0.1 / 2)
+    bound = 2.0 + 2.0 + 3.0 + 2.0 * relapses + wasted / 10
+    assert max(got) - healed <= bound, (max(got) - healed, relapses, wasted)
     time.sleep(0.5)
     assert len(two_workers.records(run, "start")) == 20  # nothing ran twice
 
