@@ -97,9 +97,13 @@ def test_debounce_runs_once_after_the_burst_with_the_last_arguments(coalesce_wor
     # by last_at), and not started before that; how late a loaded host then delivers
     # the ETA message is Celery's (3.7 s and 5.4 s seen beside busy loops)
     planned = {note: at for calls in plan for at, note in calls}
-    due = runs[0]["eta"]
-    assert planned[last_note] + 1.0 - 0.01 <= due <= last_at + 1.0 + 0.01, (due, last_at)
-    assert runs[0]["start"] >= due - 0.01, (runs[0]["start"], due)
+    earliest = planned[last_note] + 1.0 - 0.01
+    if runs[0]["retries"] == 0:
+        due = runs[0]["eta"]
+        assert earliest <= due <= last_at + 1.0 + 0.01, (due, last_at)
+        assert runs[0]["start"] >= due - 0.01, (runs[0]["start"], due)
+    else:  # it met a lock outage when due (a loaded host's node timeout): its ETA is the retry's
+        assert runs[0]["start"] >= earliest, (runs[0]["start"], earliest)
     replaced = coalesce_worker.app.AsyncResult(sent[0][2])
     with pytest.raises(TaskRevokedError, match="superseded by task"):
         replaced.get(timeout=5)

@@ -125,10 +125,13 @@ def test_limit_3_twenty_tasks_under_retry(prefork_worker: WorkerHandle, run: str
     # puts its call off: each such event the worker logged allows one TTL more; and
     # the start that ends a stretch began its round that start's own round earlier
     missed = node_trouble(prefork_worker, plan_of(task).keys.build((run, run), {}), results)
-    allowed = settings.retry_backoff_max + ROUND + settings.ttl * missed
+    # a starved host fires the waiting calls' retry timers late, as it wakes the bodies
+    # late from their 1 s sleeps: 3x the longest oversleep measured in this run
+    overslept = max(r["end"] - r["start"] - 1.0 for r in ran)
+    allowed = settings.retry_backoff_max + ROUND + settings.ttl * missed + 3 * overslept
     gaps = short_of(ran, 3)
     assert all(gap <= allowed + d for gap, d in gaps), (
-        f"the limit is unused: {gaps}, {missed} missed"
+        f"the limit is unused: {gaps}, {missed} missed, {overslept:.2f}s overslept"
     )
     tokens = [r["token"] for r in sorted(ran, key=lambda r: r["start"])]
     assert len(set(tokens)) == 20, tokens

@@ -159,9 +159,12 @@ def test_a_hot_keys_backlog_never_delays_other_keys(
     topology: Topology, tmp_path_factory, pytestconfig
 ):
     """3 pool processes; a hot key with 60 queued 0.2 s calls, then one call of each
-    of 5 other keys: each starts within about one task duration of its send (the
-    broker holds one message of the hot key, not 60), well under 1.5 s, while
-    the hot key's calls keep their order."""
+    of 5 other keys: each starts within about one task duration of its send on a
+    quiet host (the broker holds one message of the hot key, not 60), while the hot
+    key's calls keep their order. Bounded by the event, not the clock: a starved
+    host (0.2 s calls seen taking 3.9 s beside busy loops) delays the cold calls by
+    seconds, but the hot key's backlog never runs ahead of them: a few of its calls
+    start in the meantime, not the 55 still queued."""
     harness.WORKER_LOGS.register(pytestconfig)
     with private_queue(topology, "redis", 10) as (env, queue):
         handle = client(topology, env, "qf-fair-client")
@@ -179,10 +182,15 @@ def test_a_hot_keys_backlog_never_delays_other_keys(
                 sent[key] = time.time()
                 task.delay(key, cold_run, duration=0.2, seq=100 + k)
             wait_for(lambda: len(handle.records(cold_run, "start")) == 5, 20, "5 cold", 0.05)
-            late = {
-                r["key"]: r["start"] - sent[r["key"]] for r in handle.records(cold_run, "start")
-            }
-            assert max(late.values()) < 1.5, late
+            cold = handle.records(cold_run, "start")
+            late = {r["key"]: r["start"] - sent[r["key"]] for r in cold}
+            first_sent, last_cold = min(sent.values()), max(r["start"] for r in cold)
+            ahead = [
+                r["seq"]
+                for r in handle.records(run, "start")
+                if first_sent <= r["start"] <= last_cold
+            ]
+            assert len(ahead) <= 10, (ahead, late)
             runs = ends(handle, run, 60, 90)
             assert seqs(runs) == list(range(60))
             assert_no_overlap(runs)

@@ -33,9 +33,9 @@ def pg_urls(n: int = 1, **options: str) -> Iterator[list[str]]:
         yield [url_of(name, **options) for name in names]
 
 
-def same_reply(redis_reply: Any, pg_reply: Any, where: str = "") -> None:
+def same_reply(redis_reply: Any, pg_reply: Any, where: str = "", slack: float = TTL_SLACK) -> None:
     """Assert two replies are the same: equal values, TTLs (ints above 10)
-    within :data:`TTL_SLACK`, and an error against an error."""
+    within ``slack`` ms (:data:`TTL_SLACK`), and an error against an error."""
     if isinstance(redis_reply, Exception) or isinstance(pg_reply, Exception):
         assert isinstance(redis_reply, Exception) and isinstance(pg_reply, Exception), (
             f"{where}: redis {redis_reply!r} != postgres {pg_reply!r}"
@@ -45,8 +45,8 @@ def same_reply(redis_reply: Any, pg_reply: Any, where: str = "") -> None:
     if isinstance(redis_reply, list):
         assert len(redis_reply) == len(pg_reply), f"{where}: redis {redis_reply!r} != {pg_reply!r}"
         for i, (a, b) in enumerate(zip(redis_reply, pg_reply)):
-            same_reply(a, b, f"{where}[{i}]")
+            same_reply(a, b, f"{where}[{i}]", slack)
     elif isinstance(redis_reply, int) and redis_reply > 10 and pg_reply > 10:
-        assert abs(redis_reply - pg_reply) <= TTL_SLACK, f"{where}: {redis_reply} != {pg_reply}"
+        assert abs(redis_reply - pg_reply) <= slack, f"{where}: {redis_reply} != {pg_reply}"
     else:
         assert redis_reply == pg_reply, f"{where}: redis {redis_reply!r} != postgres {pg_reply!r}"

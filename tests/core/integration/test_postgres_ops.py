@@ -50,6 +50,9 @@ class Both:
         self.p_ = f"t{uuid.uuid4().hex[:8]}"
         self.steps: list[str] = []
         self.short = False
+        #: the longest a step took from its Redis call to the other node's reply (ms):
+        #: a TTL set in one step and read in another differs by up to twice that
+        self.spread = 0.0
         #: the TTLs a step may draw that run out before the next step: none on etcd
         self.shorts = [] if other_url.startswith("etcd") else [SHORT]
 
@@ -63,17 +66,22 @@ class Both:
     def _check(self, where: str, a: Any, b: Any) -> Any:
         self.steps.append(where)
         assert not isinstance(b, TimeoutError), f"{where}: {b!r}"
-        same_reply(a, b, f"step {len(self.steps)}: {where}")
+        same_reply(a, b, f"step {len(self.steps)}: {where}", TTL_SLACK + 2 * self.spread)
         return a
 
+    def _timed(self, call: Any) -> tuple[Any, Any]:
+        """``call(node)`` on the Redis node, then on the other, timing the pair."""
+        began = time.monotonic()
+        a, b = call(self.r), call(self.p)
+        self.spread = max(self.spread, (time.monotonic() - began) * 1000)
+        return a, b
+
     def op(self, op: scripts.Script, keys: list[str], args: list[Any]) -> Any:
-        a = scatter(op, [self.r], keys, args, T)[0]
-        b = scatter(op, [self.p], keys, args, T)[0]
+        a, b = self._timed(lambda node: scatter(op, [node], keys, args, T)[0])
         return self._check(f"{op.name} {keys} {args}", a, b)
 
     def cmd(self, *cmd: Any) -> Any:
-        a = command([self.r], cmd, T)[0]
-        b = command([self.p], cmd, T)[0]
+        a, b = self._timed(lambda node: command([node], cmd, T)[0])
         if cmd[0] == "HGETALL" and isinstance(a, list) and isinstance(b, list):
             a, b = fields(a), fields(b)  # a hash's fields come in no set order
         return self._check(" ".join(map(str, cmd)), a, b)
