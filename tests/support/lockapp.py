@@ -36,7 +36,7 @@ from celery import Celery
 from celery import signals as celery_signals
 from celery.exceptions import Ignore
 
-from celery_redlock import LockedTask, LockLost, current_lease
+from celery_redlock import LockedTask, LockLost, current_lease, rates
 from celery_redlock.core.quorum import DRIFT_FLOOR
 from celery_redlock.headers import RATE_AT, attempt_of, header
 from celery_redlock.plan import plan_of
@@ -175,6 +175,31 @@ def eta_of(request: Any) -> float | None:
     return datetime.fromisoformat(eta).timestamp() if eta else None
 
 
+#: Per thread, when the running task's rated start last checked its booking's grace.
+_grace_checks = threading.local()
+
+
+def _observe_grace_checks() -> None:
+    """Note, per thread, when a rated start checks its booking's grace (the product's
+    check, called through unchanged). The rates page's d runs from that check to the
+    body; a loaded host can deschedule the start between the check and its lock
+    round, which the round's own age (:func:`round_age`) does not see."""
+    check = rates._in_grace
+    if getattr(check, "observed", False):
+        return
+
+    def in_grace(instant: float, keys: Any) -> bool:
+        _grace_checks.at = time.time()
+        return check(instant, keys)
+
+    in_grace.observed = True  # type: ignore[attr-defined]
+    rates._in_grace = in_grace
+
+
+def _forget_grace_check(**_: Any) -> None:
+    _grace_checks.at = None
+
+
 def round_age(task: Any, lease: Any) -> float:
     """Seconds since the round that granted ``lease`` began: its TTL less the validity
     left and the drift allowance (a lease is valid for that much less than its TTL
@@ -230,6 +255,8 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
             rec.push(f"{run}:retries", reason=message, booked=booked_at(request), at=time.time())
 
     celery_signals.task_retry.connect(note_rate_retry, weak=False)
+    _observe_grace_checks()
+    celery_signals.task_prerun.connect(_forget_grace_check, weak=False)
 
     def body(
         task: Any,
@@ -259,6 +286,7 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
             kwargs=dict(request.kwargs or {}),
             start=time.time(),
             round=round_age(task, lease),
+            checked=getattr(_grace_checks, "at", None),
             **extra,
         )
         rec.push(run, phase="start", **fields)

@@ -16,10 +16,19 @@ def most_in_window(instants: list[float], period: float) -> int:
     return best
 
 
+def lag(record: dict) -> float:
+    """The rates page's d for a recorded start: from its grace check ("checked", when
+    it checked one: a start on its booking) to its body, else its lock round's age
+    ("round": a start booked in that round comes no earlier than the round began)."""
+    checked = record.get("checked")
+    since = record["start"] - checked if checked is not None else 0.0
+    return max(0.0, record["round"], since)
+
+
 def assert_rate(records: list[dict], n: int, period: float, spacing: float = 0.0) -> None:
     """The rates page's bound on actual starts, burst 1: bookings ``spacing`` apart
     (T: period / n unless given) and a grace g of min(T, 0.5) / 2, so a start comes
-    at most g + d after its instant, d its own lock round (the records' "round").
+    at most g + d after its instant, d from its grace check to its body (:func:`lag`).
 
     Any window of the period holds at most N + ceil((g + d) / T) starts, d the
     longest round among its starts (the instants behind them lie in a window of
@@ -28,7 +37,7 @@ def assert_rate(records: list[dict], n: int, period: float, spacing: float = 0.0
     """
     t = spacing or period / n
     g = min(t, 0.5) / 2
-    runs = sorted((r["start"], max(0.0, r["round"])) for r in records)
+    runs = sorted((r["start"], lag(r)) for r in records)
     for i, (at, _) in enumerate(runs):
         inside = [d for s, d in runs[i:] if s < at + period - 1e-6]
         d = max(d for d in inside)
@@ -41,13 +50,12 @@ def assert_rate(records: list[dict], n: int, period: float, spacing: float = 0.0
 def wasted_slots(records: list[dict], retries: list[dict], grace: float) -> int:
     """The booked instants a rated run gave up: each re-publish of a delivery that
     carried a booking (booked again, or its key held), other than one come early,
-    and each start later than its booking's grace plus its round (booked again on
-    the spot). A loaded host wastes them by design: a slot is wasted, never exceeded."""
+    and each start later than its booking's grace plus its d (:func:`lag`: booked
+    again on the spot). A loaded host wastes them by design: a slot is wasted, never exceeded."""
     given_up = sum(
         r["booked"] is not None and not r["reason"].startswith("rate: early") for r in retries
     )
     late = sum(
-        r["booked"] is not None and r["start"] - r["booked"] > grace + max(0.0, r["round"])
-        for r in records
+        r["booked"] is not None and r["start"] - r["booked"] > grace + lag(r) for r in records
     )
     return given_up + late

@@ -35,6 +35,16 @@ def test_a_long_round_loosens_the_bound_by_what_it_explains():
     assert_rate(starts(at, 0.12), 10, 1.0)
 
 
+def test_a_start_descheduled_after_its_grace_check_is_bounded_from_the_check():
+    # the first start checked its grace 0.02 s after its instant 0.0 and was held
+    # 0.2 s before its 0.04 s round: eleven starts within 0.8 s, none of them early
+    first = {"start": 0.26, "round": 0.04, "checked": 0.02}
+    rest = starts([i / 10 for i in range(1, 11)], 0.04)
+    with pytest.raises(AssertionError):
+        assert_rate([{**first, "checked": None}, *rest], 10, 1.0)
+    assert_rate([first, *rest], 10, 1.0)
+
+
 def test_the_short_window_holds_n():
     # 11 starts in 0.9 s with short rounds: over N in period - g - d
     with pytest.raises(AssertionError):
@@ -54,4 +64,8 @@ def test_wasted_slots_are_the_bookings_given_up():
         {"reason": "rate: early", "booked": 10.6},  # keeps its booking
     ]
     assert wasted_slots(records, retries, grace=0.05) == 2
+    # on its booking, checked in its grace, then held before its round: not wasted
+    held = {"start": 10.35, "booked": 10.0, "round": 0.01, "checked": 10.03}
+    assert wasted_slots([held], [], grace=0.05) == 0
+    assert wasted_slots([{**held, "checked": 10.06}], [], grace=0.05) == 1
     assert wasted_slots(records[:1], [], grace=0.05) == 0
