@@ -31,7 +31,7 @@ def assert_rate(records: list[dict], n: int, period: float, spacing: float = 0.0
     at most g + d after its instant, d from its grace check to its body (:func:`lag`).
 
     Any window of the period holds at most N + ceil((g + d) / T) starts, d the
-    longest round among its starts (the instants behind them lie in a window of
+    longest among its starts (the instants behind them lie in a window of
     the period widened by g + d), and its first period - g - d at most N. A loaded
     host lengthens d and so loosens the bound; the bookings' spacing never moves.
     """

@@ -37,7 +37,7 @@ def test_a_long_round_loosens_the_bound_by_what_it_explains():
 
 def test_a_start_descheduled_after_its_grace_check_is_bounded_from_the_check():
     # the first start checked its grace 0.02 s after its instant 0.0 and was held
-    # 0.2 s before its 0.04 s round: eleven starts within 0.8 s, none of them early
+    # 0.2 s before its 0.04 s round: eleven starts within 0.9 s, none of them early
     first = {"start": 0.26, "round": 0.04, "checked": 0.02}
     rest = starts([i / 10 for i in range(1, 11)], 0.04)
     with pytest.raises(AssertionError):
