@@ -6,8 +6,10 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 from .core import Holder, NodeView, mask_url, node_name
+from .core.nodes import KINDS
 from .exceptions import ConfigurationError
 
 __all__ = [
@@ -197,7 +199,8 @@ def setting_text(value: Any) -> str:
 
 
 def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
-    """One line on where the locks live; a single node is said to be one."""
+    """One line on where the locks live; a single node is said to be one, in its
+    kind's words (what it promises alone, what a failover does)."""
     if len(names) > 1:
         return f"lock nodes: {', '.join(names)} (quorum {quorum} of {len(names)})"
     source = (
@@ -205,10 +208,18 @@ def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
         if from_broker
         else "the only node of redlock_nodes"
     )
-    if names[0].startswith(("etcd://", "etcds://")):  # its members agree among themselves
+    kind = KINDS.get(urlsplit(names[0]).scheme, "redis")
+    if kind == "etcd":  # its members agree among themselves
         return (
             f"lock node: {names[0]} ({source}): ONE node, an etcd cluster: the locks are "
-            "as safe as its members' quorum"
+            "as safe as its members' quorum (a minority of members down changes nothing)"
+        )
+    if kind == "postgres":
+        return (
+            f"lock node: {names[0]} ({source}): ONE node, a PostgreSQL database: the locks "
+            "are as safe as its commits (each grant is on disk before its task runs, with "
+            "fsync on); a failover to an asynchronous standby may lose the last grants "
+            "(redlock_min_replicas=1 waits for a synchronous one)"
         )
     what = "Redis Cluster" if "+cluster://" in names[0] else "Redis server"
     return (

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import conf
 from .._format import ms_text, nodes_text, outage, spare_text, table
-from .._health import findings, node_row
+from .._health import HEADER, findings, node_row
 from .._reading import connect
 from .base import TASK, Degraded, Unavailable, command
 from .targets import target_settings
@@ -17,13 +17,15 @@ __all__ = ["nodes"]
 
 @command("nodes", TASK)
 def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: Any) -> None:
-    """Check every lock node: latency, version, role, eviction policy, persistence.
+    """Check every lock node: latency, version, role, and what its durability rests on.
 
     Uses the app's redlock_* settings, or TASK's when given. Warns about what
-    can break a lock: a maxmemory-policy other than noeviction (volatile-*
-    policies evict exactly the keys with a TTL, that is every lock), a replica
-    instead of a master, fewer replicas than redlock_min_replicas, two URLs
-    reaching one server, no AOF.
+    can break a lock, in each kind's terms. Redis: a maxmemory-policy other
+    than noeviction (volatile-* policies evict exactly the keys with a TTL,
+    that is every lock), a replica instead of a master, no AOF. PostgreSQL:
+    fsync, full_page_writes or synchronous_commit off, a standby instead of
+    the primary. etcd: a cluster of one member, no leader. Any kind: fewer
+    replicas than redlock_min_replicas, two URLs reaching one server.
 
     A health check: exits with 0 when every node answers, 3 when a node is
     down but a quorum answers (locks work, with fewer failures to spare), 2
@@ -41,8 +43,7 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
         from_broker = conf.nodes_from_broker(app, app.tasks[task] if task else None)
         echo(nodes_text([node.name for node in client.nodes], quorum, from_broker))
     echo("")
-    header = ["NODE", "PING", "VERSION", "ROLE", "MAXMEMORY-POLICY", "PERSISTENCE"]
-    echo(table([node_row(info) for info in infos], header))
+    echo(table([node_row(info) for info in infos], HEADER))
     lines = [f"WARNING {note}" for note in notes] + findings(
         infos, settings.node_timeout, settings.min_replicas
     )

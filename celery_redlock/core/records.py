@@ -25,10 +25,13 @@ __all__ = [
     "STARTED_MARK",
     "Claim",
     "Finished",
+    "EtcdInfo",
     "Holder",
     "NodeInfo",
+    "PostgresInfo",
     "RateSlot",
     "RateView",
+    "RedisInfo",
     "Schedule",
     "TooEarly",
     "agree",
@@ -257,32 +260,69 @@ class RateView(NamedTuple):
         return sum(1 for t in self.starts if now - period < t <= now)
 
 
-class NodeInfo(NamedTuple):
-    """How one node is (:meth:`Redlock.node_info`); "-" or None where unknown."""
+class RedisInfo(NamedTuple):
+    """What only a Redis server reports of itself (:attr:`NodeInfo.specific`)."""
 
-    node: str
-    #: Why the node could not be asked (PING or INFO failed), or None.
-    error: str | None = None
-    #: Seconds the second PING took.
-    latency: float = 0.0
-    #: ``redis_version`` (``valkey X`` on Valkey; ``postgresql X`` on PostgreSQL).
-    version: str = "-"
-    #: ``master`` or ``slave`` (PostgreSQL: ``primary`` or ``standby``).
-    role: str = "-"
     maxmemory_policy: str = "-"
     maxmemory: int = 0
     #: Whether AOF is on (None if INFO does not say).
     aof: bool | None = None
     #: ``appendfsync`` when AOF is on and CONFIG GET is allowed.
     appendfsync: str | None = None
-    #: The server's ``run_id``: two nodes with one run_id are one server.
-    run_id: str | None = None
-    #: ``connected_slaves``: the replicas attached to a master (None if INFO does not say).
+
+
+class PostgresInfo(NamedTuple):
+    """What only a PostgreSQL server reports of itself (:attr:`NodeInfo.specific`):
+    the settings its crash promise rests on, as the node's own session sees them."""
+
+    fsync: str = "?"
+    synchronous_commit: str = "?"
+    full_page_writes: str = "?"
+    #: ``synchronous_standby_names`` ("" when none).
+    synchronous_standbys: str = ""
+
+
+class EtcdInfo(NamedTuple):
+    """What only an etcd cluster reports of itself (:attr:`NodeInfo.specific`)."""
+
+    #: The cluster's members (the node is the whole cluster).
+    members: int = 0
+    #: The leader's member name (or id), None when the cluster has none.
+    leader: str | None = None
+
+    @property
+    def quorum(self) -> int:
+        """How many members must agree for a write: a majority."""
+        return self.members // 2 + 1
+
+
+class NodeInfo(NamedTuple):
+    """How one node is (:meth:`Redlock.node_info`); "-" or None where unknown.
+
+    The fields are every kind's; :attr:`specific` holds what only its kind has
+    (:class:`RedisInfo`, :class:`PostgresInfo`, :class:`EtcdInfo`)."""
+
+    node: str
+    #: Why the node could not be asked, or None.
+    error: str | None = None
+    #: Seconds the second PING took.
+    latency: float = 0.0
+    #: ``7.2.4`` on Redis (``valkey X`` on Valkey), ``postgresql X``, ``etcd X``.
+    version: str = "-"
+    #: ``master`` or ``slave`` on Redis, ``primary`` or ``standby`` on PostgreSQL,
+    #: ``cluster`` on etcd (its members elect a leader among themselves).
+    role: str = "-"
+    #: The replicas (standbys) attached to a primary, None where the kind has none.
     replicas: int | None = None
     #: The lock node this is a shard master of, when that node is a Redis Cluster.
     cluster: str | None = None
     #: The kind of lock node (:mod:`celery_redlock.core.nodes`): which checks apply.
     kind: str = "redis"
+    #: The server's identity (Redis's ``run_id``, PostgreSQL's system identifier,
+    #: etcd's cluster id): two nodes with one are one server counted twice.
+    server_id: str | None = None
+    #: What only this kind reports, or None when the node did not answer.
+    specific: RedisInfo | PostgresInfo | EtcdInfo | None = None
 
     @property
     def lock_node(self) -> str:

@@ -19,11 +19,19 @@ from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
-from .._format import KeyReport, glob_escape, outage, printable, slot_number, slot_time
-from .._health import SAFE_POLICIES, findings
+from .._format import (
+    KeyReport,
+    glob_escape,
+    nodes_text,
+    outage,
+    printable,
+    slot_number,
+    slot_time,
+)
+from .._health import checks, findings
 from .._reading import all_settings, connect, key_report, locked_plans
-from ..conf import LockSettings
-from ..core import OWNER_SEP, STARTED_MARK, QuorumUnavailable, Redlock
+from ..conf import LockSettings, nodes_from_broker
+from ..core import OWNER_SEP, STARTED_MARK, NodeInfo, QuorumUnavailable, Redlock
 from .pager import Pager, RawKey
 from .watch import Watch
 
@@ -139,6 +147,9 @@ class Board:
             families[kind] = {"cursor": page.cursor, "next": page.next, "rows": rows}
         total = len(client.nodes)
         gone = [(n.name, down[n.name]) for n in client.nodes if n.name in down]
+        # a lone node said to be one, in its kind's words, as the worker's start line does
+        from_broker = index == 0 and nodes_from_broker(self.app)
+        about = nodes_text([client.nodes[0].name], 1, from_broker) if total == 1 else None
         return {
             "label": group.label,
             "prefix": settings.key_prefix,
@@ -147,6 +158,7 @@ class Board:
             "answered": total - len(gone),
             "error": outage(gone, total, client.quorum),
             "nodes": nodes,
+            "about": about,
             "findings": lines,
             "families": families,
         }
@@ -369,22 +381,18 @@ def _ms_time(text: Any) -> float | None:
     return int(text) / 1000 if isinstance(text, str) and text.isdigit() else None
 
 
-def _node_json(info: Any) -> dict[str, Any]:
+def _node_json(info: NodeInfo) -> dict[str, Any]:
     if info.error is not None:
-        return {"node": info.node, "up": False, "error": info.error}
-    persistence = "off" if info.aof is False else "-"
-    if info.aof:
-        persistence = f"aof, fsync {info.appendfsync or '?'}"
+        return {"node": info.node, "kind": info.kind, "up": False, "error": info.error}
     return {
         "node": info.node,
+        "kind": info.kind,
         "up": True,
         "error": None,
         "rtt_ms": round(info.latency * 1000, 2),
         "version": info.version,
         "role": info.role,
         "replicas": info.replicas,
-        "maxmemory_policy": info.maxmemory_policy,
-        "policy_safe": info.maxmemory_policy in SAFE_POLICIES,
-        "maxmemory": info.maxmemory,
-        "persistence": persistence,
+        # only the settings this kind has, each with its verdict
+        "checks": [{"label": c.label, "value": c.value, "unsafe": c.unsafe} for c in checks(info)],
     }

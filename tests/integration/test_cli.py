@@ -79,10 +79,16 @@ def test_nodes_all_up(any_app, nodes3):
     if is_redis(nodes3):
         assert "noeviction" in result.output
     elif nodes3.urls[0].startswith("etcd"):  # an etcd cluster: its version and members
-        assert "etcd 3." in result.output and "1 member" in result.output
-    else:  # a PostgreSQL server: its version and that it is the primary
+        assert "etcd 3." in result.output and "cluster" in result.output
+        # one member is one server: flagged as a single node is
+        assert "members 1 (quorum 1) (UNSAFE)" in result.output
+        assert f"WARNING {nodes3.urls[0]}: 1 member: the cluster is one server" in result.output
+    else:  # a PostgreSQL server: its version, that it is the primary, its durability
         assert "postgresql 1" in result.output and "primary" in result.output
-    assert "UNSAFE" not in result.output
+        assert "synchronous_commit on, full_page_writes on" in result.output
+    # the test servers of PostgreSQL run with fsync off, and the etcd ones with one member
+    assert ("UNSAFE" in result.output) != is_redis(nodes3)
+    assert "maxmemory" not in result.output or is_redis(nodes3)
     n = len(nodes3.urls)
     assert f"Quorum: reachable ({n} of {n} nodes answered, {n // 2 + 1} needed)" in result.output
     assert ("ONE node" in result.output) == (n == 1)

@@ -164,6 +164,7 @@ function renderGroup(state, group, g) {
   const answered = group.answered + " of " + group.nodes_total + " nodes answered, quorum " + group.quorum;
   box.append(el("h2", {}, "Nodes of " + group.label + " ", el("span", { class: "muted" }, "prefix " + group.prefix + " · " + answered)));
   if (group.error) box.append(el("div", { class: "banner group-error" }, "Quorum lost: " + group.error));
+  if (group.about) box.append(el("div", { class: "about muted" }, group.about));
   box.append(nodesTable(group));
   for (const line of group.findings) {
     const level = line.split(" ", 1)[0];
@@ -196,18 +197,18 @@ function pager(g, kind, family) {
 }
 
 function nodesTable(group) {
-  const head = ["Node", "State", "RTT", "Version", "Role", "Replicas", "Eviction policy", "Max memory", "Persistence"];
+  // the kind-neutral columns, then only the settings each node's own kind has
+  const head = ["Node", "State", "RTT", "Version", "Role", "Replicas", "Durability"];
   const rows = group.nodes.map((n) => n.up
-    ? el("tr", { class: "node up", "data-node": n.node },
+    ? el("tr", { class: "node up " + n.kind, "data-node": n.node },
         el("td", { class: "mono" }, n.node), el("td", { class: "state" }, el("span", { class: "badge up" }, "up")),
         el("td", { class: "num" }, n.rtt_ms + " ms"), el("td", {}, n.version), el("td", {}, n.role),
         el("td", { class: "num" }, n.replicas === null ? "-" : n.replicas),
-        el("td", { class: n.policy_safe ? "" : "error" }, n.maxmemory_policy + (n.policy_safe ? "" : " (unsafe)")),
-        el("td", { class: "num" }, n.maxmemory ? (n.maxmemory / 1048576).toFixed(0) + " MiB" : "no limit"),
-        el("td", {}, n.persistence))
-    : el("tr", { class: "node down", "data-node": n.node },
+        el("td", { class: "checks" }, n.checks.length ? n.checks.map((c) =>
+          el("span", { class: c.unsafe ? "check error" : "check" }, c.label + " " + c.value + (c.unsafe ? " (unsafe)" : ""))) : "-"))
+    : el("tr", { class: "node down " + n.kind, "data-node": n.node },
         el("td", { class: "mono" }, n.node), el("td", { class: "state" }, el("span", { class: "badge down" }, "DOWN")),
-        el("td", { colspan: 7, class: "error" }, n.error)));
+        el("td", { colspan: 5, class: "error" }, n.error)));
   return table(head, rows, "nodes");
 }
 

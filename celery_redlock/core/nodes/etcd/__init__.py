@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...exceptions import ConfigurationError
-from ...records import NodeInfo
+from ...records import EtcdInfo, NodeInfo
 from ...values import error_text
 from .. import ping_latency
 from .node import EtcdNode, NodeError
@@ -157,8 +157,8 @@ def command(nodes: Sequence[EtcdNode], cmd: tuple, timeout: float) -> list[Any]:
 
 
 def node_info(node: EtcdNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]) -> list[NodeInfo]:
-    """How ``node`` is: PING latency (the second one), etcd's version and how
-    many members the cluster has."""
+    """How ``node`` is: PING latency (the second one), etcd's version, the
+    cluster's members and its leader."""
     latency, down = ping_latency(node, ask)
     if down is not None:
         return [NodeInfo(node.name, error_text(down), latency, kind="etcd")]
@@ -168,16 +168,20 @@ def node_info(node: EtcdNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]) 
         members = node.post("cluster/member/list", {}, deadline).get("members", [])
     except Exception as exc:  # noqa: BLE001 - shown as the node's error
         return [NodeInfo(node.name, error_text(exc), latency, kind="etcd")]
-    # the cluster takes writes as a whole (its members agree among themselves): a
-    # primary with no replicas in the Redis sense, whichever member answered
-    count = len(members)
+    # the cluster takes writes as a whole (its members agree among themselves): one
+    # node with no replicas in the Redis sense, whichever member answered
+    leader = str(status.get("leader") or "")
+    names = {str(m.get("ID")): m.get("name") or str(m.get("ID")) for m in members}
+    leader_name = names.get(leader, leader) if leader.strip("0") else None  # 0: none
     return [
         NodeInfo(
             node.name,
             None,
             latency,
-            f"etcd {status.get('version', '?')}, {count} member{'s' if count != 1 else ''}",
-            "primary",
+            f"etcd {status.get('version', '?')}",
+            "cluster",
             kind="etcd",
+            server_id=status.get("header", {}).get("cluster_id"),
+            specific=EtcdInfo(len(members), leader_name),
         )
     ]

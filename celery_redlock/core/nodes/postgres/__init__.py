@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...records import NodeInfo
+from ...records import NodeInfo, PostgresInfo
 from ...values import error_text
 from .. import glob_regex, ping_latency
 from .node import NodeError, PostgresNode, execute, gather, text_array
@@ -161,30 +161,45 @@ def command(nodes: Sequence[PostgresNode], cmd: tuple, timeout: float) -> list[A
 def node_info(
     node: PostgresNode, ask: Callable[[tuple, Sequence[Any]], list[Any]]
 ) -> list[NodeInfo]:
-    """How ``node`` is: PING latency (the second one), version, role, standbys."""
+    """How ``node`` is: PING latency (the second one), version, role, standbys, and
+    the settings a commit's durability rests on, as the node's session sees them
+    (a role's or database's own ``synchronous_commit`` included)."""
     latency, down = ping_latency(node, ask)
     if down is not None:
         return [NodeInfo(node.name, error_text(down), latency, kind="postgres")]
+    settings = ", ".join(f"current_setting('{name}')" for name in _DURABILITY)
     sql = (
         "SELECT jsonb_build_array(current_setting('server_version'), pg_is_in_recovery(), "
-        "(SELECT count(*) FROM pg_stat_replication))"
+        f"(SELECT count(*) FROM pg_stat_replication), {settings})"
     )
     reply = gather([node], [(sql.encode(), [])], node.timeout, post=lambda r: r)[0]
     if isinstance(reply, Exception):
         return [NodeInfo(node.name, error_text(reply), latency, kind="postgres")]
-    version, standby, replicas = reply
-    role = "standby" if standby else "primary"
+    version, standby, replicas, *durability = reply
+    # copies of one data directory share a system identifier; its start time tells
+    # them apart. A managed server may deny it: then no "same server" check.
+    ident = (
+        "SELECT jsonb_build_array(system_identifier || ' started ' || "
+        "pg_postmaster_start_time()) FROM pg_control_system()"
+    )
+    server = gather([node], [(ident.encode(), [])], node.timeout, post=lambda r: r)[0]
     return [
         NodeInfo(
             node.name,
             None,
             latency,
             f"postgresql {version}",
-            role,
-            replicas=replicas,
+            "standby" if standby else "primary",
+            replicas,
             kind="postgres",
+            server_id=None if isinstance(server, Exception) else server[0],
+            specific=PostgresInfo(*durability),
         )
     ]
+
+
+#: The settings of :class:`~celery_redlock.core.records.PostgresInfo`, in its order.
+_DURABILITY = ("fsync", "synchronous_commit", "full_page_writes", "synchronous_standby_names")
 
 
 def install(node: PostgresNode, timeout: float = 30.0) -> None:

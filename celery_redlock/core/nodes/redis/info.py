@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...records import NodeInfo
+from ...records import NodeInfo, RedisInfo
 from ...values import error_text, readable
 from .. import ping_latency
 
@@ -48,16 +48,19 @@ def _one(node: Any, ask: Ask) -> NodeInfo:
         reply = ask(("CONFIG", "GET", "appendfsync"), [node])[0]
         if isinstance(reply, list) and len(reply) == 2:
             fsync = readable(reply[1])
+    replicas = fields.get("connected_slaves", "")
     return NodeInfo(
         node.name,
         None,
         latency,
         version,
         fields.get("role", "?"),
-        fields.get("maxmemory_policy", "?"),
-        int(fields.get("maxmemory", "0") or 0),
-        aof,
-        fsync,
-        fields.get("run_id"),
-        int(replicas) if (replicas := fields.get("connected_slaves", "")).isdigit() else None,
+        int(replicas) if replicas.isdigit() else None,
+        server_id=fields.get("run_id"),
+        specific=RedisInfo(
+            fields.get("maxmemory_policy", "?"),
+            int(fields.get("maxmemory", "0") or 0),
+            aof,
+            fsync,
+        ),
     )
