@@ -42,7 +42,7 @@ EX_DEGRADED = 3
 
 
 class Unavailable(click.ClickException):
-    """Fewer than a quorum of the lock nodes answered, or Redis failed."""
+    """Fewer than a quorum of the lock nodes answered, or a node failed."""
 
     exit_code = EX_UNAVAILABLE
 
@@ -75,7 +75,7 @@ TIMEOUT = option(
     type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_TIMEOUT,
     show_default=True,
-    help="Seconds each Redis node gets to answer one round.",
+    help="Seconds each lock node gets to answer one round.",
 )
 LIMIT = option(
     "Listing Options",
@@ -109,7 +109,7 @@ LOCK = (
         "Lock Options",
         "--name",
         "lock_name",
-        help="A lock name as the list command shows it (or its full Redis key), instead of "
+        help="A lock name as the list command shows it (or its full key on the nodes), instead of "
         "TASK and its arguments. With TASK too, TASK only picks the nodes and prefix.",
     ),
 )
@@ -118,7 +118,7 @@ LOCK = (
 def command(name: str, *params: Callable[..., Any], timeout: bool = True) -> Callable[..., Any]:
     """A sub-command called as ``f(app, echo, **params)``, with --timeout unless told not.
 
-    The library's and Redis's errors become one-line messages and exit codes.
+    The library's and the lock nodes' errors become one-line messages and exit codes.
     """
 
     def decorate(f: Callable[..., None]) -> click.Command:

@@ -32,8 +32,8 @@ def list_(
 
     One line per key with the quorum's view (a key is held when a majority of
     all configured nodes hold the same owner), then one line per node. Keys are
-    found with SCAN, never KEYS. Without TASK, every node set the app and its
-    LockedTasks use is scanned.
+    found a page at a time (SCAN on Redis, never KEYS). Without TASK, every
+    node set the app and its LockedTasks use is scanned.
     """
     if task:
         plan = plan_named(app, task)
