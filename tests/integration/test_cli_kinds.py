@@ -68,8 +68,7 @@ def test_nodes_flags_a_postgres_server_that_may_lose_commits(careless_pg):
     assert result.exit_code == 0, result.output  # it answers: a warning, not an outage
     out = result.output
     assert (
-        "fsync off (UNSAFE), synchronous_commit off (UNSAFE), full_page_writes off (UNSAFE)"
-        in out
+        "fsync off (UNSAFE), synchronous_commit off (UNSAFE), full_page_writes off (UNSAFE)" in out
     )
     assert f"WARNING {careless_pg.url}: fsync off: a crash of the server" in out
     assert f"WARNING {careless_pg.url}: full_page_writes off:" in out

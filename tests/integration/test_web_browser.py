@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cli_app
 import pytest
 
 from celery_redlock.plan import plan_of
@@ -220,3 +221,37 @@ def test_a_read_only_dashboard_has_no_button_and_refuses_a_forged_post(
     name = plan.keys.build([], {"key": f"web-ro-{run}", "run": run})
     assert plan.redlock.release_owned_by(name, slow.id) > 0
     assert slow.get(timeout=60) == {"lost": True}
+
+
+def test_each_kind_of_node_shows_its_own_checks(
+    browser: Any, serve: Any, redis_nodes3: Any, postgres_node1: Any, etcd_node1: Any
+):
+    """A mixed quorum: the Redis node's row has its eviction verdict, the
+    PostgreSQL and etcd rows none, each with its own kind's settings instead."""
+    urls = [redis_nodes3.urls[0], postgres_node1.urls[0], etcd_node1.urls[0]]
+    browser.get(serve(make_app(cli_app.make_app(urls))))
+    wait_for(lambda: len(css(browser, "table.nodes tr.node.up")) == 3, 30, "the nodes table")
+    head = css(browser, "table.nodes thead")[0].text
+    assert "Eviction" not in head and "Durability" in head
+    redis_row = css(browser, "table.nodes tr.node.redis td.checks")[0].text
+    assert "maxmemory-policy noeviction" in redis_row and "unsafe" not in redis_row
+    pg_row = css(browser, "table.nodes tr.node.postgres td.checks")[0].text
+    etcd_row = css(browser, "table.nodes tr.node.etcd td.checks")[0].text
+    for row in (pg_row, etcd_row):
+        assert "maxmemory" not in row and "eviction" not in row.lower() and "aof" not in row
+    # the test servers run without fsync, and the etcd one with one member: said in red
+    assert "fsync off (unsafe)" in pg_row and "full_page_writes on" in pg_row
+    unsafe = [e.text for e in css(browser, "table.nodes tr.node.postgres .check.error")]
+    assert unsafe == ["fsync off (unsafe)"]
+    assert "members 1 (quorum 1) (unsafe)" in etcd_row
+    findings = " ".join(e.text for e in css(browser, ".finding"))
+    assert "fsync off: a crash" in findings and "maxmemory-policy" not in findings
+
+
+def test_a_lone_postgres_node_is_described_as_one_database(
+    browser: Any, serve: Any, postgres_node1: Any
+):
+    browser.get(serve(make_app(cli_app.make_app(postgres_node1.urls))))
+    wait_for(lambda: css(browser, "table.nodes tr.node.up.postgres"), 30, "the nodes table")
+    about = css(browser, ".about")[0].text
+    assert "ONE node, a PostgreSQL database" in about and "Redis" not in about
