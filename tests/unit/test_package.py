@@ -83,6 +83,15 @@ def test_every_setting_is_documented_in_the_manual():
     assert not missing, f"task options missing from docs/settings.rst: {missing}"
 
 
+def test_every_command_is_documented_in_the_cli_page():
+    from celery_redlock.cli import redlock
+
+    page = (ROOT / "docs" / "cli.rst").read_text()
+    missing = [c for c in redlock.commands if f"\n``{c}``\n" not in page]
+    assert not missing, f"commands missing from docs/cli.rst: {missing}"
+    assert {"schema", "web"} <= set(redlock.commands)
+
+
 def test_every_setting_has_a_task_attribute():
     from celery_redlock.task import LockedTask
 
