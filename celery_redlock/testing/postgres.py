@@ -110,7 +110,8 @@ class PostgresServer:
 
     Args:
         start: start it now.
-        settings: more ``-c`` settings for its command line.
+        settings: more ``-c`` settings for its command line; they win over the
+            defaults (``{"fsync": "on"}``: a server that flushes as production does).
         standby_of: a running server to stream from: this one starts as its
             standby (``pg_basebackup -R``), read-only and replaying.
     """
