@@ -17,6 +17,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     LockSuperseded,
+    NodeError,
     QuorumUnavailable,
     RedlockError,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "LockNotAcquired",
     "LockSuperseded",
     "NodeInfo",
+    "NodeError",
     "NodeView",
     "Parked",
     "QueueView",
