@@ -60,6 +60,7 @@ EVENTS = (
     "gave_up",
     "lost",
     "outage",
+    "unhealed",
     "parent_released",
     "beat_sent",
     "beat_skipped",
