@@ -85,7 +85,7 @@ def unhealed(task: Any, plan: Any, name: str, exc: QuorumUnavailable) -> float:
     metrics.count("unhealed", plan.lock_name)
     logger.error(
         "%s[%s]: lock %s cannot be taken until a lock node is fixed: %s; the task is kept, "
-        "published again in %.0fs (its retries are not spent)",
+        "published again in %.1fs (its retries are not spent)",
         task.name,
         task.request.id,
         name,
