@@ -25,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 def invoke(nodes: list[str], *args: str) -> Result:
     app = cli_app.make_app(nodes)
-    result = CliRunner().invoke(redlock, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
+    result = CliRunner().invoke(
+        redlock, list(args), obj=CLIContext(app=app, no_color=True, workdir=None)
+    )
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
@@ -91,7 +93,9 @@ def test_refused_nodes_that_leave_a_quorum_possible_are_an_outage(guarded):
         assert list(exc.unhealed) == [wrong.replace(":wrong@", ":***@")]
         assert exc.heals
         # 2 of 3 cannot heal: no quorum until they are fixed
-        exc = refusal([wrong, f"redis://:wrong@{other_guarded.host}:{other_guarded.port}/0", up.url])
+        exc = refusal(
+            [wrong, f"redis://:wrong@{other_guarded.host}:{other_guarded.port}/0", up.url]
+        )
         assert len(exc.unhealed) == 2 and not exc.heals
     finally:
         for node in (other_guarded, up, down):
