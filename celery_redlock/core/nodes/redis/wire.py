@@ -280,9 +280,7 @@ def _unverified(exc: BaseException | None) -> bool:
     for _ in range(4):  # redis-py wraps the socket's error once or twice
         if exc is None:
             return False
-        if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
-            exc
-        ):
+        if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
