@@ -205,6 +205,9 @@ def _attempt(
             booked=rated is not None and rated.booked,
         )
     except QuorumUnavailable as exc:
+        if not exc.heals and not request.is_eager:  # no outage: kept until it is fixed
+            later = outage.unhealed(task, plan, name, exc)
+            _republish(task, plan, attempt_of(request), "lock nodes need a fix", later, spend=False)
         if rated is not None:
             rates.unavailable(task, plan, name, request, exc)
         if exc.heals:
@@ -215,9 +218,6 @@ def _attempt(
             metrics.count("superseded", plan.lock_name)
             _drop(task, plan, name, None, reason=replaced)
         attempt = attempt_of(request)
-        if not exc.heals and not request.is_eager:  # no outage: kept until it is fixed
-            later = outage.unhealed(task, plan, name, exc)
-            _republish(task, plan, attempt, "lock nodes need a fix", countdown=later, spend=False)
         of = plan.settings.retry_max_attempts
         if request.is_eager or attempt >= of:
             if not request.is_eager:
