@@ -21,6 +21,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     LockSuperseded,
+    NodeError,
     QuorumUnavailable,
     RedlockError,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "LockPlan",
     "LockSuperseded",
     "LockedTask",
+    "NodeError",
     "QuorumUnavailable",
     "RateSlot",
     "Redlock",

@@ -354,7 +354,8 @@ def nodes_from_app(app: Any, owner: str = "app.conf") -> tuple:
     if scheme == "sentinel":
         return (_sentinel_node(app, broker, owner),)
     raise ImproperlyConfigured(
-        f"{owner}: set {spelt(app, 'redlock_nodes')} (a list of Redis URLs); the broker "
+        f"{owner}: set {spelt(app, 'redlock_nodes')} (a list of lock node URLs: redis://, "
+        f"rediss://, sentinel://, postgresql://, etcd://, ...); the broker "
         f"{_scheme(broker)} is not Redis, so it cannot serve as the default lock node"
     )
 

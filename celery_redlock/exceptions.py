@@ -15,6 +15,7 @@ from .core.exceptions import (
     LockLost,
     LockNotAcquired,
     LockSuperseded,
+    NodeError,
     QuorumUnavailable,
     RedlockError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockSuperseded",
+    "NodeError",
     "QuorumUnavailable",
     "RedlockError",
 ]

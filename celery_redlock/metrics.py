@@ -8,7 +8,8 @@ exported to Prometheus when ``prometheus_client`` is installed (the
     celery_redlock_acquire_seconds{lock="tasks.settle"}       (histogram)
 
 Events: ``acquired``, ``contended``, ``dropped``, ``retried``, ``raised``,
-``waited``, ``exhausted``, ``gave_up``, ``lost``, ``outage``, ``parent_released``,
+``waited``, ``exhausted``, ``gave_up``, ``lost``, ``outage``, ``unhealed`` (an
+attempt kept because nodes need a fix), ``parent_released``,
 ``beat_sent``, ``beat_skipped``, ``beat_outage``, ``beat_missed``. The ``lock``
 label is the task's ``lock_name`` (the entry name for beat events), never an
 argument value, so its cardinality is that of your task list.
@@ -60,6 +61,7 @@ EVENTS = (
     "gave_up",
     "lost",
     "outage",
+    "unhealed",
     "parent_released",
     "beat_sent",
     "beat_skipped",

@@ -74,7 +74,8 @@ With enqueue claims (``lock_enqueue``, see :mod:`celery_redlock.enqueue`):
 An outage (fewer than a quorum of nodes answer) is never mistaken for
 contention and never drops work: the task is retried with the same backoff,
 and fails with :class:`~celery_redlock.exceptions.QuorumUnavailable` only once
-its attempts are spent.
+its attempts are spent. Nodes that cannot heal without a fix are no outage:
+the task is kept, without spending attempts (see :mod:`celery_redlock.outage`).
 
 In eager mode (``task_always_eager`` or ``.apply()``) nothing can be
 published, so ``retry`` waits like ``wait`` does, an outage raises at once, and
@@ -204,10 +205,14 @@ def _attempt(
             booked=rated is not None and rated.booked,
         )
     except QuorumUnavailable as exc:
+        if not exc.heals and not request.is_eager:  # no outage: kept until it is fixed
+            later = outage.unhealed(task, plan, name, exc)
+            _republish(task, plan, attempt_of(request), "lock nodes need a fix", later, spend=False)
         if rated is not None:
             rates.unavailable(task, plan, name, request, exc)
-        metrics.count("outage", plan.lock_name)
-        outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
+        if exc.heals:
+            metrics.count("outage", plan.lock_name)
+            outage.failed(plan.redlock, exc)  # the nodes' errors, once per outage
         replaced = None if request.is_eager else enqueue.replaced_at_publish(task, request)
         if replaced is not None:  # the call that replaced it said so: nothing to retry
             metrics.count("superseded", plan.lock_name)
@@ -413,16 +418,17 @@ def _retry(task: Any, plan: LockPlan, name: str, holder: Holder) -> NoReturn:
 
 
 def _republish(
-    task: Any, plan: LockPlan, attempt: int, reason: str, countdown: float | None = None
+    task: Any, plan: LockPlan, attempt: int, reason: str, countdown: float | None = None, spend=True
 ) -> NoReturn:
-    """Publish the same message again later, without using the task's own retries."""
+    """Publish the same message again later, without using the task's own retries
+    (nor, with ``spend`` False, one of its lock attempts)."""
     settings = plan.settings
     if countdown is None:
         countdown = full_jitter(
             attempt, settings.retry_backoff, settings.retry_backoff_max, plan.redlock.rng
         )
     request = task.request
-    headers = {**(request.headers or {}), ATTEMPT: attempt + 1}
+    headers = {**(request.headers or {}), ATTEMPT: attempt + spend}
     sig = task.signature_from_request(
         request, countdown=countdown, retries=request.retries, headers=headers
     )

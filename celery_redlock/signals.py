@@ -65,7 +65,7 @@ from celery import signals as celery_signals
 from celery.exceptions import TimeLimitExceeded
 from celery.utils.dispatch import Signal
 
-from . import conf, metrics, queues, republish
+from . import conf, metrics, queues, republish, startup
 from ._format import nodes_text, spare_text
 from .core import Redlock, heartbeat
 from .enqueue import withdraw
@@ -98,6 +98,7 @@ def install(app: Any) -> None:
         return
     conf.resolve_worker(app)  # a bad redlock_metrics_* value fails at bind, like the rest
     _installed.add(app)
+    startup.install(app)  # a worker whose locks cannot work refuses to start
     uid = f"celery_redlock:{id(app)}"
     celery_signals.worker_init.connect(
         functools.partial(_start_metrics, app), weak=False, dispatch_uid=uid + ":metrics"

@@ -22,11 +22,13 @@ from ..exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, Re
 __all__ = [
     "DEFAULT_TIMEOUT",
     "EX_DEGRADED",
+    "EX_NEEDS_FIX",
     "EX_UNAVAILABLE",
     "LIMIT",
     "LOCK",
     "TASK",
     "Degraded",
+    "NeedsFix",
     "Unavailable",
     "command",
     "option",
@@ -39,6 +41,9 @@ DEFAULT_TIMEOUT = 0.5
 EX_UNAVAILABLE = 2
 #: Exit code of ``nodes`` when a node is down but a quorum answered.
 EX_DEGRADED = 3
+#: Exit code of ``nodes`` when a node's error cannot heal without a fix (a
+#: password refused, a database or schema missing, a TLS certificate not verified).
+EX_NEEDS_FIX = 4
 
 
 class Unavailable(click.ClickException):
@@ -51,6 +56,12 @@ class Degraded(click.ClickException):
     """A node did not answer, but a quorum did: locks work, with less to spare."""
 
     exit_code = EX_DEGRADED
+
+
+class NeedsFix(click.ClickException):
+    """A node's error cannot heal by waiting: someone must fix the node or its URL."""
+
+    exit_code = EX_NEEDS_FIX
 
 
 @click.group(name="redlock")

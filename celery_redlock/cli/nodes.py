@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from .. import conf
-from .._format import ms_text, nodes_text, outage, spare_text, table
+from .._format import ms_text, nodes_text, outage, plural, spare_text, table
 from .._health import HEADER, findings, node_row
 from .._reading import connect
-from .base import TASK, Degraded, Unavailable, command
+from ..core.exceptions import heals
+from ..core.nodes import command as ask
+from ..outage import cause_and_fix
+from .base import TASK, Degraded, NeedsFix, Unavailable, command
 from .targets import target_settings
 
 __all__ = ["nodes"]
+
+_TIMED_OUT = re.compile(r"timeout|timed out|no reply in|no connect in|skipped for a while", re.I)
 
 
 @command("nodes", TASK)
@@ -29,11 +35,22 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
 
     A health check: exits with 0 when every node answers, 3 when a node is
     down but a quorum answers (locks work, with fewer failures to spare), 2
-    when fewer than a quorum answer (no lock can be taken).
+    when fewer than a quorum answer (no lock can be taken), 4 when a node's
+    error cannot heal without a fix (a password refused, a database or schema
+    missing, a TLS certificate not verified): workers refuse to start then.
     """
     label, settings = target_settings(app, task)
     with connect(settings, timeout) as (client, notes):
         infos = client.node_info()
+        # The refused nodes' errors themselves (node_info keeps their text), asked
+        # once more; a node that timed out is down, and asking it would cost a timeout.
+        failed = {i.lock_node for i in infos if i.error and not _TIMED_OUT.search(i.error)}
+        asked = [node for node in client.nodes if node.name in failed]
+        fixes = [
+            cause_and_fix(node.name, error)
+            for node, error in zip(asked, ask(asked, ("PING",), timeout) if asked else [])
+            if isinstance(error, Exception) and not heals(error)
+        ]
     quorum, total = client.quorum, len(client.nodes)
     echo(
         f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
@@ -57,6 +74,10 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     reachable = "UNREACHABLE" if problem else "reachable"
     degraded = f"; DEGRADED: {spare}" if down and not problem else ""
     echo(f"\nQuorum: {reachable} ({answered} of {total} nodes answered, {quorum} needed){degraded}")
+    if fixes:
+        raise NeedsFix(
+            f"{plural(len(fixes), 'lock node')} cannot answer until fixed: {'; '.join(fixes)}"
+        )
     if problem:
         raise Unavailable(problem)
     if down:

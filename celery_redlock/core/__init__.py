@@ -17,6 +17,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     LockSuperseded,
+    NodeError,
     QuorumUnavailable,
     RedlockError,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockSuperseded",
+    "NodeError",
     "NodeInfo",
     "NodeView",
     "Parked",

@@ -7,7 +7,9 @@
     │   └── ImproperlyConfigured  (also celery.exceptions.ImproperlyConfigured; in
     │                             celery_redlock.conf: raised at bind / for app.conf)
     ├── LockKeyError              (also TypeError: an argument has no canonical form)
-    ├── QuorumUnavailable         fewer than a quorum of nodes answered
+    ├── NodeError                 (also ConnectionError) one node's failure: ``node``,
+    │                             ``heals`` (False: it cannot end without a fix)
+    ├── QuorumUnavailable         fewer than a quorum of nodes answered (``heals``)
     └── LockError                 about one lock; carries ``name``
         ├── LockNotAcquired       a blocking acquire timed out
         │   └── LockContended     another holder has it (``holder``, ``remaining``)
@@ -41,8 +43,10 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockSuperseded",
+    "NodeError",
     "QuorumUnavailable",
     "RedlockError",
+    "heals",
 ]
 
 
@@ -59,6 +63,35 @@ class ConfigurationError(RedlockError, ValueError):
 
 class LockKeyError(RedlockError, TypeError):
     """An argument selected for the lock key cannot be put in canonical form."""
+
+
+class NodeError(RedlockError, ConnectionError):
+    """One lock node failed a call, whatever its kind; each kind raises (or
+    returns as the node's reply) its own subclass.
+
+    Attributes:
+        node: the node's name (its URL, password masked), or None.
+        heals: True for an outage (the server may come back by itself); False
+            for what cannot end without a fix: authentication refused, a
+            database or schema missing (or of another version), a TLS
+            certificate not verified.
+    """
+
+    def __init__(self, message: str, node: str | None = None, heals: bool = True):
+        self.node = node
+        self.heals = heals
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.node, self.heals))
+
+
+def heals(error: BaseException | str) -> bool:
+    """False for a node's error that cannot end without a fix (see :class:`NodeError`);
+    a node refused as misconfigured (a :class:`ConfigurationError` as its reply) neither."""
+    if isinstance(error, NodeError):
+        return error.heals
+    return not isinstance(error, ConfigurationError)
 
 
 class QuorumUnavailable(RedlockError):
@@ -84,6 +117,17 @@ class QuorumUnavailable(RedlockError):
 
     def errors_as_text(self) -> dict:
         return {node: str(err) for node, err in self.errors.items()}
+
+    @property
+    def unhealed(self) -> dict[str, BaseException | str]:
+        """Node name -> error, of the nodes whose error cannot end without a fix."""
+        return {node: err for node, err in self.errors.items() if not heals(err)}
+
+    @property
+    def heals(self) -> bool:
+        """False when the nodes that cannot heal leave fewer than a quorum: no
+        lock can be taken until they are fixed, however long one waits."""
+        return self.total - len(self.unhealed) >= self.quorum
 
 
 class LockError(RedlockError):
@@ -168,5 +212,6 @@ class AlreadyEnqueued(LockError):
 # (``exc_module``): keep the documented path, so results stored by one version
 # read back in another.
 for _name in __all__:
-    globals()[_name].__module__ = "celery_redlock.exceptions"
+    if isinstance(globals()[_name], type):
+        globals()[_name].__module__ = "celery_redlock.exceptions"
 del _name

@@ -195,10 +195,13 @@ class Redlock:
         rng: Callable[[], float] = random.random,
     ):
         if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Iterable):
-            raise ConfigurationError("nodes must be a list of Redis URLs or clients")
+            raise ConfigurationError(
+                "nodes must be a list of lock node URLs (redis://, postgresql://, etcd://, ...) "
+                "or redis.Redis clients"
+            )
         nodes = list(nodes)
         if not nodes:
-            raise ConfigurationError("Redlock needs at least one Redis node")
+            raise ConfigurationError("Redlock needs at least one lock node")
         node_timeout = checked("node_timeout", settings.check_seconds, node_timeout)
         connect_timeout = checked("connect_timeout", settings.check_seconds, connect_timeout)
         fence_retention = checked("fence_retention", settings.check_seconds, fence_retention)

@@ -163,9 +163,12 @@ def _node_list(value: Any) -> tuple | None:
     try:
         nodes = tuple(value)
     except TypeError:
-        raise ValueError("must be a list of Redis URLs or clients") from None
+        raise ValueError(
+            "must be a list of lock node URLs (redis://, postgresql://, etcd://, ...) "
+            "or redis.Redis clients"
+        ) from None
     if not nodes:
-        raise ValueError("must name at least one Redis node")
+        raise ValueError("must name at least one lock node")
     for node in nodes:
         if isinstance(node, str) and len(_SCHEME.findall(node)) > 1:
             raise ValueError(

@@ -93,6 +93,7 @@ def test_a_wrong_ca_fails_fast_naming_the_node(tls_nodes, certs):
     assert f"127.0.0.1:{port}" in text
     assert "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text
     assert deploy.ACL_PASSWORD not in text
+    assert not info.value.heals  # no outage: it cannot end without a fix
 
 
 def test_a_plain_client_on_the_tls_port_fails_fast(tls_nodes):

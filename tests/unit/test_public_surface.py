@@ -2,7 +2,7 @@
 attributes, Lease's, and the names celery_redlock exports, against a list
 recorded before the core was split into one module per primitive (and grown
 since: the queues' park, queue_next, queue_peek and queue_keys; a lease's
-supersede and superseded_by; LockSuperseded)."""
+supersede and superseded_by; LockSuperseded; NodeError)."""
 
 from __future__ import annotations
 
@@ -161,6 +161,7 @@ RECORDED = {
         "LockPlan",
         "LockSuperseded",
         "LockedTask",
+        "NodeError",
         "QuorumUnavailable",
         "RateSlot",
         "Redlock",

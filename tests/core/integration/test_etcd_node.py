@@ -40,8 +40,9 @@ def test_endpoints_of_two_clusters_are_refused(etcd_node1):
 def test_an_etcd_without_its_v3_gateway_is_named():
     with EtcdCluster(1, extra_args=["--enable-grpc-gateway=false"]) as cluster:
         rl = Redlock([cluster.url], node_timeout=2.0)
-        with pytest.raises(QuorumUnavailable, match="v3 API"):
+        with pytest.raises(QuorumUnavailable, match="v3 API") as caught:
             rl.try_acquire(NAME, ttl=5)
+        assert not caught.value.heals  # no outage: the URL names another service
 
 
 def test_auth_required_but_missing_is_named_and_a_password_in_the_url_works():
@@ -50,12 +51,14 @@ def test_auth_required_but_missing_is_named_and_a_password_in_the_url_works():
         api(f"{base}/auth/user/add", {"name": "root", "password": "s3cret"})
         api(f"{base}/auth/user/grant", {"user": "root", "role": "root"})
         api(f"{base}/auth/enable", {})
-        with pytest.raises(QuorumUnavailable, match="requires authentication"):
+        with pytest.raises(QuorumUnavailable, match="requires authentication") as caught:
             Redlock([cluster.url], node_timeout=2.0).try_acquire(NAME, ttl=5)
+        assert not caught.value.heals  # no outage: it cannot end without a fix
         wrong = cluster.url.replace("etcd://", "etcd://root:nope@")
         with pytest.raises(QuorumUnavailable, match="authentication failed") as caught:
             Redlock([wrong], node_timeout=2.0).try_acquire(NAME, ttl=5)
         assert "nope" not in str(caught.value)  # the password is masked
+        assert not caught.value.heals
         rl = Redlock([cluster.url.replace("etcd://", "etcd://root:s3cret@")], node_timeout=2.0)
         lease = rl.acquire(NAME, ttl=5)
         assert lease is not None and rl.acquire(NAME, ttl=5) is None
@@ -126,7 +129,8 @@ def _answered(rl: Redlock, name: str, seconds: float = 20.0):
 def test_etcds_with_a_client_certificate(tmp_path):
     """``etcds://`` speaks TLS to a member that requires a client certificate:
     with the CA and the client's certificate it locks; without the certificate,
-    or over plain HTTP, the node does not answer."""
+    or over plain HTTP, the node does not answer; with another CA its
+    certificate is not verified, which cannot heal."""
     trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
     server, client = ca.issue_cert("127.0.0.1"), ca.issue_cert("client.example")
@@ -137,6 +141,7 @@ def test_etcds_with_a_client_certificate(tmp_path):
         "server-key": server.private_key_pem,
         "client": client.cert_chain_pems[0],
         "client-key": client.private_key_pem,
+        "other-ca": trustme.CA().cert_pem,
     }.items():
         files[name] = str(tmp_path / f"{name}.pem")
         blob.write_to_path(files[name])
@@ -161,6 +166,12 @@ def test_etcds_with_a_client_certificate(tmp_path):
             )
         with pytest.raises(QuorumUnavailable):
             Redlock([f"etcd://{member.endpoint}"], node_timeout=1.0).try_acquire(NAME, ttl=5)
+        other = query.replace(files["ca"], files["other-ca"])
+        with pytest.raises(QuorumUnavailable, match="TLS") as caught:
+            Redlock([f"etcds://{member.endpoint}?{other}"], node_timeout=1.0).try_acquire(
+                NAME, ttl=5
+            )
+        assert not caught.value.heals  # a certificate not verified is no outage
         rl.release(lease)
 
 

@@ -26,6 +26,7 @@ import time
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...exceptions import ConfigurationError
+from ...exceptions import NodeError as _NodeError
 from .. import mask_url
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
@@ -41,7 +42,7 @@ _SKIP = 5.0
 SKIP_AFTER_TIMEOUT = 1.0
 
 
-class NodeError(ConnectionError):
+class NodeError(_NodeError):
     """An etcd node's error (refused, misconfigured, or an error reply), naming the node."""
 
 
@@ -220,6 +221,7 @@ class EtcdNode:
         now = time.monotonic()
         order = sorted(self._order, key=lambda e: self._skip.get(e, 0.0) > now)
         errors: list[str] = []
+        unverified = 0  # members whose TLS certificate was not verified: no outage
         pending, again = list(order), set()
         while pending:
             endpoint = pending.pop(0)
@@ -240,6 +242,7 @@ class EtcdNode:
                 continue
             except (OSError, http.client.HTTPException) as exc:
                 errors.append(f"{endpoint}: {_reason(exc)}")
+                unverified += isinstance(exc, ssl.SSLCertVerificationError)
                 continue
             self._skip.pop(endpoint, None)
             if endpoint != self._order[0]:
@@ -248,13 +251,19 @@ class EtcdNode:
             return self._reply(status, data, path)
         if not errors or any("timed out" in e for e in errors):
             raise TimeoutError(f"{self.name}: no reply in time ({'; '.join(errors) or 'none'})")
-        raise NodeError(f"{self.name}: no member answers ({'; '.join(errors)})")
+        raise NodeError(
+            f"{self.name}: no member answers ({'; '.join(errors)})",
+            self.name,
+            heals=unverified < len(errors),
+        )
 
     def _reply(self, status: int, body: bytes, path: str) -> dict:
         if status == 404:
             raise NodeError(
                 f"{self.name}: /v3/{path} not found: not an etcd >= 3.4 with its v3 API "
-                "(its gRPC gateway) on this port"
+                "(its gRPC gateway) on this port",
+                self.name,
+                heals=False,
             )
         try:
             data = json.loads(body)
@@ -265,10 +274,14 @@ class EtcdNode:
             if "user name is empty" in message or "invalid auth token" in message:
                 raise NodeError(
                     f"{self.name}: the cluster requires authentication: give user:password@ "
-                    f"in the URL ({message})"
+                    f"in the URL ({message})",
+                    self.name,
+                    heals=False,
                 )
             if "authentication failed" in message:
-                raise NodeError(f"{self.name}: authentication failed ({message})")
+                raise NodeError(
+                    f"{self.name}: authentication failed ({message})", self.name, heals=False
+                )
             raise NodeError(f"{self.name}: {message}")
         return data
 
@@ -310,7 +323,11 @@ class EtcdNode:
         except TimeoutError:
             raise TimeoutError(f"{self.name}: {endpoint} timed out") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise NodeError(f"{self.name}: {endpoint}: {_reason(exc)}") from None
+            raise NodeError(
+                f"{self.name}: {endpoint}: {_reason(exc)}",
+                self.name,
+                heals=not isinstance(exc, ssl.SSLCertVerificationError),
+            ) from None
         return self._reply(status, data, path)
 
 

@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import ProgrammingError
 
 from ...exceptions import ConfigurationError
+from ...exceptions import NodeError as _NodeError
 from .. import mask_url
 from .schema import VERSION, check_sql, install_sql
 
@@ -59,8 +60,23 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-class NodeError(ConnectionError):
+class NodeError(_NodeError):
     """A PostgreSQL node did not answer a call, or answered it with an error."""
+
+
+#: What libpq says when a connection is refused for a reason that waiting does
+#: not cure: the credentials, the database, the role, pg_hba, TLS verification.
+_NO_HEALING = re.compile(
+    r"authentication failed|no password supplied|password authentication|"
+    r'(database|role) "[^"]*" does not exist|no pg_hba\.conf entry|'
+    r"certificate verify failed|server certificate for|root certificate file",
+    re.IGNORECASE,
+)
+
+
+def _refused(name: str, message: str) -> NodeError:
+    """A failed connect's error; one that cannot heal (see :data:`_NO_HEALING`) says so."""
+    return NodeError(f"{name}: {message}", name, heals=not _NO_HEALING.search(message))
 
 
 class PostgresNode:
@@ -178,21 +194,29 @@ class PostgresNode:
             installed = execute(
                 conn, install_sql(self.schema), max(deadline, time.monotonic() + 30)
             )
+            if isinstance(installed, TimeoutError) or conn.status != pq.ConnStatus.OK:
+                return installed  # an outage while creating it: the next connect tries again
             if isinstance(installed, Exception):
-                return ConfigurationError(
+                return NodeError(
                     f"PostgreSQL node {self.name}: cannot create schema {self.schema!r} "
                     f"({installed}); run `celery redlock schema --apply` as a role that may, "
-                    "or apply the SQL `celery redlock schema` prints"
+                    "or apply the SQL `celery redlock schema` prints",
+                    self.name,
+                    heals=False,
                 )
         elif found != VERSION:
-            return ConfigurationError(
+            return NodeError(
                 f"PostgreSQL node {self.name}: schema {self.schema!r} is at version {found}, "
-                f"this celery_redlock needs {VERSION}; run `celery redlock schema --apply`"
+                f"this celery_redlock needs {VERSION}; run `celery redlock schema --apply`",
+                self.name,
+                heals=False,
             )
         if self.min_replicas and not standbys:
-            return ConfigurationError(
+            return NodeError(
                 f"PostgreSQL node {self.name}: redlock_min_replicas={self.min_replicas} needs "
-                "a synchronous standby (synchronous_standby_names is empty on the server)"
+                "a synchronous standby (synchronous_standby_names is empty on the server)",
+                self.name,
+                heals=False,
             )
         self._checked = True
         return None
@@ -350,7 +374,7 @@ def _step(call: _Call, timeout: float, now: float) -> None:
             status = conn.connect_poll()
             if status == pq.PollingStatus.FAILED:
                 message = conn.get_error_message().strip()
-                _fail(call, NodeError(f"{call.node.name}: {message or 'cannot connect'}"))
+                _fail(call, _refused(call.node.name, message or "cannot connect"))
                 return
             if status != pq.PollingStatus.OK:
                 call.want = select.POLLIN if status == pq.PollingStatus.READING else select.POLLOUT

@@ -178,7 +178,7 @@ class Node:
         self._probing = True
         return True
 
-    def connected(self, error: RedisError | None, budget: float, probe: bool = False) -> None:
+    def connected(self, error: Exception | None, budget: float, probe: bool = False) -> None:
         """Record how a connect ended (called by the thread that made it)."""
         if probe:
             self._probing = False

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError
 
 from ...connect import connector
 from .node import Node
@@ -55,7 +54,7 @@ class Opening:
         self.until = 0.0
         self.lock = threading.Lock()
         self.live = True
-        self.done: list[tuple[int, Node, Any, RedisError | None]] = []
+        self.done: list[tuple[int, Node, Any, Exception | None]] = []
         self.pending: dict[int, Node] = {}
         self.wake, self._write_end = os.pipe()
         os.set_blocking(self.wake, False)
@@ -74,7 +73,7 @@ class Opening:
         self.until = max(self.until, time.monotonic() + allowed)
         connector().submit(open_connection, node, node.new_connection(), allowed, self, i)
 
-    def finished(self, i: int, conn: Any, error: RedisError | None) -> bool:
+    def finished(self, i: int, conn: Any, error: Exception | None) -> bool:
         """From a connecting thread: hand the outcome over; False if the round has ended."""
         with self.lock:
             if not self.live:
@@ -131,14 +130,14 @@ def open_connection(node: Node, conn: Any, budget: float, opening: Opening | Non
     :func:`~celery_redlock.core.connect.connector`) and hand it to the round,
     or to the node's idle connections if the round has ended (or if this is
     the circuit breaker's probe, ``opening`` None)."""
-    error: RedisError | None = None
+    error: Exception | None = None
     try:
         connect_within(conn, budget)
         if node.lean:
             set_nonblocking(conn)
     except Exception as exc:  # whatever it is, the round must hear back
         node.discard(conn)
-        error = as_redis_error(exc)
+        error = as_redis_error(exc, node.name)
     node.connected(error, budget, probe=opening is None)
     if opening is None or not opening.finished(i, conn, error):
         if error is None:

@@ -146,7 +146,7 @@ def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: flo
                 connect_within(call.conn, max(budget, LAST_LOOK))
             except (RedisError, OSError) as exc:
                 call.node.discard(call.conn)
-                replies[call.i] = as_redis_error(exc)
+                replies[call.i] = as_redis_error(exc, call.node.name)
                 continue
             deadline = max(deadline, time.monotonic() + timeout)
             reply = start(call) or read(call, deadline)

@@ -38,6 +38,7 @@ off ``CLIENT SETINFO`` on connect is settled in
 from __future__ import annotations
 
 import inspect
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -47,6 +48,7 @@ from redis._parsers import BaseParser, Encoder
 from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.exceptions import InvalidResponse, RedisError, ResponseError
 
+from ...exceptions import NodeError
 from .node import Node
 
 __all__ = [
@@ -140,7 +142,7 @@ def start(call: Call) -> Any:
             call.conn.send_packed_command(call.command, check_health=False)
     except (RedisError, OSError) as exc:
         call.node.discard(call.conn)
-        return RECONNECT if call.reused else as_redis_error(exc)
+        return RECONNECT if call.reused else as_redis_error(exc, call.node.name)
     return None
 
 
@@ -185,7 +187,7 @@ def step(call: Call) -> Any:
         return PENDING
     except (RedisError, OSError) as exc:
         call.node.discard(conn)
-        return as_redis_error(exc)
+        return as_redis_error(exc, call.node.name)
     except ValueError as exc:  # a length or an integer that is not one
         call.node.discard(conn)
         return InvalidResponse(f"Protocol error: {exc}")
@@ -206,7 +208,7 @@ def read(call: Call, deadline: float) -> Any:
                 got.append(exc)
     except (RedisError, OSError) as exc:
         call.node.discard(call.conn)
-        return as_redis_error(exc)
+        return as_redis_error(exc, call.node.name)
     if isinstance(got[0], ResponseError) and "READONLY" in str(got[0]):
         # The master we are connected to is a replica now (a failover demoted
         # it; a script's write reports it as ERR on Redis 6): drop the
@@ -253,11 +255,35 @@ def _group(got: list[Any]) -> Any:
     return got[0] if isinstance(got[0], Exception) else tuple(got)
 
 
-def as_redis_error(exc: BaseException) -> RedisError:
-    """``exc`` as the ``RedisError`` that stands for a node's reply."""
+#: Refusals that waiting does not cure: the credentials (or a username sent to a
+#: server without ACLs).
+_NO_HEALING = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+)
+
+
+def as_redis_error(exc: BaseException, node: str | None = None) -> Exception:
+    """``exc`` as the ``RedisError`` that stands for a node's reply; one that
+    cannot heal (authentication refused, TLS verification failed) as a
+    :class:`~celery_redlock.core.exceptions.NodeError` with ``heals`` False."""
+    if isinstance(exc, _NO_HEALING) or _unverified(exc):
+        where = f"{node}: " if node else ""
+        return NodeError(f"{where}{exc or type(exc).__name__}", node, heals=False)
     if isinstance(exc, RedisError):
         return exc
     return redis.exceptions.ConnectionError(str(exc) or type(exc).__name__)
+
+
+def _unverified(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a failed TLS certificate check."""
+    for _ in range(4):  # redis-py wraps the socket's error once or twice
+        if exc is None:
+            return False
+        if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def set_nonblocking(conn: Any) -> None:
