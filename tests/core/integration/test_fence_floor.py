@@ -83,9 +83,7 @@ def test_tokens_grow_from_postgres_to_etcd_and_back(postgres_node1, etcd_node1):
     assert resource.refused == []
 
 
-def test_tokens_grow_from_one_redis_node_set_to_another_and_back(
-    redis_nodes3, redis_node_factory
-):
+def test_tokens_grow_from_one_redis_node_set_to_another_and_back(redis_nodes3, redis_node_factory):
     other = redis_node_factory(3)
     resource = Resource()
     tokens = run(redis_nodes3.urls, resource)

@@ -132,10 +132,10 @@ def both(redis_nodes3, other_url):
 
 
 def now_us() -> str:
-    """The client's clock for a fence seed, a second ahead: a new fence seeds from
-    max(this, the server's clock in whole seconds), and the two calls of a step
-    (Redis's, then PostgreSQL's) may fall on both sides of a second's turn on a
-    loaded host; ahead, the seed is this on both."""
+    """The client's clock for a grant's fence floor, a second ahead: a grant takes
+    at least max(this plus a second, the server's clock), and the two calls of a
+    step (Redis's, then the other node's) read two clocks, apart by the step's
+    time on a loaded host; this far ahead, the floor is this on both."""
     return str(time.time_ns() // 1000 + 1_000_000)
 
 
