@@ -259,6 +259,26 @@ def test_tokens_grow_under_a_frozen_node_clock(servers):
     assert tokens == [floor, floor + 1, floor + 2, floor + 3, floor + 4]
 
 
+def test_a_grant_floors_its_value_at_the_node_clock_and_the_client_clock_a_second_on(servers):
+    node = peek(servers)[0]
+
+    def grant(name: str, client_us: str, stored: str | None = None) -> str:
+        if stored is not None:
+            node.set(f"f:{name}", stored)
+        reply = node.eval(scripts.ACQUIRE.text, 2, f"k:{name}", f"f:{name}", "o", 5000, "60000",
+                          client_us)  # fmt: skip
+        return reply[1]
+
+    with freeze_time("2030-01-01 00:00:00.000042"):  # the node's TIME: 42 microseconds in
+        node_us = "1893456000000042"
+        assert grant("a", "0") == node_us  # the microseconds padded to six digits
+        assert grant("b", "0", stored="1893456000000041") == node_us
+        assert grant("c", "0", stored=node_us) == "1893456000000043"  # moved on
+        assert grant("d", "1893456999999999") == "1893457000999999"  # a second on, carried
+        assert grant("e", "17", stored="5") == node_us
+        assert grant("f", "17", stored="99999999999999999999") == "100000000000000000000"
+
+
 def test_extend_sets_the_ttl_and_never_adds(servers):
     with freeze_time("2030-01-01 00:00:00") as frozen:
         rl = redlock(servers, clock=time.monotonic)
