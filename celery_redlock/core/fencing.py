@@ -1,24 +1,25 @@
 """Fencing tokens: issued with a lease, strictly larger than every earlier grant's.
 
 Each node keeps a fence value per name. The acquire call, where it sets my
-key, moves that value on to its successor and returns it; a node without one
-(a new name, an expired fence key, a node that lost its data) seeds it with
-``max(client clock, node clock to the second)`` in microseconds. The token is
-the **largest value among the granting nodes**, and it is issued only once a
+key, moves that value on and returns it: to max(its successor, the node's
+clock, the client's clock plus one second), in microseconds (``ADVANCE``; a
+node without a value, say a new name, takes the clocks). The token is the
+**largest value among the granting nodes**, and it is issued only once a
 quorum records it (or more):
 
 * When a quorum of the granting nodes returned that very value, phase 1 has
   already recorded it on a quorum, and the lease is granted after one round.
   This is the usual case: nodes that saw the same grants hold the same value,
-  and a new name is seeded alike everywhere, from the client's clock.
-* Otherwise (a node was down for some grants, or restarted, or the clocks
-  disagreed on a seed) phase 2 writes the token back on the granting nodes,
+  and the client's clock plus a second, one value sent to all of them and
+  above their clocks, is the floor they share.
+* Otherwise (a node was down for some grants, or restarted, or its clock ran
+  more than a second ahead of the client's) phase 2 writes the token back on the granting nodes,
   only where the node still holds my owner value, and only if it is larger.
   The lease is granted only if that landed on a quorum within validity.
 
 Any later grant needs a majority, which meets the quorum that recorded the
 token, so the later phase 1 moves a value at least as large as the token to
-its successor, and the later token is strictly larger. The largest value
+its successor (or above), and the later token is strictly larger. The largest value
 alone is not enough. With three nodes A, B, C, counters incremented inside the
 acquire, token = the largest increment and no write-back::
 
@@ -29,13 +30,15 @@ acquire, token = the largest increment and no write-back::
 Here token 2 sat on B alone at t1, so phase 2 writes it on C, and client 3
 reads it and takes 3.
 
-A node that restarts without its data loses its fence values, and a fence key
-that was not granted for ``fence_retention`` (7 days by default) expires. The
-seed covers both: values grow by one per grant, far slower than a microsecond
-clock, so every token stays below the clock it was seeded from, and a value
-seeded later from the clock is larger. This relies on the clocks (the
-client's that seeds, or the node's) not being behind by more than the time
-between the seed and the reseed.
+A node that restarts without its data loses its fence values, a fence key
+that was not granted for ``fence_retention`` (7 days by default) expires, a
+lock database is restored from last week, the node list changes and changes
+back while the first nodes keep old values. The clock floor covers all of
+them: every grant takes at least the clocks, and values move on by one per
+grant, far slower than a microsecond clock, so a token stays about the clocks
+of its grant, below the clocks of any later grant anywhere. This relies on
+the clocks (the node's, the client's) not being set back by more than the
+time since the last grant elsewhere; see docs/fencing.rst.
 
 Lazy fencing
 ------------
@@ -45,7 +48,7 @@ phase 1 sets the key and leaves the fence values alone (the acquire of a
 lease whose token nobody reads does the least work). The first read of
 :attr:`Lease.fencing_token` issues the token in one round (``ISSUE``): on each
 granting node that still holds my owner value, the fence value is moved on (or
-seeded) exactly as a grant moves it, and returned. The token is the largest
+floored) exactly as a grant moves it, and returned. The token is the largest
 of those values; it is issued when a quorum returned it, else written back
 (phase 2, as above) where my key still is. Short of a quorum, or past the
 validity, the lease is marked lost and the read raises :class:`LockLost`.

@@ -6,8 +6,8 @@ schemes the tests compare against (the grant loop is ``tests/support/recorded_gr
 * :func:`one_phase_grant` is the scheme the docstring of ``celery_redlock.redlock``
   warns against: each granting node INCRs a counter inside the acquire and the
   token is the largest increment (no write-back, no time floor).
-* :func:`no_time_floor` makes the real client, within a block, leave the clock out
-  of the seed, so only the fence values can make tokens grow.
+* :func:`no_time_floor` makes the real client, within a block, leave the clocks out
+  of a grant's floor, so only the fence values can make tokens grow.
 """
 
 from __future__ import annotations
@@ -80,13 +80,13 @@ def one_phase_grant(rl: Redlock, name: str, ttl: float = 10.0) -> int | None:
 # -- the real client without its time floor -------------------------------------------
 
 
-# The real acquire script, but a node without a fence value starts from 1, not the clock.
+# The real acquire script, but with no clock in the floor: a node without a fence
+# value starts from 1, one with a value moves it on by one.
 NO_FLOOR_ACQUIRE = scripts.Script(
     "acquire_no_floor",
     scripts.ACQUIRE.text.replace(
-        "fence = redis.call('TIME')[1] .. '000000'\n"
-        "    if greater(ARGV[4], fence) then fence = ARGV[4] end",
-        "fence = '1'",
+        "local function fence_floor()\n",
+        "local function fence_floor()\n  if true then return '1' end\n",
     ),
 )
 assert NO_FLOOR_ACQUIRE.text != scripts.ACQUIRE.text
@@ -94,8 +94,8 @@ assert NO_FLOOR_ACQUIRE.text != scripts.ACQUIRE.text
 
 @contextmanager
 def no_time_floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Inside the block, the real client seeds fence values with 1 instead of the
-    clock: only the values moved on in phase 1 and written back in phase 2 can make
+    """Inside the block, the real client's grants floor fence values at 1 instead of
+    the clocks: only the values moved on in phase 1 and written back in phase 2 can make
     tokens grow. The real script is back when the block (or the test) ends."""
     with monkeypatch.context() as patch:
         patch.setattr(scripts, "ACQUIRE", NO_FLOOR_ACQUIRE)

@@ -15,10 +15,10 @@ __all__ = ["ACQUIRE", "EXTEND", "FENCE", "ISSUE", "RELEASE", "RELEASE_PREFIX"]
 # when another owner holds the key. Otherwise the key is set (or, already
 # mine, its TTL refreshed: a re-sent acquire is harmless) and it returns {1}
 # with fencing off, else {1, fence}: the node's fence value, moved on by this
-# grant or seeded (ADVANCE). A re-sent acquire returns the value its first
-# send wrote. Without ARGV[5] no gate applies: the common case takes the key
-# with one SET NX, reads it only when that fails, and returns before the gates
-# are even defined.
+# grant, floored by the clocks (ADVANCE). A re-sent acquire returns the value
+# its first send wrote. Without ARGV[5] no gate applies: the common case takes
+# the key with one SET NX, reads it only when that fails, and returns before
+# the gates are even defined.
 ACQUIRE = Script(
     "acquire",
     GREATER
@@ -56,7 +56,7 @@ return {1, advance(KEYS[2], holder)}
 
 # KEYS[1] lock key, KEYS[2] fence key; ARGV[1], ARGV[3] and ARGV[4] as ACQUIRE
 # (ARGV[2] is not read). The first read of a lazy lease's token: where the
-# node still holds my owner value, its fence value is moved on (or seeded) as
+# node still holds my owner value, its fence value is moved on (and floored) as
 # a grant moves it, and returned; elsewhere nil.
 ISSUE = Script(
     "issue",

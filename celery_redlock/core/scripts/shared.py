@@ -53,20 +53,31 @@ local function owns(key, owner)
 end
 """
 
-# The fence value of a grant (needs GREATER and SUCCESSOR): the node's value
-# moved on (kept as is when ``again``: a re-sent plain acquire), or, where the
-# node has none, seeded with max(client clock ARGV[4], node clock to the
-# second) in microseconds. Written with the retention ARGV[3] in ms.
+# The fence value of a grant (needs GREATER and SUCCESSOR): max(the node's value
+# moved on, the floor), kept as is when ``again`` (a re-sent plain acquire).
+# The floor is max(the node's clock, the client's clock ARGV[4] a second on),
+# in microseconds: never below the node's clock, so a value left from another
+# node list, a restore or last week cannot hold tokens below ones handed out
+# since. The client's second on is what the nodes of one round share: their
+# clocks differ by microseconds, the client's is one value, so nodes that saw
+# the same grants still return the same value (one round, not a write-back).
+# All as digit strings. Written with the retention ARGV[3] in ms.
 ADVANCE = """
+local function fence_floor()
+  local t = redis.call('TIME')
+  local node = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local c = ARGV[4]
+  if #c <= 6 then c = '1' .. string.rep('0', 6 - #c) .. c
+  else c = successor(string.sub(c, 1, #c - 6)) .. string.sub(c, -6) end
+  if greater(c, node) then return c end
+  return node
+end
 local function advance(fkey, again)
   local fence = redis.call('GET', fkey)
-  if fence then
-    if again then return fence end
-    fence = successor(fence)
-  else
-    fence = redis.call('TIME')[1] .. '000000'
-    if greater(ARGV[4], fence) then fence = ARGV[4] end
-  end
+  if fence and again then return fence end
+  local floor = fence_floor()
+  if fence then fence = successor(fence) end
+  if not fence or greater(floor, fence) then fence = floor end
   redis.call('SET', fkey, fence, 'PX', ARGV[3])
   return fence
 end

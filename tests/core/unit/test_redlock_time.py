@@ -178,20 +178,21 @@ def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(server
     lock_key, fence_key = rl.keys("job")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(redis_kind, "run", recording)
-        first = rl.acquire("job", ttl=TTL)  # a new name: seeded alike from the client's clock
+        first = rl.acquire("job", ttl=TTL)  # the floor alike everywhere: the client's clock
         rl.release(first)
         second = rl.acquire("job", ttl=TTL)
         rl.release(second)
         assert scripts == ["acquire", "release", "acquire", "release"]
-        assert second.fencing_token == first.fencing_token + 1
-        # a node that missed some grants disagrees, but a quorum agrees: still one round
+        assert second.fencing_token > first.fencing_token
+        # a node whose value is behind (it missed grants, or was restored) takes the
+        # floor as the others do: still one round
         peek(servers)[2].set(fence_key, "7")
         scripts.clear()
         third = rl.acquire("job", ttl=TTL)
         rl.release(third)
         assert scripts == ["acquire", "release"]
-        assert third.fencing_token == second.fencing_token + 1
-        assert peek(servers)[2].get(fence_key) == "8"
+        assert third.fencing_token > second.fencing_token
+        assert peek(servers)[2].get(fence_key) == str(third.fencing_token)
         # the largest value on one node only: phase 2 writes it on the others
         ahead = put_one_node_ahead(servers, fence_key, 0)
         scripts.clear()
@@ -253,8 +254,29 @@ def test_tokens_grow_under_a_frozen_node_clock(servers):
             lease = rl.acquire("job", ttl=TTL)
             tokens.append(lease.fencing_token)
             rl.release(lease)
-    floor = 1_893_456_000 * 1_000_000  # 2030-01-01 in microseconds: the time floor
+    # 2030-01-01 in microseconds, the client's clock a second on: the time floor
+    floor = 1_893_456_000 * 1_000_000 + 1_000_000
     assert tokens == [floor, floor + 1, floor + 2, floor + 3, floor + 4]
+
+
+def test_a_grant_floors_its_value_at_the_node_clock_and_the_client_clock_a_second_on(servers):
+    node = peek(servers)[0]
+
+    def grant(name: str, client_us: str, stored: str | None = None) -> str:
+        if stored is not None:
+            node.set(f"f:{name}", stored)
+        reply = node.eval(scripts.ACQUIRE.text, 2, f"k:{name}", f"f:{name}", "o", 5000, "60000",
+                          client_us)  # fmt: skip
+        return reply[1]
+
+    with freeze_time("2030-01-01 00:00:00.000042"):  # the node's TIME: 42 microseconds in
+        node_us = "1893456000000042"
+        assert grant("a", "0") == node_us  # the microseconds padded to six digits
+        assert grant("b", "0", stored="1893456000000041") == node_us
+        assert grant("c", "0", stored=node_us) == "1893456000000043"  # moved on
+        assert grant("d", "1893456999999999") == "1893457000999999"  # a second on, carried
+        assert grant("e", "17", stored="5") == node_us
+        assert grant("f", "17", stored="99999999999999999999") == "100000000000000000000"
 
 
 def test_extend_sets_the_ttl_and_never_adds(servers):
@@ -454,16 +476,16 @@ def test_lazy_lease_whose_nodes_agree_has_its_token_in_one_round(rl, servers, mo
     calls = count_scripts(monkeypatch)
     lease = rl.acquire("job", ttl=TTL, fence=False)
     assert "unread" in repr(lease) and calls == []  # a bare SET NX
-    assert lease.fencing_token == earlier.fencing_token + 1
+    assert lease.fencing_token > earlier.fencing_token
     assert calls == ["issue"]
     _, fence_key = rl.keys("job")
     assert [c.get(fence_key) for c in peek(servers)] == [str(lease.fencing_token)] * 3
 
 
 def test_lazy_first_token_of_a_new_name_is_seeded_from_the_clock(rl, servers):
-    before = time.time_ns() // 1000
+    before = time.time_ns() // 1000 + 1_000_000  # the client's clock a second on
     lease = rl.acquire("fresh", ttl=TTL, fence=False)
-    assert before <= lease.fencing_token <= time.time_ns() // 1000 + 1
+    assert before <= lease.fencing_token <= time.time_ns() // 1000 + 1_000_000
     assert rl.acquire("fresh", ttl=TTL) is None  # still held
     rl.release(lease)
     assert rl.acquire("fresh", ttl=TTL).fencing_token > lease.fencing_token

@@ -167,8 +167,9 @@ class View:
         return method(*args)
 
     def c_time(self) -> list[bytes]:
-        now = time.time()
-        return [str(int(now)).encode(), str(int((now % 1) * 1_000_000)).encode()]
+        # etcd lends scripts no clock: this process's, whole microseconds (a float's are not)
+        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        return [str(seconds).encode(), str(micros).encode()]
 
     def c_get(self, key: bytes) -> bytes | None:
         entry = self.typed(key, "s")

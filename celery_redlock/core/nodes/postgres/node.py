@@ -36,7 +36,7 @@ from psycopg.errors import ProgrammingError
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import mask_url
-from .schema import VERSION, check_sql, install_sql
+from .schema import REVISION, VERSION, check_sql, install_sql
 
 __all__ = ["NodeError", "PostgresNode", "gather"]
 
@@ -189,17 +189,24 @@ class PostgresNode:
         reply = execute(conn, check_sql(self.schema), deadline)
         if isinstance(reply, Exception):
             return reply
-        found, standbys = reply
-        if found is None:
+        found, revision, standbys = reply
+        # made here if missing; functions of an earlier revision are brought up to date
+        if found is None or (found == VERSION and revision < REVISION):
             installed = execute(
                 conn, install_sql(self.schema), max(deadline, time.monotonic() + 30)
             )
             if isinstance(installed, TimeoutError) or conn.status != pq.ConnStatus.OK:
                 return installed  # an outage while creating it: the next connect tries again
             if isinstance(installed, Exception):
+                doing = (
+                    f"create schema {self.schema!r}"
+                    if found is None
+                    else f"update schema {self.schema!r} (its functions are at revision "
+                    f"{revision}, this celery_redlock needs {REVISION})"
+                )
                 return NodeError(
-                    f"PostgreSQL node {self.name}: cannot create schema {self.schema!r} "
-                    f"({installed}); run `celery redlock schema --apply` as a role that may, "
+                    f"PostgreSQL node {self.name}: cannot {doing} ({installed}); "
+                    "run `celery redlock schema --apply` as a role that may, "
                     "or apply the SQL `celery redlock schema` prints",
                     self.name,
                     heals=False,

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 from importlib import resources
 
-__all__ = ["VERSION", "check_sql", "ddl", "install_sql"]
+__all__ = ["REVISION", "VERSION", "check_sql", "ddl", "install_sql"]
 
-#: The schema's version: a node whose schema is at another one is refused.
+#: The schema's version: its tables, keys and the functions' names, arguments and
+#: replies, what the releases that share a node must agree on. A node whose
+#: schema is at another version is refused.
 VERSION = 4
+
+#: The functions' bodies within the version: a node behind it is brought up to
+#: it (the DDL again), one ahead is used as it is. Releases of one version run
+#: side by side on a node, on whichever bodies it holds: the same rows and
+#: locks, so they exclude each other and share the fence values. Revision 1:
+#: every grant's fence value is at least the node's clock (ADVANCE).
+REVISION = 1
 
 _FILES = ("storage.sql", "lease.sql", "permits.sql", "claims.sql", "queues.sql", "rates.sql")
 
@@ -26,7 +35,8 @@ def ddl(schema: str = "redlock") -> str:
         resources.files(__package__).joinpath(f"sql/{name}").read_text() for name in _FILES
     )
     meta = (
-        f"DELETE FROM {{schema}}.meta;\nINSERT INTO {{schema}}.meta (version) VALUES ({VERSION});\n"
+        "DELETE FROM {schema}.meta;\n"
+        f"INSERT INTO {{schema}}.meta (version, revision) VALUES ({VERSION}, {REVISION});\n"
     )
     return (text + "\n" + meta).replace("{schema}", schema)
 
@@ -41,13 +51,23 @@ def install_sql(schema: str) -> str:
 
 
 def check_sql(schema: str) -> str:
-    """One row: [the schema's version or null, synchronous_standby_names]."""
-    version = (
-        f"CASE WHEN to_regclass('{schema}.meta') IS NULL THEN 'SELECT NULL::int AS v' "
-        f"ELSE 'SELECT max(version) AS v FROM {schema}.meta' END"
+    """One row: [the schema's version or null, its revision, synchronous_standby_names].
+
+    A schema made before the revision column reads as revision 0."""
+    meta = f"to_regclass('{schema}.meta')"
+    with_revision = (
+        f"EXISTS (SELECT FROM pg_attribute WHERE attrelid = {meta} "
+        "AND attname = 'revision' AND NOT attisdropped)"
+    )
+    query = (
+        f"CASE WHEN {meta} IS NULL THEN 'SELECT NULL::int AS v, 0 AS r' "
+        f"WHEN {with_revision} "
+        f"THEN 'SELECT max(version) AS v, max(revision) AS r FROM {schema}.meta' "
+        f"ELSE 'SELECT max(version) AS v, 0 AS r FROM {schema}.meta' END"
     )
     return (
-        "SELECT jsonb_build_array((xpath('/table/row/v/text()', "
-        f"query_to_xml({version}, false, false, '')))[1]::text::int, "
-        "current_setting('synchronous_standby_names'))"
+        "SELECT jsonb_build_array((xpath('/table/row/v/text()', x))[1]::text::int, "
+        "coalesce((xpath('/table/row/r/text()', x))[1]::text::int, 0), "
+        "current_setting('synchronous_standby_names')) "
+        f"FROM (SELECT query_to_xml({query}, false, false, '') AS x) AS meta"
     )

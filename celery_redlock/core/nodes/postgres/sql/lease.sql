@@ -12,21 +12,30 @@ $$;
 CREATE OR REPLACE FUNCTION {schema}.owns(k text, owner text) RETURNS boolean
 LANGUAGE plpgsql AS $$ BEGIN RETURN {schema}.r_get(k) IS NOT DISTINCT FROM owner; END $$;
 
--- The fence value of a grant: the node's value moved on (kept when ``again``),
--- or seeded with max(client clock, node clock to the second) in microseconds.
+-- The floor of a grant's fence value (ADVANCE's fence_floor): max(the server's
+-- clock, the client's clock a[4] a second on), in microseconds.
+CREATE OR REPLACE FUNCTION {schema}.fence_floor(now_us text) RETURNS numeric
+LANGUAGE sql AS $$
+    SELECT greatest(coalesce(nullif(now_us, ''), '0')::numeric + 1000000,
+                    floor(extract(epoch FROM clock_timestamp()) * 1000000));
+$$;
+
+-- The fence value of a grant: max(the node's value moved on, the floor), kept
+-- when ``again``; numeric arithmetic on the decimal text, exact at any length.
 CREATE OR REPLACE FUNCTION {schema}.advance(fkey text, again boolean, a text[]) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     fence text;
+    low numeric;
 BEGIN
-    IF NOT again THEN  -- one upsert: moved on where it lives, else seeded
-        fence := ({schema}.r_time())[1]::text || '000000';
-        IF {schema}.greater(a[4], fence) THEN fence := a[4]; END IF;
+    IF NOT again THEN  -- one upsert: moved on where it lives, else the floor
+        low := {schema}.fence_floor(a[4]);
         INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
-        VALUES (fkey, 's', fence, NULL, clock_timestamp() + a[3]::bigint * interval '1 millisecond')
+        VALUES (fkey, 's', low::text, NULL,
+                clock_timestamp() + a[3]::bigint * interval '1 millisecond')
         ON CONFLICT (key) DO UPDATE
            SET val = CASE WHEN t.expires_at IS NULL OR t.expires_at > clock_timestamp()
-                          THEN (t.val::numeric + 1)::text ELSE EXCLUDED.val END,
+                          THEN greatest(t.val::numeric + 1, low)::text ELSE EXCLUDED.val END,
                kind = 's', map = NULL, expires_at = EXCLUDED.expires_at
          WHERE t.kind = 's' OR t.expires_at <= clock_timestamp()
         RETURNING val INTO fence;
@@ -34,13 +43,8 @@ BEGIN
     END IF;
     -- kept (``again``), or a live key of another type: read it as GET does
     fence := {schema}.r_get(fkey);
-    IF fence IS NOT NULL THEN
-        IF again THEN RETURN fence; END IF;
-        fence := (fence::numeric + 1)::text;
-    ELSE
-        fence := ({schema}.r_time())[1]::text || '000000';
-        IF {schema}.greater(a[4], fence) THEN fence := a[4]; END IF;
-    END IF;
+    IF fence IS NOT NULL AND again THEN RETURN fence; END IF;
+    fence := greatest(fence::numeric + 1, {schema}.fence_floor(a[4]))::text;  -- NULL: the floor
     PERFORM {schema}.r_set(fkey, fence, a[3]::bigint);
     RETURN fence;
 END $$;
@@ -234,6 +238,7 @@ DECLARE
     tag text := {schema}.tag(k1);
     holder text;
     fence text;
+    low numeric;
 BEGIN
     -- the lock as an expression, not a query (PERFORM): it costs a call, not a plan
     IF {schema}.tag(k2) <> tag THEN  -- a key space whose two keys differ in tag
@@ -259,20 +264,20 @@ BEGIN
     END IF;
     IF retention = '' THEN RETURN '[1]'; END IF;
     -- advance(k2, false, ...) written out: moved on where it lives (an update, the
-    -- common case, cheaper than the upsert's insertion attempt), else seeded
+    -- common case, cheaper than the upsert's insertion attempt), else the floor
+    low := {schema}.fence_floor(now_us);
     UPDATE {schema}.kv
-       SET val = (val::numeric + 1)::text, map = NULL,
+       SET val = greatest(val::numeric + 1, low)::text, map = NULL,
            expires_at = clock_timestamp() + retention::bigint * interval '1 millisecond'
      WHERE key = k2 AND kind = 's' AND (expires_at IS NULL OR expires_at > clock_timestamp())
     RETURNING val INTO fence;
     IF FOUND THEN RETURN '[1,"' || fence || '"]'; END IF;  -- digits only: nothing to escape
-    fence := greatest(now_us::numeric,
-                      floor(extract(epoch FROM clock_timestamp())) * 1000000)::text;
     INSERT INTO {schema}.kv AS t (key, kind, val, map, expires_at)
-    VALUES (k2, 's', fence, NULL, clock_timestamp() + retention::bigint * interval '1 millisecond')
+    VALUES (k2, 's', low::text, NULL,
+            clock_timestamp() + retention::bigint * interval '1 millisecond')
     ON CONFLICT (key) DO UPDATE
        SET val = CASE WHEN t.expires_at IS NULL OR t.expires_at > clock_timestamp()
-                      THEN (t.val::numeric + 1)::text ELSE EXCLUDED.val END,
+                      THEN greatest(t.val::numeric + 1, low)::text ELSE EXCLUDED.val END,
            kind = 's', map = NULL, expires_at = EXCLUDED.expires_at
      WHERE t.kind = 's' OR t.expires_at <= clock_timestamp()
     RETURNING val INTO fence;

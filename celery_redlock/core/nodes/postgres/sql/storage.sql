@@ -8,6 +8,9 @@
 CREATE SCHEMA IF NOT EXISTS {schema};
 
 CREATE TABLE IF NOT EXISTS {schema}.meta (version integer NOT NULL);
+-- The functions' revision within a version (schema.py): a release before the
+-- column read the version alone, and its DDL leaves the revision at 0.
+ALTER TABLE {schema}.meta ADD COLUMN IF NOT EXISTS revision integer NOT NULL DEFAULT 0;
 
 CREATE TABLE IF NOT EXISTS {schema}.kv (
     key text PRIMARY KEY,
