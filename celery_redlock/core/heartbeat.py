@@ -64,6 +64,8 @@ logger = logging.getLogger("celery_redlock.heartbeat")
 
 THREAD_NAME = "celery_redlock-heartbeat"
 
+_NO_QUORUM = "the renewal reached fewer than a quorum of nodes"
+
 OnLost = Callable[["Lease"], None]
 
 
@@ -214,12 +216,18 @@ class Heartbeat:
                     live.append((lease, entry))
             if not live:
                 continue
+            failure = None
             try:
                 results = client.extend_many([lease for lease, _ in live])
-                reason = "the renewal reached fewer than a quorum of nodes"
             except Exception as exc:  # one client's outage must not touch the others
-                results, reason = [False] * len(live), f"the renewal failed ({exc!r})"
-            lost += [(lease, entry, reason) for (lease, entry), ok in zip(live, results) if not ok]
+                results, failure = [False] * len(live), f"the renewal failed ({exc!r})"
+            lost += [
+                # the renewal's own reason (held.NO_QUORUM, held.FREED...), else the
+                # usual one; this module loads alone, so it imports none of them
+                (lease, entry, failure or lease.lost_reason or _NO_QUORUM)
+                for (lease, entry), ok in zip(live, results)
+                if not ok
+            ]
             for (lease, entry), ok in zip(live, results):
                 if ok and entry.probe is not None:
                     try:
@@ -237,7 +245,7 @@ class Heartbeat:
             for lease, _, _ in still:
                 del self._entries[id(lease)]
         for lease, entry, reason in still:
-            lease.mark_lost()
+            lease.mark_lost(reason)
             logger.warning("lock %r lost: %s; no longer renewed", lease.key, reason)
             if entry.on_lost is not None:
                 try:
