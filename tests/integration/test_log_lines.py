@@ -107,6 +107,8 @@ def test_a_majority_down_during_an_acquire_logs_no_release_line(redis_node_facto
         for attempt in range(5):
             with pytest.raises(QuorumUnavailable):
                 client.try_acquire(f"log-never-{attempt}", ttl=5)
+            with pytest.raises(QuorumUnavailable):  # a beat slot's claim, the same
+                client.claim(f"slot-never-{attempt}", "beat-1", ttl=5)
     # the one node up granted each, and its clean-up release reached it: nothing left
     assert release_lines(caplog) == []
     with nodes[2].client() as up:
