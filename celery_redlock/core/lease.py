@@ -53,7 +53,16 @@ if TYPE_CHECKING:
     from .rates import RatedRound
     from .records import RateSlot
 
-__all__ = ["SPLIT_RETRIES", "Client", "Lease", "Leases", "gate_flags", "granted_on"]
+__all__ = [
+    "SPLIT_RETRIES",
+    "Client",
+    "Lease",
+    "Leases",
+    "gate_flags",
+    "granted_on",
+    "log_missed",
+    "not_renewed",
+]
 
 #: Attempts made again when contenders split the nodes and nobody holds a quorum
 #: (the Redlock algorithm's "retry after a random delay").
@@ -65,6 +74,36 @@ logger = logging.getLogger("celery_redlock.redlock")
 def granted_on(replies: Sequence[Any]) -> list[int]:
     """The indexes of the nodes whose reply to an acquire granted it (``{1, ...}``)."""
     return [i for i, r in enumerate(replies) if isinstance(r, list) and r and r[0] == 1]
+
+
+def not_renewed(votes: int, refused: int, total: int, needed: int) -> str:
+    """Why a renewal that ``votes`` of ``total`` nodes granted, and ``refused``
+    answered "not this owner", did not keep its lease."""
+    if votes >= needed:
+        return TOO_LATE
+    # so many nodes said the key holds another owner (or none) that no quorum is
+    # left to hold it: the key changed there, it is no outage
+    return FREED if refused > total - needed else NO_QUORUM
+
+
+def log_missed(
+    nodes: Sequence[Any],
+    key: str,
+    replies: Sequence[Any],
+    granted: Sequence[int] | None,
+    at: Sequence[int] | None = None,
+) -> None:
+    """One line naming the nodes (of indexes ``at``) a release of ``key`` did not
+    reach, among the ones that ``granted`` it (None: wherever it may be)."""
+    failed = [
+        nodes[i].name
+        for i, r in zip(at or range(len(replies)), replies)
+        if isinstance(r, Exception) and (granted is None or i in granted)
+    ]
+    if failed:
+        logger.info(
+            "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
+        )
 
 
 def gate_flags(receipts: bool, claim: str | None, own_claim: bool) -> str:
@@ -259,15 +298,8 @@ class Leases:
                     lease._renewed(expires)
                     results[id(lease)] = True
                     continue
-                # Nodes that answered "not this owner" where no quorum is left to
-                # hold it: the key changed there, it is no outage.
                 refused = sum(1 for r in replies if isinstance(r, list) and int(r[j]) == 0)
-                if votes >= q.needed:
-                    why[id(lease)] = TOO_LATE
-                elif refused > len(q.nodes) - q.needed:
-                    why[id(lease)] = FREED
-                else:
-                    why[id(lease)] = NO_QUORUM
+                why[id(lease)] = not_renewed(votes, refused, len(q.nodes), q.needed)
         for lease in leases:
             if not results[id(lease)]:
                 lease.mark_lost(why.get(id(lease)))
@@ -336,7 +368,7 @@ class Leases:
 
         ``granted``: see :meth:`release_everywhere`."""
         replies = self.quorum.run(scripts.RELEASE_PREFIX, keys, (owner,))
-        self._log_missed(keys[0], replies, granted)
+        log_missed(self.quorum.nodes, keys[0], replies, granted)
 
     def release_everywhere(
         self,
@@ -366,24 +398,4 @@ class Leases:
         except Exception as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return
-        self._log_missed(key, replies, granted, at)
-
-    def _log_missed(
-        self,
-        key: str,
-        replies: Sequence[Any],
-        granted: Sequence[int] | None,
-        at: Sequence[int] | None = None,
-    ) -> None:
-        """One line naming the nodes (of indexes ``at``) a release did not reach,
-        among the ones that ``granted`` the key (None: wherever it may be)."""
-        nodes = self.quorum.nodes
-        failed = [
-            nodes[i].name
-            for i, r in zip(at or range(len(replies)), replies)
-            if isinstance(r, Exception) and (granted is None or i in granted)
-        ]
-        if failed:
-            logger.info(
-                "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
-            )
+        log_missed(q.nodes, key, replies, granted, at)
