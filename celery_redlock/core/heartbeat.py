@@ -206,7 +206,7 @@ class Heartbeat:
                     reason = (
                         "its validity ran out before it was renewed"
                         if lease.remaining() <= 0
-                        else "it was marked lost elsewhere"
+                        else lease.lost_reason or "it was marked lost elsewhere"
                     )
                 except Exception as exc:  # a broken clock: treat as lost
                     lapsed, reason = True, f"its validity could not be read ({exc!r})"
