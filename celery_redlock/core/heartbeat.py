@@ -25,10 +25,12 @@ body runs. That is this module.
   lease survives one missed round with a third of its TTL to spare.
   python-redis-lock renews at 2/3 of the TTL, which leaves no room for a miss.
 * **Lost** means the lease may no longer be ours: a renewal reached fewer than
-  a quorum of nodes, raised, or came too late (the validity had run out, so
-  another client may already have the lock; renewing then would be unsafe). The
+  a quorum of nodes, raised, came too late (the validity had run out, so
+  another client may already have the lock; renewing then would be unsafe), or
+  the nodes answered that the key no longer holds its owner (an operator
+  freed it): each its own reason, ``lease.lost_reason``. The
   lease is marked lost (``lease.lost``, ``lease.check()`` raises ``LockLost``), it
-  is no longer renewed, one WARNING is logged and ``on_lost(lease)`` is called
+  is no longer renewed, one WARNING gives the reason and ``on_lost(lease)`` is called
   in the heartbeat thread. Nothing raises in the thread: errors are logged.
 * **Fork:** threads do not survive ``fork()``. In the child every heartbeat is
   reset: its locks are recreated (one may have been held at fork time) and it
