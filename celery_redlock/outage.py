@@ -49,14 +49,13 @@ def failed(redlock: Any, exc: QuorumUnavailable) -> bool:
             ongoing[1] += 1
             return False
         _ongoing[nodes] = [time.monotonic(), 1]
-    errors = "; ".join(f"{node}: {error}" for node, error in exc.errors.items())
     logger.warning(
         "lock nodes unavailable: %d of %d answered, %d needed (%s); tasks are retried "
         "until a quorum answers",
         exc.total - len(exc.errors),
         exc.total,
         exc.quorum,
-        errors,
+        exc.detail(),
     )
     return True
 

@@ -76,8 +76,9 @@ __all__ = ["install", "lock_lost", "lock_superseded"]
 
 logger = logging.getLogger("celery_redlock.signals")
 
-#: Sent (by the heartbeat thread) when a held lease lost its quorum or lapsed.
-#: Arguments: ``sender`` (the task), ``lease``.
+#: Sent (by the heartbeat thread) when a held lease lost its quorum, lapsed, or was
+#: freed on the nodes (an operator's release). Arguments: ``sender`` (the task),
+#: ``lease``, ``reason`` (why, as the heartbeat's WARNING says it).
 lock_lost = Signal(name="lock_lost")
 
 #: Sent (by the heartbeat thread) when a newer call asked a running holder to stop

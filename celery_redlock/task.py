@@ -311,7 +311,7 @@ class LockedTask(Task, metaclass=LockedTaskType):
         plan = plan_of(self)
         if plan is not None:
             metrics.count("lost", plan.lock_name)
-        signals.lock_lost.send(sender=self, lease=lease)
+        signals.lock_lost.send(sender=self, lease=lease, reason=lease.lost_reason)
 
     def _superseded(self, lease: Lease, successor: str) -> None:
         """A newer call asked this holder to stop: send the ``lock_superseded`` signal."""

@@ -1,4 +1,4 @@
-"""The Celery app. Its Redis URLs come from the environment (the runner sets them)."""
+"""The Celery app. Its URLs come from the environment (the runner sets them)."""
 
 import os
 
@@ -26,3 +26,5 @@ app.conf.update(
         "nightly-report": {"task": "example_project.tasks.report", "schedule": crontab()},
     },
 )
+if os.environ.get("EXAMPLE_NODE_TIMEOUT"):  # one PostgreSQL node: its calls are commits
+    app.conf.redlock_node_timeout = float(os.environ["EXAMPLE_NODE_TIMEOUT"])

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
 from . import scripts
 from .keyspace import KeySpace
@@ -53,7 +55,8 @@ class Claims:
         replies = q.run(scripts.CLAIM, (full_key,), (value, ms(ttl)))
         if q.has_quorum(sum(1 for r in replies if r == 1)):
             return True
-        self.leases.release_everywhere(full_key, value)
+        # logged only where it was set: a node that never answered is an outage
+        self.leases.release_everywhere(full_key, value, granted=_where(replies, 1))
         q.check(replies)
         return False
 
@@ -172,7 +175,7 @@ class Claims:
         )
         answers = [r for r in replies if isinstance(r, list)]
         if not q.has_quorum(len(answers)):
-            self.leases.release_everywhere(claim_key, claimant)
+            self.leases.release_everywhere(claim_key, claimant, granted=_where(replies, list))
             q.check(replies)
         kinds = Counter(int(r[0]) for r in answers)
         code, votes = kinds.most_common(1)[0]
@@ -206,3 +209,10 @@ class Claims:
         if seen.owner is not None and seen.owner.startswith(STARTED_MARK):
             return Claim(None, None)  # its run started: no claim is pending
         return Claim(seen.owner, seen.remaining)
+
+
+def _where(replies: Sequence[Any], granted: Any) -> list[int]:
+    """The indexes of the nodes whose reply is ``granted`` (a value, or a type)."""
+    if isinstance(granted, type):
+        return [i for i, r in enumerate(replies) if isinstance(r, granted)]
+    return [i for i, r in enumerate(replies) if r == granted]

@@ -106,11 +106,14 @@ class QuorumUnavailable(RedlockError):
         self.errors = dict(errors)
         self.quorum = quorum
         self.total = total
-        detail = "; ".join(f"{node}: {err}" for node, err in self.errors.items())
         super().__init__(
             f"only {total - len(self.errors)} of {total} lock nodes answered, "
-            f"{quorum} needed ({detail})"
+            f"{quorum} needed ({self.detail()})"
         )
+
+    def detail(self) -> str:
+        """Each node's error, the node named once (``node: error; ...``)."""
+        return "; ".join(_about(node, err) for node, err in self.errors.items())
 
     def __reduce__(self):  # keep it picklable for Celery result backends
         return (type(self), (self.errors_as_text(), self.quorum, self.total))
@@ -128,6 +131,12 @@ class QuorumUnavailable(RedlockError):
         """False when the nodes that cannot heal leave fewer than a quorum: no
         lock can be taken until they are fixed, however long one waits."""
         return self.total - len(self.unhealed) >= self.quorum
+
+
+def _about(node: str, error: object) -> str:
+    """``node: error``, the node named once: a node's own errors start with its name."""
+    text = str(error)
+    return text if text.startswith(f"{node}: ") else f"{node}: {text}"
 
 
 class LockError(RedlockError):

@@ -25,10 +25,12 @@ body runs. That is this module.
   lease survives one missed round with a third of its TTL to spare.
   python-redis-lock renews at 2/3 of the TTL, which leaves no room for a miss.
 * **Lost** means the lease may no longer be ours: a renewal reached fewer than
-  a quorum of nodes, raised, or came too late (the validity had run out, so
-  another client may already have the lock; renewing then would be unsafe). The
+  a quorum of nodes, raised, came too late (the validity had run out, so
+  another client may already have the lock; renewing then would be unsafe), or
+  the nodes answered that the key no longer holds its owner (an operator
+  freed it): each its own reason, ``lease.lost_reason``. The
   lease is marked lost (``lease.lost``, ``lease.check()`` raises ``LockLost``), it
-  is no longer renewed, one WARNING is logged and ``on_lost(lease)`` is called
+  is no longer renewed, one WARNING gives the reason and ``on_lost(lease)`` is called
   in the heartbeat thread. Nothing raises in the thread: errors are logged.
 * **Fork:** threads do not survive ``fork()``. In the child every heartbeat is
   reset: its locks are recreated (one may have been held at fork time) and it
@@ -63,6 +65,8 @@ __all__ = ["THREAD_NAME", "Heartbeat", "default", "drop", "held", "hold", "renew
 logger = logging.getLogger("celery_redlock.heartbeat")
 
 THREAD_NAME = "celery_redlock-heartbeat"
+
+_NO_QUORUM = "the renewal reached fewer than a quorum of nodes"
 
 OnLost = Callable[["Lease"], None]
 
@@ -204,7 +208,7 @@ class Heartbeat:
                     reason = (
                         "its validity ran out before it was renewed"
                         if lease.remaining() <= 0
-                        else "it was marked lost elsewhere"
+                        else lease.lost_reason or "it was marked lost elsewhere"
                     )
                 except Exception as exc:  # a broken clock: treat as lost
                     lapsed, reason = True, f"its validity could not be read ({exc!r})"
@@ -214,12 +218,18 @@ class Heartbeat:
                     live.append((lease, entry))
             if not live:
                 continue
+            failure = None
             try:
                 results = client.extend_many([lease for lease, _ in live])
-                reason = "the renewal reached fewer than a quorum of nodes"
             except Exception as exc:  # one client's outage must not touch the others
-                results, reason = [False] * len(live), f"the renewal failed ({exc!r})"
-            lost += [(lease, entry, reason) for (lease, entry), ok in zip(live, results) if not ok]
+                results, failure = [False] * len(live), f"the renewal failed ({exc!r})"
+            lost += [
+                # the renewal's own reason (held.NO_QUORUM, held.FREED...), else the
+                # usual one; this module loads alone, so it imports none of them
+                (lease, entry, failure or lease.lost_reason or _NO_QUORUM)
+                for (lease, entry), ok in zip(live, results)
+                if not ok
+            ]
             for (lease, entry), ok in zip(live, results):
                 if ok and entry.probe is not None:
                     try:
@@ -237,7 +247,7 @@ class Heartbeat:
             for lease, _, _ in still:
                 del self._entries[id(lease)]
         for lease, entry, reason in still:
-            lease.mark_lost()
+            lease.mark_lost(reason)
             logger.warning("lock %r lost: %s; no longer renewed", lease.key, reason)
             if entry.on_lost is not None:
                 try:

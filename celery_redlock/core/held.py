@@ -14,7 +14,15 @@ from .records import Holder
 if TYPE_CHECKING:
     from .fencing import Fencing
 
-__all__ = ["Client", "Lease"]
+__all__ = ["FREED", "NO_QUORUM", "TOO_LATE", "Client", "Lease"]
+
+#: Why a renewal did not keep a lease (its :attr:`Lease.lost_reason`; the heartbeat logs it).
+NO_QUORUM = "the renewal reached fewer than a quorum of nodes"
+FREED = (
+    "the nodes answered that its key no longer holds this owner: it was freed or taken "
+    "there while held (an operator's release, or a node that lost its data)"
+)
+TOO_LATE = "the renewal came after its validity ran out"
 
 
 class Client(Protocol):
@@ -54,6 +62,7 @@ class Lease:
         "_fence_lock",
         "_expires",
         "_lost",
+        "_lost_reason",
         "_successor",
         "_redlock",
         "_fencing",
@@ -90,6 +99,7 @@ class Lease:
         self._expires = expires
         # Set once, by the heartbeat thread or a release; a plain flag is enough.
         self._lost = False
+        self._lost_reason: str | None = None
         # Set once, by whoever learns that a newer call asked this holder to stop.
         self._successor: str | None = None
         #: The permit index held (0 for a plain lock; see :meth:`Redlock.permit_keys`).
@@ -146,14 +156,24 @@ class Lease:
         """True once a renewal failed to reach a quorum or the validity ran out."""
         return self._lost or self.remaining() <= 0
 
-    def mark_lost(self) -> None:
+    def mark_lost(self, reason: str | None = None) -> None:
+        """Mark the lease lost; ``reason`` (the first one given) says why."""
         self._lost = True
+        if self._lost_reason is None:
+            self._lost_reason = reason
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, as its last renewal saw it (None: not known,
+        or released by its holder)."""
+        return self._lost_reason
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lease is still held, and
         :class:`LockSuperseded` once a newer call asked its holder to stop."""
         if self.lost:
-            raise LockLost(f"lock {self.name!r} is no longer held", self.name)
+            why = f": {self._lost_reason}" if self._lost_reason else ""
+            raise LockLost(f"lock {self.name!r} is no longer held{why}", self.name)
         successor = self._successor
         if successor is not None:
             raise LockSuperseded(

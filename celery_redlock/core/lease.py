@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from . import scripts
 from .exceptions import QuorumUnavailable
 from .fencing import Fencing, candidate
-from .held import Client, Lease
+from .held import FREED, NO_QUORUM, TOO_LATE, Client, Lease
 from .keyspace import KeySpace
 from .quorum import Quorum
 from .records import (
@@ -53,13 +53,57 @@ if TYPE_CHECKING:
     from .rates import RatedRound
     from .records import RateSlot
 
-__all__ = ["SPLIT_RETRIES", "Client", "Lease", "Leases", "gate_flags"]
+__all__ = [
+    "SPLIT_RETRIES",
+    "Client",
+    "Lease",
+    "Leases",
+    "gate_flags",
+    "granted_on",
+    "log_missed",
+    "not_renewed",
+]
 
 #: Attempts made again when contenders split the nodes and nobody holds a quorum
 #: (the Redlock algorithm's "retry after a random delay").
 SPLIT_RETRIES = 2
 
 logger = logging.getLogger("celery_redlock.redlock")
+
+
+def granted_on(replies: Sequence[Any]) -> list[int]:
+    """The indexes of the nodes whose reply to an acquire granted it (``{1, ...}``)."""
+    return [i for i, r in enumerate(replies) if isinstance(r, list) and r and r[0] == 1]
+
+
+def not_renewed(votes: int, refused: int, total: int, needed: int) -> str:
+    """Why a renewal that ``votes`` of ``total`` nodes granted, and ``refused``
+    answered "not this owner", did not keep its lease."""
+    if votes >= needed:
+        return TOO_LATE
+    # so many nodes said the key holds another owner (or none) that no quorum is
+    # left to hold it: the key changed there, it is no outage
+    return FREED if refused > total - needed else NO_QUORUM
+
+
+def log_missed(
+    nodes: Sequence[Any],
+    key: str,
+    replies: Sequence[Any],
+    granted: Sequence[int] | None,
+    at: Sequence[int] | None = None,
+) -> None:
+    """One line naming the nodes (of indexes ``at``) a release of ``key`` did not
+    reach, among the ones that ``granted`` it (None: wherever it may be)."""
+    failed = [
+        nodes[i].name
+        for i, r in zip(at or range(len(replies)), replies)
+        if isinstance(r, Exception) and (granted is None or i in granted)
+    ]
+    if failed:
+        logger.info(
+            "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
+        )
 
 
 def gate_flags(receipts: bool, claim: str | None, own_claim: bool) -> str:
@@ -128,7 +172,7 @@ class Leases:
         if stop is not None:
             self._let_go(key, owner, rated, replies)
             return stop
-        granted = [i for i, r in enumerate(replies) if isinstance(r, list) and r[0] == 1]
+        granted = granted_on(replies)
         expires = q.expires(start, ttl)
         if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
             booked = rated.settle()
@@ -155,7 +199,7 @@ class Leases:
         """Free what an attempt that did not stand may hold; a rated one also takes back
         its bookings and the starts it recorded."""
         if rated is None:
-            self.release_everywhere(key, owner)
+            self.release_everywhere(key, owner, granted=granted_on(replies))
         else:
             rated.unstart([key], owner)
             rated.abandon(replies)
@@ -226,10 +270,12 @@ class Leases:
         done = dict(zip(map(id, flat), self._extend(flat, ttl)))
         out = []
         for lease in leases:
-            renewed = all(done[id(one)] for one in (lease, *lease.also))
+            group = (lease, *lease.also)
+            renewed = all(done[id(one)] for one in group)
             if not renewed:
-                for one in (lease, *lease.also):
-                    one.mark_lost()
+                why = next((one.lost_reason for one in group if one.lost_reason), None)
+                for one in group:
+                    one.mark_lost(why)
             out.append(renewed)
         return out
 
@@ -237,6 +283,7 @@ class Leases:
         q = self.quorum
         live = [lease for lease in leases if not lease.lost]
         results = {id(lease): False for lease in leases}
+        why: dict[int, str] = {}
         if live:
             keys = [lease.key for lease in live]
             args: list[Any] = []
@@ -250,9 +297,12 @@ class Leases:
                 if votes >= q.needed and q.clock() < expires:
                     lease._renewed(expires)
                     results[id(lease)] = True
+                    continue
+                refused = sum(1 for r in replies if isinstance(r, list) and int(r[j]) == 0)
+                why[id(lease)] = not_renewed(votes, refused, len(q.nodes), q.needed)
         for lease in leases:
             if not results[id(lease)]:
-                lease.mark_lost()
+                lease.mark_lost(why.get(id(lease)))
         return [results[id(lease)] for lease in leases]
 
     def release(
@@ -311,10 +361,14 @@ class Leases:
             return 0
         return sum(r for r in replies if isinstance(r, int))
 
-    def release_prefix(self, keys: Sequence[str], owner: str) -> None:
-        """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises."""
+    def release_prefix(
+        self, keys: Sequence[str], owner: str, granted: Sequence[int] | None = None
+    ) -> None:
+        """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises.
+
+        ``granted``: see :meth:`release_everywhere`."""
         replies = self.quorum.run(scripts.RELEASE_PREFIX, keys, (owner,))
-        self._log_missed(keys[0], replies)
+        log_missed(self.quorum.nodes, keys[0], replies, granted)
 
     def release_everywhere(
         self,
@@ -323,29 +377,25 @@ class Leases:
         more_keys: tuple[str, ...] = (),
         more_args: tuple = (),
         wait: bool = True,
+        granted: Sequence[int] | None = None,
     ) -> None:
         """Delete ``key`` where it holds ``owner`` (with RELEASE's extras). Never raises.
 
-        ``wait=False``: see :meth:`release`."""
+        ``wait=False``: see :meth:`release`. ``granted``: for the clean-up of an
+        attempt that did not stand, the indexes of the nodes that granted it: a
+        release that misses another node is not logged, as nothing is left there
+        that it knows of (a node that never answered the attempt is an outage,
+        logged as one, and its TTL frees whatever it wrote)."""
         q = self.quorum
         keys, args = (key, *more_keys), (owner, *more_args)
-        nodes = q.nodes
+        at = None  # the indexes of the nodes of the round: all of them
         try:
             if not wait:
-                missed = q.send(scripts.RELEASE, keys, args)
-                if not missed:
+                at = q.send(scripts.RELEASE, keys, args)
+                if not at:
                     return
-                nodes = [nodes[i] for i in missed]
-            replies = q.run(scripts.RELEASE, keys, args, nodes)
+            replies = q.run(scripts.RELEASE, keys, args, at and [q.nodes[i] for i in at])
         except Exception as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return
-        self._log_missed(key, replies, nodes)
-
-    def _log_missed(self, key: str, replies: Sequence[Any], nodes: Sequence[Any] = ()) -> None:
-        nodes = nodes or self.quorum.nodes
-        failed = [node.name for node, r in zip(nodes, replies) if isinstance(r, Exception)]
-        if failed:
-            logger.info(
-                "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
-            )
+        log_missed(q.nodes, key, replies, granted, at)

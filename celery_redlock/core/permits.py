@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import scripts, settings
 from .fencing import candidate
-from .lease import Lease, Leases, gate_flags
+from .lease import Lease, Leases, gate_flags, granted_on
 from .nodes import check_together
 from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
 from .values import checked, ms
@@ -212,7 +212,7 @@ class Permits:
     ) -> None:
         """Free what a round that did not stand may hold (see :meth:`Leases._let_go`)."""
         if rated is None:
-            self.leases.release_prefix(every, owner)
+            self.leases.release_prefix(every, owner, granted_on(replies))
         else:
             rated.unstart(every, owner)
             rated.abandon(replies)

@@ -123,3 +123,84 @@ def test_the_readme_quickstart_runs():
             logging.getLogger().setLevel(root_level)
     assert sorted(w["id"] for w in writes) == [1, 2], writes
     assert all(isinstance(w["token"], int) and w["token"] > 0 for w in writes), writes
+
+
+def quickstart(page: str) -> tuple[dict[str, str], list[str], str]:
+    """The files (Python blocks named by their first line), the shell commands
+    (``$`` lines) and the printed output (the text block) of a quickstart page."""
+    text = (DOCS / page).read_text()
+    blocks = re.findall(r"\.\. code-block:: (\w+)\n\n((?:    .*\n|\n)+)", text)
+    files, commands, output = {}, [], ""
+    for language, block in blocks:
+        body = "\n".join(line[4:] for line in block.splitlines()).strip() + "\n"
+        if language == "python":
+            files[body.splitlines()[0].removeprefix("# ").strip()] = body
+        elif language == "console":
+            commands += [line[2:] for line in body.splitlines() if line.startswith("$ ")]
+        elif language == "text":
+            output = body
+    return files, commands, output
+
+
+def test_the_without_redis_quickstart_runs_as_written(tmp_path: Path):
+    """The page's files and commands, on RabbitMQ and a PostgreSQL server of the
+    tests: its ``localhost`` URLs mapped onto them, and a queue of its own."""
+    import os
+    import shlex
+    import signal
+    import uuid
+
+    from celery import Celery
+
+    from tests.support import brokers, postgres
+
+    postgres.require(postgres.unreachable())
+    amqp = brokers.require_amqp()
+    files, commands, expected = quickstart("without-redis.rst")
+    assert set(files) == {"proj.py", "setup_db.py", "try_it.py"}, files
+    assert expected.strip(), "the page shows what try_it.py prints"
+    host, port = postgres.address()
+    queue = f"without-redis-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    with postgres.throwaway_database() as database:
+        for name, code in files.items():
+            code = code.replace("app@localhost:5432/shop", f"postgres@{host}:{port}/{database}")
+            code = code.replace("amqp://guest:guest@localhost:5672//", amqp)
+            if name == "proj.py":  # other tests share the broker: a queue of its own
+                code += f"\napp.conf.task_default_queue = {queue!r}\n"
+            (tmp_path / name).write_text(code)
+        worker, printed = None, ""
+        try:
+            for command in commands:
+                args = shlex.split(command)
+                args = [sys.executable, *args[1:]] if args[0] == "python" else args
+                args = [sys.executable, "-m", "celery", *args[1:]] if args[0] == "celery" else args
+                if "worker" in args:  # in the background, until the calls are done
+                    log = tmp_path / "worker.log"
+                    worker = subprocess.Popen(
+                        args, cwd=tmp_path, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+                    )
+                    deadline = time.monotonic() + 60
+                    while b"ready." not in log.read_bytes():
+                        assert worker.poll() is None, log.read_text()[-3000:]
+                        assert time.monotonic() < deadline, log.read_text()[-3000:]
+                        time.sleep(0.2)
+                    continue
+                done = subprocess.run(
+                    args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+                )
+                assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+                if command == "celery -A proj redlock nodes":
+                    assert f"postgresql://postgres@{host}:{port}/{database}" in done.stdout
+                printed = done.stdout
+        finally:
+            if worker is not None:
+                worker.send_signal(signal.SIGTERM)
+                try:
+                    worker.wait(30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+            brokers.delete(Celery(broker=amqp, set_as_current=False), queue)
+    assert worker is not None and commands[-1] == "python try_it.py", commands
+    assert printed == expected, printed

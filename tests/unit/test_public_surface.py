@@ -2,7 +2,7 @@
 attributes, Lease's, and the names celery_redlock exports, against a list
 recorded before the core was split into one module per primitive (and grown
 since: the queues' park, queue_next, queue_peek and queue_keys; a lease's
-supersede and superseded_by; LockSuperseded; NodeError)."""
+supersede and superseded_by; LockSuperseded; NodeError; a lease's lost_reason)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ RECORDED = {
             "fencing_token",
             "key",
             "lost",
+            "lost_reason",
             "name",
             "owner",
             "permit",
@@ -50,7 +51,7 @@ RECORDED = {
         ],
         "methods": {
             "check": "(self) -> 'None'",
-            "mark_lost": "(self) -> 'None'",
+            "mark_lost": "(self, reason: 'str | None' = None) -> 'None'",
             "remaining": "(self) -> 'float'",
             "supersede": "(self, successor: 'str') -> 'bool'",
         },

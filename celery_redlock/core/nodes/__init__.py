@@ -59,6 +59,7 @@ kind's round at once, the others in threads of
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import queue
 import re
@@ -195,9 +196,7 @@ def node_for(
     if isinstance(spec, str):
         scheme = urlsplit(spec).scheme
         if scheme not in KINDS:
-            known = ", ".join(f"{s}://" for s in KINDS)
-            shown = spec.split("@")[-1] if "@" in spec else spec
-            raise ConfigurationError(f"lock node URL {shown!r} must start with one of {known}")
+            raise ConfigurationError(_unknown_scheme(spec))
         kind = importlib.import_module(f"{__name__}.{KINDS[scheme]}")
     else:
         kind = importlib.import_module(f"{__name__}.redis")
@@ -206,6 +205,37 @@ def node_for(
                 f"a lock node must be a URL or a redis.Redis client, not {type(spec).__name__}"
             )
     return kind.make(spec, timeout, min_replicas, connect_timeout)
+
+
+#: Other projects' spellings of a scheme (kombu's unix socket URL, a Sentinel URL).
+_OTHER_SPELLINGS = {"redis+socket": "unix", "socket": "unix", "redis+sentinel": "sentinel"}
+# user:password@ at the start of a URL without a scheme ("app:pw@db:5432/x").
+_BARE_PASSWORD = re.compile(r"^([^:/@\s]*:)[^\s/]+@")
+
+
+def _unknown_scheme(url: str) -> str:
+    """Why ``url`` names no kind of node: the URL itself (password masked), the
+    scheme it most likely meant, and the schemes there are."""
+    shown = mask_url(url) if "://" in url else _BARE_PASSWORD.sub(r"\1***@", url)
+    known = ", ".join(f"{s}://" for s in KINDS)
+    if "://" not in url:
+        return f"lock node URL {shown!r} has no scheme: it must start with one of {known}"
+    scheme, rest = url.split("://", 1)
+    parts = scheme.lower().split("+")
+    # SQLAlchemy's postgresql+psycopg://, Celery's db+postgresql://: a driver or a
+    # backend named beside the database. A node takes libpq's URL (it speaks
+    # through psycopg 3 whatever the name), so one spelling names one node in
+    # every log line and in `celery redlock nodes`.
+    if len(parts) > 1 and {KINDS.get(part) for part in parts} - {None} == {"postgres"}:
+        return (
+            f"lock node URL {shown!r} names a driver or a backend ({scheme}://): a "
+            f"PostgreSQL lock node takes libpq's URL, write {mask_url('postgresql://' + rest)!r}"
+        )
+    near = _OTHER_SPELLINGS.get(scheme.lower()) or next(
+        iter(difflib.get_close_matches(scheme.lower(), list(KINDS), n=1, cutoff=0.6)), None
+    )
+    meant = f": unknown scheme {scheme}://, did you mean {near}://? It" if near else ""
+    return f"lock node URL {shown!r}{meant} must start with one of {known}"
 
 
 _MISSING = object()
