@@ -39,7 +39,7 @@ def schema(
         node_for(url, timeout, connect_timeout=max(timeout, 2.0)) for url in settings.nodes or ()
     ]
     try:
-        with_schema = [node for node in nodes if hasattr(kind_of(node), "ddl")]
+        with_schema = [node for node in nodes if kind_of(node).has_schema]
         if not with_schema:
             raise click.ClickException(f"{label} has no PostgreSQL lock node (redlock_nodes)")
         for node in with_schema:
