@@ -93,3 +93,10 @@ def nodes3(request: pytest.FixtureRequest) -> Any:
     ``redis_nodes3``. A test that needs a minority to fail skips where there is
     one node (:func:`tests.support.kinds.needs_three`)."""
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(**kinds.params(lambda s: s.quick))
+def quick3(request: pytest.FixtureRequest) -> Any:
+    """Three lock nodes that start and restart (empty) at once, one kind after
+    another: three Redis masters, three memory nodes."""
+    return request.getfixturevalue(request.param)

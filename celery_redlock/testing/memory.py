@@ -117,6 +117,15 @@ class MemoryNode:
     def is_paused(self) -> bool:
         return self.store.faults.hung
 
+    @property
+    def connected(self) -> bool:
+        """fakeredis's switch: False is :meth:`kill` (its keys kept), True up again."""
+        return self.is_running
+
+    @connected.setter
+    def connected(self, up: bool) -> None:
+        self.store.faults.down = not up
+
     def client(self) -> MemoryKeys:
         return MemoryKeys(self.store)
 

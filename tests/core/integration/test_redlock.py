@@ -17,7 +17,7 @@ import pytest
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
 from tests.support.healthy import HEALTHY_NODE_TIMEOUT, healthy
-from tests.support.kinds import params
+from tests.support.kinds import needs_shared, params
 from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 from tests.support.ttl import left_at_least
@@ -92,6 +92,7 @@ def results(recorder):
 
 
 def test_mutual_exclusion_across_threads_and_processes(nodes, recorder):
+    needs_shared(nodes)
     target, seconds = 150, 4.0  # stop at 150 grants; on a loaded machine, after 4 s
     procs, threads_per_proc = 2, 3
     ctx = multiprocessing.get_context("fork")  # the parent has no thread running yet

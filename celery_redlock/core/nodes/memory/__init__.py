@@ -199,17 +199,17 @@ class MemoryKind(VirtualKind):
         """The node's call, through its faults."""
         faults = node.store.faults
         if faults.down:
-            raise NodeError(f"{node.name}: down (connection refused)")
+            raise NodeError("down (connection refused)")
         if faults.slow:
             time.sleep(max(min(faults.slow, deadline - time.monotonic()), 0))
         if not faults.resumed.wait(max(deadline - time.monotonic(), 0)) or (
             time.monotonic() >= deadline
         ):
-            raise TimeoutError(f"{node.name}: no reply in time")
+            raise TimeoutError("no reply in time")
         reply = call(node, deadline)
         if faults.lost:
             time.sleep(max(deadline - time.monotonic(), 0))
-            raise TimeoutError(f"{node.name}: no reply in time (the reply was lost)")
+            raise TimeoutError("no reply in time (the reply was lost)")
         return reply
 
     def node_info(self, node: MemoryNode, ask: Ask) -> list[NodeInfo]:
