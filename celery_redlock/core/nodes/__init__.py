@@ -31,7 +31,7 @@ conditionally write (etcd, memory) share the primitives' semantics in
 :mod:`.virtual`.
 
 A node has ``name`` (its URL, password masked), ``identity`` (equal for two
-specs of one server), ``kind`` (the subpackage's name), ``cluster`` (True for
+specs of one server), ``kind`` (its kind's name, a key of :data:`KINDS`), ``cluster`` (True for
 a Redis Cluster: its keys route by hash slot), ``connect_timeout``, ``members()`` (the servers a
 ``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
 fast the same way: ``timeout`` bounds a call, a new connection gets its

@@ -39,8 +39,8 @@ class EtcdKind(VirtualKind):
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
     ) -> EtcdNode:
-        warm("etcd")
         node = EtcdNode(spec, timeout, min_replicas, connect_timeout)
+        warm("etcd")
         node.store = EtcdStore(node)
         return node
 

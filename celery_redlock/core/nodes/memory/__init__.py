@@ -14,6 +14,7 @@ operation is done, its reply never comes) and a clock offset.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -137,6 +138,18 @@ _stores: dict[str, MemoryStore] = {}
 _stores_lock = threading.Lock()
 
 
+def _forked() -> None:
+    """A forked child keeps a copy of the keys, and new locks (a thread of the
+    parent may have held one at the fork)."""
+    global _stores_lock
+    _stores_lock = threading.Lock()
+    for store in _stores.values():
+        store.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def store_of(name: str) -> MemoryStore:
     """The store of the memory node ``name`` in this process (made at first use)."""
     with _stores_lock:
@@ -188,8 +201,9 @@ class MemoryKind(VirtualKind):
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
     ) -> MemoryNode:
+        node = MemoryNode(spec, timeout, min_replicas, connect_timeout)
         warm("memory")
-        return MemoryNode(spec, timeout, min_replicas, connect_timeout)
+        return node
 
     def inline(self, nodes: Sequence[Any]) -> bool:
         """One after another, unless a node's call may wait (a fault)."""
