@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import glob_regex
 from ..virtual.keyspace import Entry, decode, encode
-from ..virtual.store import Cache, Version
+from ..virtual.store import Cache, Store, Version
 from .node import EtcdNode, NodeError, b64, unb64
 
 __all__ = ["EtcdStore", "Leases"]
@@ -65,7 +65,7 @@ class Leases:
 class EtcdStore:
     """One etcd node's keys under its prefix: a cache, its leases, and its Txns."""
 
-    max_keys = MAX_TXN_OPS
+    max_keys: int | None = MAX_TXN_OPS
 
     def __init__(self, node: EtcdNode) -> None:
         self.node = node
@@ -161,6 +161,10 @@ class EtcdStore:
         names = [n for n in names if match.fullmatch(n.decode(errors="replace"))]
         following = int.from_bytes(b"\x01" + after[0][len(head) :], "big") if after else 0
         return following, names
+
+
+def _verbs(store: EtcdStore) -> Store:
+    return store  # mypy checks here that an EtcdStore has the store verbs
 
 
 def _range_end(prefix: bytes) -> bytes:

@@ -30,7 +30,7 @@ from ..kind import Ask
 from ..virtual import Call, VirtualKind
 from ..virtual.keyspace import Entry
 from ..virtual.scripting import warm
-from ..virtual.store import Version
+from ..virtual.store import Store, Version
 
 __all__ = ["KIND", "Faults", "MemoryKind", "MemoryNode", "MemoryStore", "NodeError", "store_of"]
 
@@ -69,7 +69,7 @@ class Faults:
 class MemoryStore:
     """One memory node's keys: key -> (version, entry), under one lock."""
 
-    max_keys = None
+    max_keys: int | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -132,6 +132,10 @@ class MemoryStore:
     def flush(self) -> None:
         with self.lock:
             self.keys.clear()
+
+
+def _verbs(store: MemoryStore) -> Store:
+    return store  # mypy checks here that a MemoryStore has the store verbs
 
 
 _stores: dict[str, MemoryStore] = {}
