@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from ..core.nodes.memory import MemoryStore, store_of
-from ..core.nodes.virtual.keyspace import View
-from ..core.nodes.virtual.reads import plain
-from ..core.nodes.virtual.store import execute
+# the one module of the package a test helper imports: a memory node's store
+# lives in this process, and only its kind reaches it
+from ..core.nodes.memory import KIND, MemoryStore, store_of
 
 __all__ = ["MemoryKeys", "MemoryNode", "MemoryNodes"]
 
@@ -36,11 +34,11 @@ def _text(value: Any) -> Any:
 class MemoryKeys:
     """A memory node's keys with the calls of a decoded redis-py client that tests
     use (``get``, ``set``, ``pttl``, ``exists``, ``delete``, ``keys``,
-    ``scan_iter``, ``zrange``, ``zcard``, ``time``, ``set_many``). They reach
-    the keys whatever the node's faults."""
+    ``scan_iter``, ``zrange``, ``zcard``, ``time``, ``set_many``), sent as the
+    kind's plain commands: a node down or hung fails them as it fails a client."""
 
-    def __init__(self, store: MemoryStore) -> None:
-        self.store = store
+    def __init__(self, name: str) -> None:
+        self.node = KIND.make(f"memory://{name}", 5.0)
 
     def __enter__(self) -> MemoryKeys:
         return self
@@ -48,11 +46,11 @@ class MemoryKeys:
     def __exit__(self, *exc_info: object) -> None:
         pass
 
-    def _on(self, keys: list[str], body: Callable[[View], Any]) -> Any:
-        return execute(self.store, [k.encode() for k in keys], body, time.monotonic() + 5.0)
-
     def _cmd(self, *cmd: Any) -> Any:
-        return plain(self.store, cmd, time.monotonic() + 5.0)
+        reply = KIND.command([self.node], cmd, self.node.timeout)[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def get(self, key: str) -> str | None:
         return _text(self._cmd("GET", key))
@@ -61,12 +59,11 @@ class MemoryKeys:
         return int(self._cmd("PTTL", key))
 
     def exists(self, *keys: str) -> int:
-        return self._on(list(keys), lambda view: view.c_exists(*(k.encode() for k in keys)))
+        return sum(self._cmd("TYPE", key) != b"none" for key in keys)
 
     def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
-        opts = [b"NX"] * nx + ([b"PX", str(px).encode()] if px is not None else [])
-        done = self._on([key], lambda view: view.c_set(key.encode(), str(value).encode(), *opts))
-        return True if done else None
+        opts = ["NX"] * nx + (["PX", px] if px is not None else [])
+        return True if self._cmd("SET", key, str(value), *opts) else None
 
     def set_many(self, values: dict[str, Any], px: int) -> None:
         for key, value in values.items():
@@ -76,7 +73,8 @@ class MemoryKeys:
         return int(self._cmd("DEL", *keys))
 
     def keys(self, pattern: str = "*") -> list[str]:
-        _, names = self.store.scan(pattern, 0, len(self.store.keys) + 1, 0.0)
+        store = self.node.store
+        _, names = store.scan(pattern, 0, len(store.keys) + 1, 0.0)
         return sorted(n.decode() for n in names)
 
     def scan_iter(self, match: str = "*", count: int = 0) -> Iterator[str]:
@@ -91,7 +89,7 @@ class MemoryKeys:
         return len(self.zrange(key, 0, -1))
 
     def time(self) -> tuple[int, int]:
-        now = self.store.clock()
+        now = self.node.store.clock()
         return int(now), int((now % 1) * 1_000_000)
 
 
@@ -127,7 +125,7 @@ class MemoryNode:
         self.store.faults.down = not up
 
     def client(self) -> MemoryKeys:
-        return MemoryKeys(self.store)
+        return MemoryKeys(self.name)
 
     def kill(self) -> None:
         """Down: calls are refused at once (its keys are lost, as a server's without AOF)."""

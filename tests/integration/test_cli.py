@@ -80,6 +80,8 @@ def test_nodes_all_up(any_app, nodes3):
         assert "noeviction" in result.output
     elif nodes3.urls[0].startswith("etcd"):  # an etcd cluster: its version and members
         assert "etcd 3." in result.output and "1 member" in result.output
+    elif nodes3.urls[0].startswith("memory"):  # a memory node: how many keys it keeps
+        assert "memory, 0 keys" in result.output and "primary" in result.output
     else:  # a PostgreSQL server: its version and that it is the primary
         assert "postgresql 1" in result.output and "primary" in result.output
     assert "UNSAFE" not in result.output

@@ -23,14 +23,11 @@ import os
 import ssl
 import threading
 import time
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...exceptions import ConfigurationError
 from .. import mask_url
-
-if TYPE_CHECKING:
-    from .store import EtcdStore
+from ..virtual.store import Store
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
 
@@ -73,7 +70,7 @@ class EtcdNode:
     kind = "etcd"
     cluster = False
     #: Its keys as the store verbs see them (set by the kind's ``make``).
-    store: EtcdStore
+    store: Store
 
     def __init__(
         self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None

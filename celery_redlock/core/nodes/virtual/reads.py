@@ -1,5 +1,5 @@
 """The plain commands on a virtual node (``PING``, ``GET``, ``PTTL``, ``TYPE``, ``DEL``,
-``HGETALL``, ``ZRANGE ... WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's
+``HGETALL``, ``ZRANGE ... WITHSCORES``, ``SCAN``, ``SET`` with its options), with Redis's
 reply shapes, over the store's verbs (a read of a key is a one-key commit that
 checks it is current)."""
 
@@ -68,8 +68,8 @@ def plain(store: Store, cmd: tuple, deadline: float) -> Any:
     if verb == "DEL":
         keys = [_bytes(k) for k in rest]
         return execute(store, keys, lambda view: view.c_del(*keys), deadline)
-    if verb == "SET" and len(rest) == 5 and words[2:4] == ["NX", "PX"]:
-        key, value, opts = _bytes(rest[0]), _bytes(rest[1]), [b"NX", b"PX", _bytes(rest[4])]
+    if verb == "SET" and len(rest) >= 2:
+        key, value, opts = _bytes(rest[0]), _bytes(rest[1]), [_bytes(r) for r in rest[2:]]
         done = execute(store, [key], lambda view: view.c_set(key, value, *opts), deadline)
         return b"OK" if done else None
     if verb == "SCAN" and len(rest) == 5:
