@@ -35,9 +35,13 @@ class Kind(Protocol):
         ...
 
     def run(
-        self, op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any],
+        self,
+        op: Any,
+        nodes: Sequence[Any],
+        keys: Sequence[str],
+        args: Sequence[Any],
         timeout: float,
-    ) -> list[Any]:  # fmt: skip
+    ) -> list[Any]:
         """One round of ``op`` on ``nodes``, at once, within ``timeout``: one
         reply or exception per node."""
         ...

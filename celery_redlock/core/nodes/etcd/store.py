@@ -82,8 +82,8 @@ class EtcdStore:
         return time.time()  # etcd serves no clock: the client's
 
     def ping(self, deadline: float) -> None:
-        self.node.post("kv/range", {"key": b64(self.node.prefix), "limit": 1, "keys_only": True},
-                       deadline)  # fmt: skip
+        probe = {"key": b64(self.node.prefix), "limit": 1, "keys_only": True}
+        self.node.post("kv/range", probe, deadline)
 
     def expire(self, entry: Entry, deadline: float) -> None:
         seconds = max(math.ceil((entry.px or 0) / 1000), self.node.min_ttl)

@@ -70,9 +70,13 @@ class RedisKind(Kind):
         return accepts(spec)
 
     def run(
-        self, op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any],
+        self,
+        op: Any,
+        nodes: Sequence[Any],
+        keys: Sequence[str],
+        args: Sequence[Any],
         timeout: float,
-    ) -> list[Any]:  # fmt: skip
+    ) -> list[Any]:
         return run(op, nodes, keys, args, timeout)
 
     def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:

@@ -87,9 +87,13 @@ class VirtualKind(Kind):
         return each(nodes, guarded, timeout, self.inline(nodes))
 
     def run(
-        self, op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any],
+        self,
+        op: Any,
+        nodes: Sequence[Any],
+        keys: Sequence[str],
+        args: Sequence[Any],
         timeout: float,
-    ) -> list[Any]:  # fmt: skip
+    ) -> list[Any]:
         """One round of ``op`` on ``nodes``. A heartbeat's renewal of more keys than
         one commit may touch goes in parts (each key's renewal stands alone)."""
         k = [_bytes(key) for key in keys]

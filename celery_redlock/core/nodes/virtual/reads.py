@@ -73,7 +73,7 @@ def plain(store: Store, cmd: tuple, deadline: float) -> Any:
         done = execute(store, [key], lambda view: view.c_set(key, value, *opts), deadline)
         return b"OK" if done else None
     if verb == "SCAN" and len(rest) == 5:
-        following, names = store.scan(_text(rest[2]), int(_text(rest[0])), int(_text(rest[4])),
-                                      deadline)  # fmt: skip
+        cursor, pattern, count = int(_text(rest[0])), _text(rest[2]), int(_text(rest[4]))
+        following, names = store.scan(pattern, cursor, count, deadline)
         return [str(following).encode(), names]
     raise ConnectionError(f"{store.name}: this node does not answer {verb}")
