@@ -22,6 +22,7 @@ from celery.result import AsyncResult
 from kombu.asynchronous import set_event_loop
 
 from celery_redlock import testing
+from tests.support import kinds
 
 if celery.VERSION < (5, 7):
     # Celery 5.5's Redis result backend: an AsyncResult collected by the garbage
@@ -80,17 +81,22 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         testing.resume_paused()
 
 
-@pytest.fixture(
-    params=["redis_nodes3", "redis_clusters3", "postgres_nodes3", "postgres_node1", "etcd_node1"],
-    ids=["3masters", "3clusters", "3postgres", "1postgres", "1etcd"],
-)
+@pytest.fixture(**kinds.params(lambda s: s.core))
 def nodes3(request: pytest.FixtureRequest) -> Any:
-    """The lock nodes of the core suites, empty, one kind after another: three
-    plain Redis masters, three Redis Clusters of three masters each (each
-    cluster one lock node), three PostgreSQL servers, one PostgreSQL server
-    alone, and one etcd cluster (of one member) alone. ``.urls`` and
+    """The lock nodes of the core suites, empty, one kind after another
+    (:data:`tests.support.kinds.NODE_SETS`): three plain Redis masters, three
+    Redis Clusters of three masters each (each cluster one lock node), three
+    PostgreSQL servers, one PostgreSQL server alone, one etcd cluster (of one
+    member) alone, and three memory nodes. ``.urls`` and
     ``.keys()`` work alike; ``[i].client()`` (a Redis client) only on Redis
     nodes: a test of Redis internals takes
     ``redis_nodes3``. A test that needs a minority to fail skips where there is
     one node (:func:`tests.support.kinds.needs_three`)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(**kinds.params(lambda s: s.quick))
+def quick3(request: pytest.FixtureRequest) -> Any:
+    """Three lock nodes that start and restart (empty) at once, one kind after
+    another: three Redis masters, three memory nodes."""
     return request.getfixturevalue(request.param)

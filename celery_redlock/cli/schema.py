@@ -63,7 +63,7 @@ def schema(
     try:
         for spec in specs:
             nodes.append(node_for(spec, timeout, connect_timeout=max(timeout, 2.0)))
-        with_schema = [node for node in nodes if hasattr(kind_of(node), "ddl")]
+        with_schema = [node for node in nodes if kind_of(node).has_schema]
         if urls and len(with_schema) < len(nodes):
             other = next(node for node in nodes if node not in with_schema)
             raise click.BadParameter(f"{other.name} is not a PostgreSQL node", param_hint="--url")

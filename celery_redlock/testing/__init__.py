@@ -89,6 +89,11 @@ etcd lock nodes likewise: ``etcd_node1`` (the session's one-member cluster, one
 lock node), ``etcd_nodes3`` (three one-member clusters, three lock nodes) and
 ``etcd_cluster3`` (a fresh three-member cluster for a fault
 test), from :mod:`celery_redlock.testing.etcd` and Debian's ``etcd-server``.
+
+Memory lock nodes (``memory://NAME``, this process only) need no server:
+``memory_nodes3`` hands out three of fresh names, with the same verbs and
+fault hooks of their own (``[i].slow(s)``, ``[i].lose_replies()``,
+``[i].clock_offset(s)``): :mod:`celery_redlock.testing.memory`.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ from .plugin import (  # noqa: F401
     etcd_nodes3_session,
     etcd_servers_session,
     free_port_fixture,
+    memory_nodes3,
     postgres_node1,
     postgres_nodes3,
     postgres_servers_session,

@@ -28,7 +28,7 @@ class Keys:
     for the many keys a pipeline writes on Redis: a test of the lock's state
     runs on every kind. Each key is an etcd key under ``prefix``
     holding a JSON record ``{"t": type, "v": value, "e": expiry ms, "p": ttl ms}``
-    on a lease (see :mod:`celery_redlock.core.nodes.etcd.keyspace`)."""
+    on a lease (see :mod:`celery_redlock.core.nodes.virtual.keyspace`)."""
 
     def __init__(self, cluster: Any, prefix: bytes = b"redlock/") -> None:
         self.cluster = cluster

@@ -20,6 +20,7 @@ __all__ = [
     "etcd_nodes3_session",
     "etcd_servers_session",
     "free_port_fixture",
+    "memory_nodes3",
     "postgres_node1",
     "postgres_nodes3",
     "postgres_servers_session",
@@ -254,3 +255,14 @@ def etcd_nodes3(etcd_nodes3_session: Any) -> Iterator[Any]:
     etcd_nodes3_session.flushall()
     yield etcd_nodes3_session
     etcd_nodes3_session.heal()
+
+
+@pytest.fixture
+def memory_nodes3() -> Iterator[Any]:
+    """Three memory nodes of this process (``memory://``, three lock nodes), of
+    fresh names: empty, no server to start; with the fleets' verbs
+    (:class:`celery_redlock.testing.memory.MemoryNodes`)."""
+    from .memory import MemoryNodes
+
+    with MemoryNodes(3) as nodes:
+        yield nodes

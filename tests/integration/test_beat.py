@@ -27,6 +27,7 @@ import pytest
 
 from celery_redlock.testing import RedisClusters, RedisNodes
 from tests.support.celery_headers import BEAT_HEADERS
+from tests.support.kinds import params
 
 pytestmark = pytest.mark.integration
 
@@ -212,10 +213,7 @@ def print_logs(rig: Rig) -> None:
                 print(line)
 
 
-@pytest.fixture(
-    params=["redis_clusters3", "postgres_nodes3", "etcd_nodes3"],
-    ids=["3clusters", "3postgres", "3etcd"],
-)
+@pytest.fixture(**params(lambda s: s.count == 3 and not s.local and s.id != "3masters"))
 def kind_rig(request, redis_node_factory, tmp_path) -> Iterator[Rig]:
     """The rig with the session's three nodes of another kind as the lock nodes: Redis
     Clusters of three masters each, PostgreSQL servers, or etcd clusters (the broker

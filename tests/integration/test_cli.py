@@ -83,6 +83,8 @@ def test_nodes_all_up(any_app, nodes3):
         # one member is one server: flagged as a single node is
         assert "members 1 (quorum 1) (UNSAFE)" in result.output
         assert f"WARNING {nodes3.urls[0]}: 1 member: the cluster is one server" in result.output
+    elif nodes3.urls[0].startswith("memory"):  # a memory node: how many keys it keeps
+        assert "memory, 0 keys" in result.output and "primary" in result.output
     else:  # a PostgreSQL server: its version, that it is the primary, its durability
         assert "postgresql 1" in result.output and "primary" in result.output
         assert "synchronous_commit on, full_page_writes on" in result.output

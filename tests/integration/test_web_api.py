@@ -20,6 +20,7 @@ from celery import Celery
 from celery_redlock import LockedTask, Redlock
 from celery_redlock.testing import RedisCluster, RedisClusters, RedisNodes
 from celery_redlock.web import make_app, server
+from tests.support.kinds import NODE_SETS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -31,7 +32,7 @@ TOKEN = "s3cret-token-for-tests"
 SESSION_SERVERS = {"3postgres": "postgres_servers_session", "3etcd": "etcd_nodes3_session"}
 
 
-@pytest.fixture(scope="module", params=["3masters", "3clusters", "3postgres", "3etcd"])
+@pytest.fixture(scope="module", params=[s.id for s in NODE_SETS if s.count == 3 and not s.local])
 def nodes(request) -> Iterator[Any]:
     """Three plain masters, the session's three Redis Clusters of three masters
     (a row per shard), its three PostgreSQL servers, or its three one-member etcd

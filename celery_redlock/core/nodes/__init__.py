@@ -16,32 +16,22 @@ seam (:mod:`~celery_redlock.core.records`) serve them all. A few plain reads
 go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
 WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 
-**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`) that provides:
-
-* ``SCHEMES``: the URL schemes it takes (:data:`KINDS` maps them here, as
-  kombu maps URL schemes to transports);
-* ``make(spec, timeout, min_replicas, connect_timeout)``: a node from a URL
-  (or a client object of its own, see ``accepts``), failing fast on bad input;
-* ``accepts(spec)``: whether a non-URL ``spec`` is a client of this kind;
-* ``run(op, nodes, keys, args, timeout)``: one round of ``op`` on its
-  ``nodes``, at once, within ``timeout``; one reply or exception per node;
-* ``command(nodes, command, timeout)``: the same for a plain read;
-* ``send(op, nodes, keys, args)``: write a deletion without waiting; the
-  indexes of the nodes it was not sent to (the caller runs a round there);
-* optionally ``ddl(schema)`` and ``install(node)``: the SQL a node of the kind
-  needs before use, and applying it (``celery redlock schema``);
-* optionally ``check_ttl(nodes, ttl, option)``: refuse, with a
-  ``ConfigurationError``, a TTL its nodes cannot honour (etcd: below its
-  minimum lease TTL);
-* optionally ``check_together(nodes, names, option)``: refuse, with a
-  ``ConfigurationError``, names held together in one call that its nodes
-  cannot take in one call (a Redis Cluster: keys of several hash slots);
-* ``node_info(node, ask)``: how the node is, as
-  :class:`~celery_redlock.core.records.NodeInfo` rows (``ask`` sends a plain
-  read to some nodes), for ``celery redlock nodes`` and the dashboard.
+**A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`,
+:mod:`.memory`) whose ``KIND`` is an instance of a subclass of
+:class:`~.kind.Kind`, the protocol mypy checks every kind against: ``schemes``
+(the URL schemes it takes, which :data:`KINDS` maps to it, as kombu maps URL
+schemes to transports), ``make``, ``accepts``, ``run``, ``command``, ``send``
+and ``node_info``, and where they apply ``ddl``/``install`` (the SQL a node
+needs before use, ``celery redlock schema``), ``check_ttl`` (refuse a TTL its
+nodes cannot honour: etcd's minimum lease TTL) and ``check_together`` (refuse
+names held together that its nodes cannot take in one call: a Redis Cluster's
+hash slots). A kind is imported at its first node, so a kind's client library
+is needed only where its nodes are used. Kinds that can only read and
+conditionally write (etcd, memory) share the primitives' semantics in
+:mod:`.virtual`.
 
 A node has ``name`` (its URL, password masked), ``identity`` (equal for two
-specs of one server), ``kind`` (the subpackage's name), ``cluster`` (True for
+specs of one server), ``kind`` (its kind's name, a key of :data:`KINDS`), ``cluster`` (True for
 a Redis Cluster: its keys route by hash slot), ``connect_timeout``, ``members()`` (the servers a
 ``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
 fast the same way: ``timeout`` bounds a call, a new connection gets its
@@ -60,16 +50,18 @@ kind's round at once, the others in threads of
 from __future__ import annotations
 
 import difflib
-import importlib
+import functools
 import queue
 import re
 import time
-from collections.abc import Sequence
-from types import ModuleType
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from .kind import Kind
 
 __all__ = [
     "KINDS",
@@ -88,18 +80,48 @@ __all__ = [
     "send",
 ]
 
-#: URL scheme -> the subpackage of the kind of node it names.
-KINDS: dict[str, str] = {
-    "redis": "redis",
-    "rediss": "redis",
-    "unix": "redis",
-    "sentinel": "redis",
-    "redis+cluster": "redis",
-    "rediss+cluster": "redis",
-    "postgresql": "postgres",
-    "postgres": "postgres",
-    "etcd": "etcd",
-    "etcds": "etcd",
+
+@functools.cache
+def _redis() -> Kind:
+    from .redis import KIND
+
+    return KIND
+
+
+@functools.cache
+def _postgres() -> Kind:
+    from .postgres import KIND
+
+    return KIND
+
+
+@functools.cache
+def _etcd() -> Kind:
+    from .etcd import KIND
+
+    return KIND
+
+
+@functools.cache
+def _memory() -> Kind:
+    from .memory import KIND
+
+    return KIND
+
+
+#: URL scheme (and a node's ``kind``) -> its kind, imported at first use.
+KINDS: dict[str, Callable[[], Kind]] = {
+    "redis": _redis,
+    "rediss": _redis,
+    "unix": _redis,
+    "sentinel": _redis,
+    "redis+cluster": _redis,
+    "rediss+cluster": _redis,
+    "postgresql": _postgres,
+    "postgres": _postgres,
+    "etcd": _etcd,
+    "etcds": _etcd,
+    "memory": _memory,
 }
 
 
@@ -180,9 +202,9 @@ def mask_url(text: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
-def kind_of(node: Any) -> ModuleType:
-    """The subpackage of ``node``'s kind."""
-    return importlib.import_module(f"{__name__}.{node.kind}")
+def kind_of(node: Any) -> Kind:
+    """``node``'s kind."""
+    return KINDS[node.kind]()
 
 
 def node_for(
@@ -197,9 +219,9 @@ def node_for(
         scheme = urlsplit(spec).scheme
         if scheme not in KINDS:
             raise ConfigurationError(_unknown_scheme(spec))
-        kind = importlib.import_module(f"{__name__}.{KINDS[scheme]}")
+        kind = KINDS[scheme]()
     else:
-        kind = importlib.import_module(f"{__name__}.redis")
+        kind = _redis()
         if not kind.accepts(spec):
             raise ConfigurationError(
                 f"a lock node must be a URL or a redis.Redis client, not {type(spec).__name__}"
@@ -318,10 +340,7 @@ def check_together(nodes: Sequence[Any], names: Sequence[str], option: str = "al
         ConfigurationError: naming ``option``, the node and the fix.
     """
     for at in _groups(nodes).values():
-        kind = kind_of(nodes[at[0]])
-        check = getattr(kind, "check_together", None)
-        if check is not None:
-            check([nodes[i] for i in at], names, option)
+        kind_of(nodes[at[0]]).check_together([nodes[i] for i in at], names, option)
 
 
 def check_ttl(nodes: Sequence[Any], ttl: float, option: str = "redlock_ttl") -> None:
@@ -331,10 +350,7 @@ def check_ttl(nodes: Sequence[Any], ttl: float, option: str = "redlock_ttl") -> 
         ConfigurationError: naming ``option``, the node and the kind's minimum.
     """
     for at in _groups(nodes).values():
-        kind = kind_of(nodes[at[0]])
-        check = getattr(kind, "check_ttl", None)
-        if check is not None:
-            check([nodes[i] for i in at], ttl, option)
+        kind_of(nodes[at[0]]).check_ttl([nodes[i] for i in at], ttl, option)
 
 
 def ping_latency(node: Any, ask: Any) -> tuple[float, Exception | None]:

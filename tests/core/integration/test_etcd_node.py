@@ -84,7 +84,7 @@ def test_a_client_clock_an_hour_ahead_does_not_see_a_held_lock_as_free(etcd_node
     lease = holder.acquire(NAME, ttl=10)
     assert lease is not None
     ahead = time.time() + 3600
-    monkeypatch.setattr("celery_redlock.core.nodes.etcd.keyspace.time.time", lambda: ahead)
+    monkeypatch.setattr("celery_redlock.core.nodes.etcd.store.time.time", lambda: ahead)
     skewed = Redlock(etcd_node1.urls, node_timeout=1.0)
     assert skewed.acquire(NAME, ttl=10) is None
     with etcd_node1[0].client() as keys:

@@ -12,6 +12,7 @@ from celery_redlock.core import heartbeat
 from celery_redlock.core.heartbeat import THREAD_NAME, Heartbeat
 from celery_redlock.exceptions import LockLost
 from celery_redlock.redlock import Redlock
+from tests.support.kinds import params
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ def test_a_majority_of_nodes_down_loses_the_lease(redis_node_factory, default_he
     assert len(messages) == 1 and repr(lease.key) in messages[0] and "quorum" in messages[0]
 
 
-@pytest.fixture(params=["redis_nodes3", "redis_clusters3"], ids=["3masters", "3clusters"])
+@pytest.fixture(**params(lambda s: s.kind == "redis" and s.count == 3))
 def redis_nodes(request):
     """Nodes whose command counts the test reads (``INFO commandstats``)."""
     return request.getfixturevalue(request.param)

@@ -1,9 +1,9 @@
-"""A PostgreSQL node and an etcd node give the replies a Redis node gives: every
-operation of the lease, the permits, the claims (one-shot, next, debounce,
-throttle), the rates' booking phases and inspection, and the plain commands,
-run on a real redis-server and on a PostgreSQL database (or an etcd cluster),
-step by step, replies compared exactly (TTLs within a few hundred ms), and the
-two stores' contents compared at the end. Random sequences over a few names,
+"""A node of every other kind (PostgreSQL, etcd, memory) gives the replies a Redis
+node gives: every operation of the lease, the permits, the claims (one-shot, next,
+debounce, throttle), the rates' booking phases and inspection, and the plain
+commands, run on a real redis-server and on the other node step by step, replies
+compared exactly (TTLs within a few hundred ms), and the two stores' contents
+compared at the end. Random sequences over a few names,
 owners and gate flags, and hand-picked ones for the rules a random walk reaches
 rarely. An etcd key lives at least 2 s (its lease's floor), so on etcd the
 walks draw no TTL that must run out between two steps."""
@@ -19,6 +19,8 @@ import pytest
 
 from celery_redlock.core import scripts
 from celery_redlock.core.nodes import command, node_for, scatter
+from celery_redlock.testing.memory import MemoryNodes
+from tests.support.kinds import NODE_SETS
 from tests.support.pg_nodes import TTL_SLACK, pg_urls, same_reply
 
 pytestmark = pytest.mark.integration
@@ -28,21 +30,29 @@ SHORT = 25  # ms: a TTL that runs out before the next step (which waits for it)
 OWNERS = ["t1|a", "t1|b", "t2|a", "t3|a"]
 
 
-@pytest.fixture(scope="module", params=["1postgres", "1etcd"])
+#: One node of every kind but Redis (tests/support/kinds.py), each held to Redis's replies.
+OTHER_KINDS = list(dict.fromkeys(s.kind for s in NODE_SETS if s.kind != "redis"))
+
+
+@pytest.fixture(scope="module", params=OTHER_KINDS, ids=[f"1{kind}" for kind in OTHER_KINDS])
 def other_url(request):
-    """The node of the other kind: a throwaway PostgreSQL database, or the session's
-    etcd cluster."""
-    if request.param == "1etcd":
+    """The node of the other kind: a throwaway PostgreSQL database, the session's
+    etcd cluster, or a memory node of a fresh name."""
+    if request.param == "etcd":
         clusters = request.getfixturevalue("etcd_servers_session")
         clusters.flushall()
         yield clusters.urls[0]
+        return
+    if request.param == "memory":
+        with MemoryNodes(1) as nodes:
+            yield nodes.urls[0]
         return
     with pg_urls(1) as urls:
         yield urls[0]
 
 
 class Both:
-    """A Redis node and a PostgreSQL node, sent every step alike."""
+    """A Redis node and a node of another kind, sent every step alike."""
 
     def __init__(self, redis_url: str, other_url: str):
         self.r = node_for(redis_url, T)

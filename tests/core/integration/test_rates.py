@@ -108,20 +108,20 @@ def test_burst_then_spacing(nodes3):
     assert starts[4] - starts[3] == pytest.approx(1.0, abs=0.002)
 
 
-def test_shared_name_with_also(redis_nodes3):
+def test_shared_name_with_also(quick3):
     """A name's rate booked with ``also`` and on its own is one schedule."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    rl = Redlock(quick3.urls, node_timeout=0.5)
     a = [rl.rate(f"account-{i}", "100/s", also={"payment-api": "10/s"}).start_at for i in range(5)]
     b = [rl.rate("payment-api", "10/s").start_at for _ in range(5)]
     assert most_in_window(a + b, 1.0) <= 10
     assert len(set(a + b)) == 10
 
 
-def test_a_place_is_booked_only_in_a_full_schedule(redis_nodes3):
+def test_a_place_is_booked_only_in_a_full_schedule(quick3):
     """``reserve_place``: a start held back by something else (a key held) books a
     place only when the schedule's first free instant is further off than asked;
     else it books nothing, on no node."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    rl = Redlock(quick3.urls, node_timeout=0.5)
     keys = [RateKey(rl.coalesce_key("place", "rate"), parse_rate("10/s"))]
     assert reserve_place(rl, keys, 0.005) is None  # an empty schedule admits one now
     first = rl.rate("place", "10/s")
@@ -134,60 +134,60 @@ def test_a_place_is_booked_only_in_a_full_schedule(redis_nodes3):
     assert after.start_at == pytest.approx(place.start_at + 0.1, abs=0.002)
 
 
-def test_a_minority_down_changes_nothing(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+def test_a_minority_down_changes_nothing(quick3):
+    rl = Redlock(quick3.urls, node_timeout=0.2)
     before = book(rl, "minority", "20/s", 20, threads=2)
-    redis_nodes3.kill(2)
+    quick3.kill(2)
     after = book(rl, "minority", "20/s", 20, threads=2)
     instants = before + after
     assert most_in_window(instants, 1.0) <= 20
     assert min(b - a for a, b in zip(sorted(instants), sorted(instants)[1:])) >= 0.049
 
 
-def test_a_majority_down_raises(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
+def test_a_majority_down_raises(quick3):
+    rl = Redlock(quick3.urls, node_timeout=0.2)
     rl.rate("majority", "10/s")
-    redis_nodes3.kill(1)
-    redis_nodes3.kill(2)
+    quick3.kill(1)
+    quick3.kill(2)
     with pytest.raises(QuorumUnavailable):
         rl.rate("majority", "10/s")
 
 
-def test_attempts_during_an_outage_leave_no_booking_behind(redis_nodes3):
+def test_attempts_during_an_outage_leave_no_booking_behind(quick3):
     """Phase 1 books on the minority that answers; a round short of a quorum takes those
     bookings back, so the schedule after the outage is the one before it."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
-    redis_nodes3.kill(0)
-    redis_nodes3.kill(1)
+    rl = Redlock(quick3.urls, node_timeout=0.2)
+    quick3.kill(0)
+    quick3.kill(1)
     for _ in range(50):  # 5 s of schedule at 10/s, were they kept
         with pytest.raises(QuorumUnavailable):
             rl.rate("outage", "10/s")
-    redis_nodes3.heal()
+    quick3.heal()
     assert rl.rate("outage", "10/s").now
     gaps = [rl.rate("outage", "10/s").wait for _ in range(3)]
     assert max(gaps) <= 0.3 + 0.05, gaps
 
 
-def test_a_node_restarted_empty_alone_changes_nothing(redis_nodes3):
+def test_a_node_restarted_empty_alone_changes_nothing(quick3):
     """With the other nodes answering, the largest answer wins: no over-admission."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    rl = Redlock(quick3.urls, node_timeout=0.5)
     first = [rl.rate("restart", "10/s").start_at for _ in range(15)]
-    redis_nodes3.restart(0)  # no persistence: back empty
+    quick3.restart(0)  # no persistence: back empty
     second = [rl.rate("restart", "10/s").start_at for _ in range(15)]
     assert most_in_window(first + second, 1.0) <= 10
     assert min(second) > max(first)
 
 
-def test_a_node_restarted_empty_over_admits_at_most_the_documented_bound(redis_nodes3):
+def test_a_node_restarted_empty_over_admits_at_most_the_documented_bound(quick3):
     """The worst case the README states: the bookings one node alone held for the
     quorum are forgotten, so a second schedule starts beside the first: at most
     2 * (N + B - 1) booked starts in any window, never more."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.2)
-    redis_nodes3.kill(2)  # bookings land on nodes 0 and 1 only
+    rl = Redlock(quick3.urls, node_timeout=0.2)
+    quick3.kill(2)  # bookings land on nodes 0 and 1 only
     first = [rl.rate("worst", "10/s").start_at for _ in range(20)]  # 2 s of schedule
-    redis_nodes3.restart(2)  # back, empty: it never saw them
-    redis_nodes3.restart(0)  # node 0 loses them too; node 1 (the only one left) goes away
-    redis_nodes3.kill(1)
+    quick3.restart(2)  # back, empty: it never saw them
+    quick3.restart(0)  # node 0 loses them too; node 1 (the only one left) goes away
+    quick3.kill(1)
     second = [rl.rate("worst", "10/s").start_at for _ in range(20)]
     both = first + second
     assert most_in_window(second, 1.0) <= 10  # each schedule holds on its own
@@ -195,10 +195,10 @@ def test_a_node_restarted_empty_over_admits_at_most_the_documented_bound(redis_n
     assert most_in_window(both, 1.0) > 10  # the forgotten schedule was over-admitted
 
 
-def test_a_client_clock_behind_is_bounded(redis_nodes3):
+def test_a_client_clock_behind_is_bounded(quick3):
     """A caller whose clock is d behind books instants d late in true time: a window
     of true time holds at most N + ceil(d / T)."""
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+    rl = Redlock(quick3.urls, node_timeout=0.5)
     keys = [RateKey(rl.coalesce_key("skew", "rate"), parse_rate("10/s"))]
     now = time.time()
     d = 0.35
@@ -208,8 +208,8 @@ def test_a_client_clock_behind_is_bounded(redis_nodes3):
     assert most_in_window(right + behind, 1.0) <= 10 + 4  # ceil(0.35 / 0.1) = 4
 
 
-def test_peek_shows_the_schedule(redis_nodes3):
-    rl = Redlock(redis_nodes3.urls, node_timeout=0.5)
+def test_peek_shows_the_schedule(quick3):
+    rl = Redlock(quick3.urls, node_timeout=0.5)
     began = time.monotonic()
     first = [rl.rate("peeked", ("10/s", "20/m")) for _ in range(20)][0]
     view = peek_rate(rl, "peeked", ("10/s", "20/m"))
@@ -222,7 +222,7 @@ def test_peek_shows_the_schedule(redis_nodes3):
     assert at_s - first.start_at == pytest.approx(2.0, abs=0.002)
     assert at_m - first.start_at == pytest.approx(60.0, abs=0.002)
     assert view.next_start == pytest.approx(at_m)
-    for node in redis_nodes3:
+    for node in quick3:
         with node.client() as client:
             # the schedule (2 s ahead of the first) plus the longest period: nothing
             # outlives its use

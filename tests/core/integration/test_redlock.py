@@ -1,5 +1,6 @@
-"""The Redlock core on real lock nodes of every kind (3 and 5 Redis masters, 3
-Redis Clusters, 3 PostgreSQL servers and 1 alone), all healthy.
+"""The Redlock core on lock nodes of every kind (3 and 5 Redis masters, 3
+Redis Clusters, 3 PostgreSQL servers and 1 alone, 1 etcd cluster, 3 memory
+nodes: tests/support/kinds.py), all healthy.
 
 Node failures (kill, SIGSTOP, restart) are in tests/core/faults/test_redlock_faults.py.
 """
@@ -16,6 +17,7 @@ import pytest
 from celery_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnavailable
 from celery_redlock.redlock import Holder, Lease, Redlock, make_owner
 from tests.support.healthy import HEALTHY_NODE_TIMEOUT, healthy
+from tests.support.kinds import needs_shared, params
 from tests.support.polling import wait_for
 from tests.support.recorded_grants import grant_loop
 from tests.support.ttl import left_at_least
@@ -25,25 +27,12 @@ pytestmark = pytest.mark.integration
 NAME = "job"
 
 
-@pytest.fixture(
-    params=[
-        "redis_nodes3",
-        "redis_nodes5",
-        "redis_clusters3",
-        "postgres_nodes3",
-        "postgres_node1",
-        "etcd_node1",
-    ],
-    ids=["3nodes", "5nodes", "3clusters", "3postgres", "1postgres", "1etcd"],
-)
+@pytest.fixture(**params(lambda s: s.core or s.id == "5masters"))
 def nodes(request):
     return request.getfixturevalue(request.param)
 
 
-@pytest.fixture(
-    params=["redis_nodes3", "redis_nodes5", "redis_clusters3"],
-    ids=["3nodes", "5nodes", "3clusters"],
-)
+@pytest.fixture(**params(lambda s: s.kind == "redis"))
 def redis_nodes(request):
     """For what only Redis nodes have (a script cache)."""
     return request.getfixturevalue(request.param)
@@ -103,6 +92,7 @@ def results(recorder):
 
 
 def test_mutual_exclusion_across_threads_and_processes(nodes, recorder):
+    needs_shared(nodes)
     target, seconds = 150, 4.0  # stop at 150 grants; on a loaded machine, after 4 s
     procs, threads_per_proc = 2, 3
     ctx = multiprocessing.get_context("fork")  # the parent has no thread running yet

@@ -1,4 +1,7 @@
-"""The heartbeat (celery_redlock.heartbeat): rounds, loss, batching, the thread, fork."""
+"""The heartbeat (celery_redlock.heartbeat): rounds, loss, batching, the thread, fork.
+
+Every test runs twice: on fakeredis servers through the Redis kind, and on
+memory nodes (``memory://``)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from celery_redlock.core.heartbeat import THREAD_NAME, Heartbeat
 from celery_redlock.core.held import FREED
 from celery_redlock.exceptions import LockLost, QuorumUnavailable
 from celery_redlock.redlock import Redlock
+from celery_redlock.testing.memory import MemoryNode, MemoryNodes
 
 TTL = 10.0
 #: What a fresh lease (or one renewed now) has left: ttl - drift (1 %) - 2 ms.
@@ -40,8 +44,22 @@ class FakeClock:
         self.now += seconds
 
 
-def cluster(clock=time.monotonic, n: int = 3) -> tuple[Redlock, list[fakeredis.FakeServer]]:
-    """A Redlock over ``n`` independent fake servers."""
+#: The nodes :func:`cluster` makes: ``fakeredis`` or ``memory`` (set by :func:`nodes_of`).
+NODES = ["fakeredis"]
+
+
+@pytest.fixture(autouse=True, params=["fakeredis", "memory"])
+def nodes_of(request):
+    NODES[0] = request.param
+    yield request.param
+    NODES[0] = "fakeredis"
+
+
+def cluster(clock=time.monotonic, n: int = 3) -> tuple[Redlock, list]:
+    """A Redlock over ``n`` independent fake servers (or memory nodes)."""
+    if NODES[0] == "memory":
+        nodes = MemoryNodes(n)
+        return Redlock(nodes.urls, clock=clock, node_timeout=1.0), list(nodes)
     servers = [fakeredis.FakeServer() for _ in range(n)]
     # A generous round deadline: a new connection opens on a thread, late on a busy host.
     clients = [fakeredis.FakeRedis(server=s) for s in servers]
@@ -63,7 +81,10 @@ def spy(monkeypatch, redlock: Redlock) -> list[list]:
 
 def delete_on(servers, key: str) -> None:
     for server in servers:
-        fakeredis.FakeRedis(server=server).delete(key)
+        if isinstance(server, MemoryNode):
+            server.client().delete(key)
+        else:
+            fakeredis.FakeRedis(server=server).delete(key)
 
 
 def heartbeat_records(caplog, level: int) -> list[logging.LogRecord]:

@@ -1,10 +1,13 @@
 """Redlock's read-only views for the tools: inspect_key, agreed, scan, read_claim,
 force_release, node_info, node_name.
 
-fakeredis nodes, one ``FakeServer`` each; ``server.connected = False`` is a dead node.
+fakeredis nodes, one ``FakeServer`` each, and memory nodes (``memory://``);
+``server.connected = False`` is a dead node.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import fakeredis
 import pytest
@@ -20,23 +23,39 @@ from celery_redlock.redlock import (
     make_owner,
     node_name,
 )
+from celery_redlock.testing.memory import MemoryNode, MemoryNodes
+
+
+@pytest.fixture(params=["fakeredis", "memory"])
+def servers(request) -> Iterator[list]:
+    if request.param == "memory":
+        with MemoryNodes(3) as nodes:
+            yield list(nodes)
+        return
+    yield [fakeredis.FakeServer() for _ in range(3)]
+
+
+def on_memory(servers) -> bool:
+    return isinstance(servers[0], MemoryNode)
 
 
 @pytest.fixture
-def servers() -> list[fakeredis.FakeServer]:
-    return [fakeredis.FakeServer() for _ in range(3)]
-
-
-@pytest.fixture
-def peek(servers) -> list[fakeredis.FakeRedis]:
+def peek(servers) -> list:
     """Decoded clients that look at the nodes behind the Redlock's back."""
+    if on_memory(servers):
+        return [node.client() for node in servers]
     return [fakeredis.FakeRedis(server=s, decode_responses=True) for s in servers]
+
+
+def nodes_of(servers) -> list:
+    if on_memory(servers):
+        return [node.url for node in servers]
+    return [fakeredis.FakeRedis(server=s) for s in servers]
 
 
 @pytest.fixture
 def rl(servers) -> Redlock:
-    clients = [fakeredis.FakeRedis(server=s) for s in servers]
-    return Redlock(clients, key_prefix="t", node_timeout=1.0)  # connects run on a thread
+    return Redlock(nodes_of(servers), key_prefix="t", node_timeout=1.0)  # connects on a thread
 
 
 def test_inspect_key_gives_each_node_its_holder_ttl_and_fence(rl, servers):
@@ -98,7 +117,7 @@ def test_scan_stops_at_the_limit_and_reports_failed_nodes(rl, peek, servers):
 
 
 def test_scan_escapes_glob_characters_of_the_prefix(servers, peek):
-    rl = Redlock([fakeredis.FakeRedis(server=s) for s in servers], key_prefix="p*")
+    rl = Redlock(nodes_of(servers), key_prefix="p*")
     peek[0].set("p*:lock:a", "x")
     peek[0].set("pX:lock:b", "x")
     assert rl.scan().names == ["a"]
@@ -135,7 +154,10 @@ def test_node_info_of_live_and_dead_nodes(rl, servers):
     servers[1].connected = False
     infos = rl.node_info()
     assert [type(i) for i in infos] == [NodeInfo] * 3
-    assert infos[0].error.startswith("INFO failed: ") and infos[0].latency > 0
+    if on_memory(servers):
+        assert infos[0].error is None and infos[0].version.startswith("memory, ")
+    else:
+        assert infos[0].error.startswith("INFO failed: ") and infos[0].latency > 0
     assert infos[1].error and not infos[1].error.startswith("INFO") and infos[1].version == "-"
     rl.close()
 

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import mask_url
+from ..virtual.store import Store
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
 
@@ -69,6 +70,8 @@ class EtcdNode:
 
     kind = "etcd"
     cluster = False
+    #: Its keys as the store verbs see them (set by the kind's ``make``).
+    store: Store
 
     def __init__(
         self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None

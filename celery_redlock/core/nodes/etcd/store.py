@@ -1,39 +1,35 @@
-"""An operation on an etcd node: read, run, and write back in one compare-on-revision Txn.
+"""The store verbs (:mod:`..virtual.store`) over etcd's HTTP gateway.
 
-etcd cannot run an operation's logic inside a transaction, so a call runs it
-here on the keys as this process last saw them (a per-node cache of key ->
-(mod revision, value); a key not seen is taken as absent) and sends one Txn:
-*if* every key the run read is still at the revision it was read at, *then*
-the run's writes, *else* a read of those keys. A Txn that took its writes is
-the operation, done atomically (its reply stands); one that did not brings
-the keys' current values, and the run goes again on them, until the call's
-deadline. A conflict is never an answer ("held"): it is a retry; a call whose
-deadline passes is "not answering", as on every kind. In the common case (the
-process saw the keys last, or they are absent) an operation is one request.
+``read`` is the node's cache of key -> (mod revision, value): a key not seen
+is taken as absent, so in the common case (this process saw the keys last, or
+they are absent) an operation is one request. ``commit`` is one Txn: *if*
+every key read is still at the revision it was read at, *then* the writes,
+*else* a range read of those keys (stale: the run goes again on them).
 
-A key with a TTL goes onto a lease from :class:`Leases`: one lease per whole
-number of seconds, granted with one second more than that and used for one
-second after it was asked for, so a key outlives its TTL by up to a second (plus
-the lease rounding up to whole seconds, and a leader change's reset: see the
-etcd page of the docs), never less.
+``expire`` puts a key with a TTL on a lease from :class:`Leases`: one lease per
+whole number of seconds, granted with one second more than that and used for
+one second after it was asked for, so a key outlives its TTL by up to a second
+(plus the lease rounding up to whole seconds, and a leader change's reset: see
+the etcd page of the docs), never less. Whether a key is held is etcd's to say,
+never a client clock's.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .keyspace import Entry, ScriptError, View, decode, encode
+from .. import glob_regex
+from ..virtual.keyspace import Entry, decode, encode
+from ..virtual.store import Cache, Store, Version
 from .node import EtcdNode, NodeError, b64, unb64
 
-__all__ = ["Leases", "Store", "execute"]
+__all__ = ["EtcdStore", "Leases"]
 
-#: Keys (of all names) whose revision and value a node's cache keeps.
-CACHE_KEYS = 20_000
 #: etcd's default limit on the operations of one Txn branch (``--max-txn-ops``).
 MAX_TXN_OPS = 128
 
@@ -66,131 +62,129 @@ class Leases:
             self._by_ttl.clear()
 
 
-class Store:
-    """One node's cache of keys (revision and value) and its leases."""
+class EtcdStore:
+    """One etcd node's keys under its prefix: a cache, its leases, and its Txns."""
 
-    def __init__(self) -> None:
-        self.cache: OrderedDict[bytes, tuple[int, Entry | None]] = OrderedDict()
-        self.lock = threading.Lock()
+    max_keys: int | None = MAX_TXN_OPS
+
+    def __init__(self, node: EtcdNode) -> None:
+        self.node = node
+        self.name = node.name
+        self.cache = Cache()
         self.leases = Leases()
         #: Txns that found a key changed since it was read, and ran again.
         self.conflicts = 0
 
-    def seen(self, key: bytes) -> tuple[int, Entry | None]:
-        with self.lock:
-            got = self.cache.get(key)
-            if got is not None:
-                self.cache.move_to_end(key)
-                return got
-        return 0, None
+    def read(self, keys: Sequence[bytes], deadline: float) -> dict[bytes, Version]:
+        return self.cache.read(keys)
 
-    def learn(self, key: bytes, rev: int, entry: Entry | None) -> None:
-        with self.lock:
-            self.cache[key] = (rev, entry)
-            self.cache.move_to_end(key)
-            while len(self.cache) > CACHE_KEYS:
-                self.cache.popitem(last=False)
+    def clock(self) -> float:
+        return time.time()  # etcd serves no clock: the client's
 
+    def ping(self, deadline: float) -> None:
+        probe = {"key": b64(self.node.prefix), "limit": 1, "keys_only": True}
+        self.node.post("kv/range", probe, deadline)
 
-def _store(node: EtcdNode) -> Store:
-    store = getattr(node, "store", None)
-    if store is None:
-        store = node.store = Store()  # type: ignore[attr-defined]
-    return store
+    def expire(self, entry: Entry, deadline: float) -> None:
+        seconds = max(math.ceil((entry.px or 0) / 1000), self.node.min_ttl)
+        entry.lease = self.leases.lease(self.node, seconds, deadline)
 
-
-def _kv(node: EtcdNode, kv: dict) -> tuple[bytes, int, Entry | None]:
-    key = unb64(kv["key"])[len(node.prefix) :]
-    return (
-        key,
-        int(kv.get("mod_revision", 0)),
-        decode(unb64(kv.get("value")), int(kv.get("lease", 0))),
-    )
-
-
-def execute(node: EtcdNode, keys: list[bytes], body: Callable[[View], Any], deadline: float) -> Any:
-    """Run ``body`` on a view of ``keys`` (and whatever else it reads) atomically on
-    ``node``: its reply, or its :class:`ScriptError`, once its writes stood.
-
-    Raises:
-        TimeoutError: the deadline passed first. NodeError: the node refused.
-    """
-    store = _store(node)
-    revs: dict[bytes, int] = {}
-    base: dict[bytes, Entry | None] = {}
-
-    def missing(key: bytes) -> Entry | None:
-        revs[key], entry = store.seen(key)
-        return entry
-
-    for key in keys:
-        base[key] = missing(key)
-    while True:
-        view = View(base, missing)
+    def commit(
+        self, reads: Mapping[bytes, int], writes: Mapping[bytes, Entry | None], deadline: float
+    ) -> dict[bytes, Version] | None:
         try:
-            reply: Any = body(view)
-            changed = view.changed()
-        except ScriptError as exc:
-            reply, changed = exc, {}
-        txn = _txn(node, store, view, revs, changed, deadline)
-        try:
-            got = node.post("kv/txn", txn, deadline)
+            got = self.node.post("kv/txn", self._txn(reads, writes), deadline)
         except NodeError as exc:
             if "lease not found" not in str(exc):
                 raise
-            store.leases.forget()  # revoked (a flush): a new one, then once more
-            got = node.post("kv/txn", _txn(node, store, view, revs, changed, deadline), deadline)
+            self.leases.forget()  # revoked (a flush): a new one, then once more
+            for entry in writes.values():
+                if entry is not None and entry.px is not None:
+                    self.expire(entry, deadline)
+            got = self.node.post("kv/txn", self._txn(reads, writes), deadline)
         if got.get("succeeded"):
             rev = int(got["header"]["revision"])
-            for key, entry in changed.items():
-                store.learn(key, rev if entry is not None else 0, entry)
-            if isinstance(reply, ScriptError):
-                raise reply
-            return reply
-        store.conflicts += 1
-        fresh: dict[bytes, tuple[int, Entry | None]] = {k: (0, None) for k in view.base}
+            self.cache.learn({k: (rev if e is not None else 0, e) for k, e in writes.items()})
+            return None
+        self.conflicts += 1
+        fresh: dict[bytes, Version] = {key: (0, None) for key in reads}
         for response in got.get("responses", []):
             for kv in response.get("response_range", {}).get("kvs", []):
-                key, rev, entry = _kv(node, kv)
-                fresh[key] = (rev, entry)
-        base, revs = {}, {}
-        for key, (rev, entry) in fresh.items():
-            store.learn(key, rev, entry)
-            base[key], revs[key] = entry, rev
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{node.name}: no reply in time (its keys kept changing)")
+                key = unb64(kv["key"])[len(self.node.prefix) :]
+                entry = decode(unb64(kv.get("value")), int(kv.get("lease", 0)))
+                fresh[key] = (int(kv.get("mod_revision", 0)), entry)
+        self.cache.learn(fresh)
+        return fresh
+
+    def _txn(self, reads: Mapping[bytes, int], writes: Mapping[bytes, Entry | None]) -> dict:
+        prefix = self.node.prefix
+        compare, success, failure = [], [], []
+        for key, rev in reads.items():
+            full = b64(prefix + key)
+            compare.append(
+                {"key": full, "target": "MOD", "result": "EQUAL", "mod_revision": str(rev)}
+            )
+            failure.append({"request_range": {"key": full}})
+        for key, entry in writes.items():
+            full = b64(prefix + key)
+            if entry is None:
+                success.append({"request_delete_range": {"key": full}})
+                continue
+            put: dict[str, Any] = {"key": full, "value": b64(encode(entry))}
+            if entry.px is not None:
+                put["lease"] = str(entry.lease)
+            success.append({"request_put": put})
+        return {"compare": compare, "success": success, "failure": failure}
+
+    def scan(
+        self, pattern: str, cursor: int, count: int, deadline: float
+    ) -> tuple[int, list[bytes]]:
+        """One page of at most ``count`` keys matching ``pattern``: a range read from the
+        cursor's key on, within the keys that start with the pattern's literal head, so
+        a page costs its ``count`` keys, never the whole key space (a dashboard sends
+        one page per family per refresh). The cursor is the key to go on from, after
+        the head, as a number, as Redis's cursors are (0: from the start; ``0x01``
+        before the bytes keeps their leading zero bytes)."""
+        prefix = self.node.prefix
+        head = prefix + _literal_head(pattern).encode()
+        start = head + cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:]
+        got = self.node.post(
+            "kv/range",
+            {"key": b64(start), "range_end": b64(_range_end(head)), "keys_only": True,
+             "limit": count + 1},
+            deadline,
+        )  # fmt: skip
+        keys = [unb64(kv["key"]) for kv in got.get("kvs", [])]
+        page, after = keys[:count], keys[count:]
+        match = re.compile(glob_regex(pattern), re.DOTALL)
+        names = [k[len(prefix) :] for k in page]
+        names = [n for n in names if match.fullmatch(n.decode(errors="replace"))]
+        following = int.from_bytes(b"\x01" + after[0][len(head) :], "big") if after else 0
+        return following, names
 
 
-def _txn(
-    node: EtcdNode,
-    store: Store,
-    view: View,
-    revs: dict[bytes, int],
-    changed: dict[bytes, Entry | None],
-    deadline: float,
-) -> dict:
-    compare, success, failure = [], [], []
-    for key in view.base:
-        full = b64(node.prefix + key)
-        compare.append(
-            {"key": full, "target": "MOD", "result": "EQUAL", "mod_revision": str(revs.get(key, 0))}
-        )
-        failure.append({"request_range": {"key": full}})
-    for key, entry in changed.items():
-        full = b64(node.prefix + key)
-        if entry is None:
-            success.append({"request_delete_range": {"key": full}})
-            continue
-        put: dict[str, Any] = {"key": full, "value": b64(encode(entry))}
-        if entry.px is not None:
-            if not entry.lease:
-                seconds = max(math.ceil(entry.px / 1000), node.min_ttl)
-                entry.lease = store.leases.lease(node, seconds, deadline)
-            put["lease"] = str(entry.lease)
-        success.append({"request_put": put})
-    if max(len(compare), len(success)) > MAX_TXN_OPS:
-        raise NodeError(
-            f"{node.name}: one call would touch {max(len(compare), len(success))} keys, "
-            f"more than etcd's --max-txn-ops ({MAX_TXN_OPS})"
-        )
-    return {"compare": compare, "success": success, "failure": failure}
+def _verbs(store: EtcdStore) -> Store:
+    return store  # mypy checks here that an EtcdStore has the store verbs
+
+
+def _range_end(prefix: bytes) -> bytes:
+    """The end of the range of keys starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    if not end:
+        return b"\0"
+    end[-1] += 1
+    return bytes(end)
+
+
+def _literal_head(pattern: str) -> str:
+    """What every key ``pattern`` (a ``SCAN ... MATCH`` glob) matches starts with: the
+    pattern up to its first wildcard, escapes undone."""
+    head, i = [], 0
+    while i < len(pattern) and pattern[i] not in "*?[":
+        if pattern[i] == "\\" and i + 1 < len(pattern):
+            i += 1
+        head.append(pattern[i])
+        i += 1
+    return "".join(head)

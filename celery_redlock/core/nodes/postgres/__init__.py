@@ -23,10 +23,22 @@ from typing import Any
 from ...records import NodeInfo, PostgresInfo
 from ...values import error_text
 from .. import glob_regex, ping_latency
+from ..kind import Ask, Kind
 from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
 
-__all__ = ["SCHEMES", "PostgresNode", "accepts", "command", "ddl", "install", "make", "run"]
+__all__ = [
+    "KIND",
+    "SCHEMES",
+    "PostgresKind",
+    "PostgresNode",
+    "accepts",
+    "command",
+    "ddl",
+    "install",
+    "make",
+    "run",
+]
 
 #: The URL schemes of a PostgreSQL node.
 SCHEMES = ("postgresql", "postgres")
@@ -220,3 +232,41 @@ def install(node: PostgresNode, timeout: float = 30.0) -> None:
             raise NodeError(f"{node.name}: {done}")
     finally:
         conn.finish()
+
+
+class PostgresKind(Kind):
+    """PostgreSQL databases as lock nodes (the module's functions)."""
+
+    schemes = SCHEMES
+    has_schema = True
+
+    def make(
+        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    ) -> PostgresNode:
+        return make(spec, timeout, min_replicas, connect_timeout)
+
+    def run(
+        self,
+        op: Any,
+        nodes: Sequence[Any],
+        keys: Sequence[str],
+        args: Sequence[Any],
+        timeout: float,
+    ) -> list[Any]:
+        return run(op, nodes, keys, args, timeout)
+
+    def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
+        return command(nodes, cmd, timeout)
+
+    def node_info(self, node: Any, ask: Ask) -> list[NodeInfo]:
+        return node_info(node, ask)
+
+    def ddl(self, schema: str) -> str:
+        return ddl(schema)
+
+    def install(self, node: Any) -> None:
+        install(node)
+
+
+#: The PostgreSQL kind.
+KIND = PostgresKind()

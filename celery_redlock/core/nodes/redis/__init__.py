@@ -10,10 +10,13 @@ wire by :mod:`.wire`); a cluster routes by hash slot (:mod:`.cluster`);
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 
+from ...records import NodeInfo
+from ..kind import Ask, Kind
 from . import rounds
 from .cluster import CLUSTER_SCHEMES, check_together, node_for
 from .info import node_info
@@ -21,7 +24,18 @@ from .rounds import run_script
 from .unwaited import send_script
 from .urls import SCHEMES as _MASTER_SCHEMES
 
-__all__ = ["SCHEMES", "accepts", "check_together", "command", "make", "node_info", "run", "send"]
+__all__ = [
+    "KIND",
+    "SCHEMES",
+    "RedisKind",
+    "accepts",
+    "check_together",
+    "command",
+    "make",
+    "node_info",
+    "run",
+    "send",
+]
 
 #: The URL schemes of a Redis node.
 SCHEMES = (*_MASTER_SCHEMES, *CLUSTER_SCHEMES)
@@ -39,3 +53,46 @@ def accepts(spec: Any) -> bool:
 def command(nodes: Any, cmd: tuple, timeout: float) -> list[Any]:
     """:func:`.rounds.gather` in the protocol's argument order."""
     return rounds.gather(nodes, cmd, timeout)
+
+
+class RedisKind(Kind):
+    """Redis masters, Sentinel-managed masters and Redis Clusters as lock nodes
+    (the module's functions)."""
+
+    schemes = SCHEMES
+
+    def make(
+        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    ) -> Any:
+        return make(spec, timeout, min_replicas, connect_timeout)
+
+    def accepts(self, spec: Any) -> bool:
+        return accepts(spec)
+
+    def run(
+        self,
+        op: Any,
+        nodes: Sequence[Any],
+        keys: Sequence[str],
+        args: Sequence[Any],
+        timeout: float,
+    ) -> list[Any]:
+        return run(op, nodes, keys, args, timeout)
+
+    def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
+        return command(nodes, cmd, timeout)
+
+    def send(self, op: Any, nodes: Sequence[Any], keys: Any, args: Any) -> list[int]:
+        return send(op, nodes, keys, args)
+
+    def node_info(self, node: Any, ask: Ask) -> list[NodeInfo]:
+        return node_info(node, ask)
+
+    def check_together(
+        self, nodes: Sequence[Any], names: Sequence[str], option: str = "also"
+    ) -> None:
+        check_together(nodes, names, option)
+
+
+#: The Redis kind.
+KIND = RedisKind()

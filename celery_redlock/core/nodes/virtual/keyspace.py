@@ -1,24 +1,25 @@
-"""Redis's keys as an etcd node keeps them, and the commands the scripts call on them.
+"""Redis's keys as a virtual node keeps them, and the commands the scripts call on them.
 
-A Redis key is one etcd key (the node's prefix, then the Redis key), its value
-a JSON record of its type and data: ``{"t": "s" | "h" | "z", "v": ..., "e":
-expiry, "p": ttl}``. A key with a TTL hangs on an etcd lease that outlives it
-(see :mod:`.leases`): **etcd alone decides whether a key still exists**, so no
-two owners both hold a key while clients' clocks disagree. ``e`` (the writer's
-wall clock plus the TTL, in ms) only serves the remaining TTL a command reads
-back (``PTTL``), clamped to the TTL written: a retry's hint and a claim mark's
-rest, never whether a key is held.
+A key is one entry of the kind's store (:mod:`.store`): its type and data
+(``s`` a string, ``h`` a hash, ``z`` a sorted set), and for a key with a TTL
+its expiry (``e``, ms on the node's clock when it was written) and its TTL
+(``p``, ms). Whether a key still exists is the kind's expiry primitive's to
+say (etcd: a lease that outlives the TTL; memory: the node's clock), so no two
+owners both hold a key while clients' clocks disagree; ``e`` only serves the
+remaining TTL a command reads back (``PTTL``), clamped to the TTL written: a
+retry's hint and a claim mark's rest, never whether a key is held. A kind that
+keeps bytes stores an entry as :func:`encode` writes it, a JSON record
+``{"t": type, "v": value, "e": expiry, "p": ttl}``.
 
 :class:`View` is the keys one call reads and writes: the scripts run on it
-(:mod:`.scripting`), and :mod:`.store` writes its changes back in one Txn
-that compares every key read against the revision it was read at.
+(:mod:`.scripting`), and :func:`.store.execute` commits its changes on a
+compare of every key read against the version it was read at.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
 __all__ = ["Entry", "ScriptError", "View", "decode", "encode", "score_text"]
@@ -102,12 +103,14 @@ class View:
     """The keys one call sees: ``base`` as read (key -> Entry or None), ``keys``
     as the script leaves them, ``ttl_set`` the keys whose TTL it set."""
 
-    def __init__(self, base: dict[bytes, Entry | None], missing: Any) -> None:
+    def __init__(self, base: dict[bytes, Entry | None], missing: Any, now: float) -> None:
         self.base = base
         self.keys: dict[bytes, Entry | None] = {}
         self.ttl_set: set[bytes] = set()
         self.missing = missing  # key -> Entry | None for a key not read beforehand
-        self.now_ms = int(time.time() * 1000)
+        self.now = now  # the node's clock (seconds): what TIME answers
+        self.now_ms = int(now * 1000)
+        self.now_us = int(now * 1_000_000)
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -163,12 +166,12 @@ class View:
         verb = name.decode().upper()
         method = getattr(self, f"c_{verb.lower()}", None)
         if method is None:
-            raise ScriptError(f"ERR the etcd node does not implement {verb}")
+            raise ScriptError(f"ERR this node does not implement {verb}")
         return method(*args)
 
     def c_time(self) -> list[bytes]:
-        # etcd lends scripts no clock: this process's, whole microseconds (a float's are not)
-        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        # the store's clock (etcd lends scripts none: this process's), in whole microseconds
+        seconds, micros = divmod(self.now_us, 1_000_000)
         return [str(seconds).encode(), str(micros).encode()]
 
     def c_get(self, key: bytes) -> bytes | None:

@@ -1,13 +1,20 @@
 """The operations' own Lua, run in this process on a :class:`~.keyspace.View`.
 
-etcd runs no code of ours, so an etcd node runs each operation's Lua script
-(the Redis kind's implementation, :mod:`celery_redlock.core.scripts`) in an
-embedded Lua 5.1 (lupa, Redis's Lua version), its ``redis.call`` answered by the
-view of the keys the call read. The reply is converted as Redis converts a
-script's reply (numbers to integers, ``false`` to nil, a table to a list up to
-its first nil), so an etcd node answers every operation with a Redis node's
-values. :mod:`.store` makes the run atomic: the keys it read must be at the
-revisions they were read at when its writes land.
+A kind that runs no code of ours (etcd, memory) runs each operation's Lua
+script, the Redis kind's implementation (:mod:`celery_redlock.core.scripts`),
+in an embedded Lua 5.1 (lupa, Redis's Lua version), its ``redis.call``
+answered by the view of the keys the call read. The reply is converted as
+Redis converts a script's reply (numbers to integers, ``false`` to nil, a
+table to a list up to its first nil).
+
+Why the very Lua, not a Python rewrite of the operations: the script text is
+the one specification every kind is held to, so a virtual node answers each
+operation with a Redis node's values by construction; what is left to get
+right here is the 21 Redis commands the scripts call (:mod:`.keyspace`), which
+the differential test runs on every kind, and never a second copy of the
+gates, fences, permits, claims, rates and queues that would drift from the
+first. :func:`.store.execute` makes a run atomic: its writes land only if the
+keys it read are still at the versions it read.
 """
 
 from __future__ import annotations
@@ -15,9 +22,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ...exceptions import ConfigurationError
 from .keyspace import ScriptError, View
 
 __all__ = ["run_script", "warm"]
+
+#: What to install where lupa is missing.
+NEEDS_LUPA = (
+    "{kind} lock nodes run the operations' Lua in this process and need lupa: "
+    "pip install 'celery_redlock[{kind}]'"
+)
 
 _PRELUDE = """
 redis = {}
@@ -47,10 +61,17 @@ def _runtime() -> Any:
     return lua
 
 
-def warm() -> None:
+def warm(kind: str) -> None:
     """Make this thread's Lua runtime now (about 0.1 s), not at the first call: a
-    node made in a prefork worker's parent hands it to every child it forks."""
-    _runtime()
+    node made in a prefork worker's parent hands it to every child it forks.
+
+    Raises:
+        ConfigurationError: lupa is not installed, naming the extra that brings it.
+    """
+    try:
+        _runtime()
+    except ImportError:
+        raise ConfigurationError(NEEDS_LUPA.format(kind=kind)) from None
 
 
 def _arg(value: Any) -> bytes:
