@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .core import Holder, NodeView, mask_url, node_name
-from .core.nodes import KINDS
+from .core.nodes import SCHEMES
 from .exceptions import ConfigurationError
 
 __all__ = [
@@ -208,7 +208,7 @@ def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
         if from_broker
         else "the only node of redlock_nodes"
     )
-    kind = KINDS.get(urlsplit(names[0]).scheme, "redis")
+    kind = SCHEMES.get(urlsplit(names[0]).scheme, "redis")
     if kind == "etcd":  # its members agree among themselves
         return (
             f"lock node: {names[0]} ({source}): ONE node, an etcd cluster: the locks are "

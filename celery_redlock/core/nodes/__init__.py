@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KINDS",
+    "SCHEMES",
     "Node",
     "NodeSpec",
     "NotReplicated",
@@ -109,20 +110,28 @@ def _memory() -> Kind:
     return KIND
 
 
-#: URL scheme (and a node's ``kind``) -> its kind, imported at first use.
-KINDS: dict[str, Callable[[], Kind]] = {
+#: URL scheme -> the name of the kind of node it names (a node's ``kind``).
+SCHEMES: dict[str, str] = {
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "sentinel": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "etcd": "etcd",
+    "etcds": "etcd",
+    "memory": "memory",
+}
+_LOADERS: dict[str, Callable[[], Kind]] = {
     "redis": _redis,
-    "rediss": _redis,
-    "unix": _redis,
-    "sentinel": _redis,
-    "redis+cluster": _redis,
-    "rediss+cluster": _redis,
-    "postgresql": _postgres,
     "postgres": _postgres,
     "etcd": _etcd,
-    "etcds": _etcd,
     "memory": _memory,
 }
+#: URL scheme (and a node's ``kind``) -> its kind, imported at first use.
+KINDS: dict[str, Callable[[], Kind]] = {scheme: _LOADERS[name] for scheme, name in SCHEMES.items()}
 
 
 #: What names a lock node: a URL, or a client object a kind accepts (a ``redis.Redis``).
@@ -239,7 +248,7 @@ def _unknown_scheme(url: str) -> str:
     """Why ``url`` names no kind of node: the URL itself (password masked), the
     scheme it most likely meant, and the schemes there are."""
     shown = mask_url(url) if "://" in url else _BARE_PASSWORD.sub(r"\1***@", url)
-    known = ", ".join(f"{s}://" for s in KINDS)
+    known = ", ".join(f"{s}://" for s in SCHEMES)
     if "://" not in url:
         return f"lock node URL {shown!r} has no scheme: it must start with one of {known}"
     scheme, rest = url.split("://", 1)
@@ -248,13 +257,13 @@ def _unknown_scheme(url: str) -> str:
     # backend named beside the database. A node takes libpq's URL (it speaks
     # through psycopg 3 whatever the name), so one spelling names one node in
     # every log line and in `celery redlock nodes`.
-    if len(parts) > 1 and {KINDS.get(part) for part in parts} - {None} == {"postgres"}:
+    if len(parts) > 1 and {SCHEMES.get(part) for part in parts} - {None} == {"postgres"}:
         return (
             f"lock node URL {shown!r} names a driver or a backend ({scheme}://): a "
             f"PostgreSQL lock node takes libpq's URL, write {mask_url('postgresql://' + rest)!r}"
         )
     near = _OTHER_SPELLINGS.get(scheme.lower()) or next(
-        iter(difflib.get_close_matches(scheme.lower(), list(KINDS), n=1, cutoff=0.6)), None
+        iter(difflib.get_close_matches(scheme.lower(), list(SCHEMES), n=1, cutoff=0.6)), None
     )
     meant = f": unknown scheme {scheme}://, did you mean {near}://? It" if near else ""
     return f"lock node URL {shown!r}{meant} must start with one of {known}"
