@@ -276,9 +276,13 @@ def gather(
     queries: Sequence[tuple[bytes, list[bytes | None]]],
     timeout: float,
     post: Callable[[Any], Any] = redis_shaped,
+    needed: int | None = None,
 ) -> list[Any]:
     """Run ``queries[i]`` on ``nodes[i]``, all at once: each one's reply (its
-    one value, read as JSON and passed through ``post``) or an exception."""
+    one value, read as JSON and passed through ``post``) or an exception. Once
+    ``needed`` nodes answered, a call still connecting or unanswered is "not
+    answering": its connection is closed (a statement sent there commits or
+    not, as for any node that did not answer)."""
     now = time.monotonic()
     calls = [_Call(node, sql, params) for node, (sql, params) in zip(nodes, queries)]
     for call in calls:
@@ -291,7 +295,7 @@ def gather(
         call.reply = node.skipped()
         if call.reply is None:
             _connect(call, now, timeout)
-    _drive(calls, timeout)
+    _drive(calls, timeout, needed)
     return [post(c.reply) if c.state == "ok" else c.reply for c in calls]
 
 
@@ -395,14 +399,20 @@ def _step(call: _Call, timeout: float, now: float) -> None:
         _broken(call, NodeError(f"{call.node.name}: {exc}"), timeout)
 
 
-def _drive(calls: list[_Call], timeout: float) -> None:
-    """Poll every pending call's socket until each is done or past its deadline."""
+def _drive(calls: list[_Call], timeout: float, needed: int | None = None) -> None:
+    """Poll every pending call's socket until each is done or past its deadline,
+    or until ``needed`` calls answered (then one last look, and the rest are cut)."""
+    decided = False
     while True:
         now = time.monotonic()
         poller = select.poll()
         waiting: list[_Call] = []
         for call in calls:
             if call.state not in ("connect", "send", "read"):
+                continue
+            if decided:
+                why = "connected" if call.state == "connect" else "answered"
+                _fail(call, TimeoutError(f"{call.node.name}: not {why} by the time a quorum did"))
                 continue
             if now >= call.deadline:
                 if call.state == "connect":
@@ -414,8 +424,9 @@ def _drive(calls: list[_Call], timeout: float) -> None:
             waiting.append(call)
         if not waiting:
             return
-        wait = min(c.deadline for c in waiting) - now
-        ready = {fd for fd, _ in poller.poll(max(wait, 0.0) * 1000 + 1)}
+        decided = needed is not None and sum(c.state == "ok" for c in calls) >= needed
+        wait = 0.0 if decided else (min(c.deadline for c in waiting) - now) * 1000 + 1
+        ready = {fd for fd, _ in poller.poll(max(wait, 0.0))}
         now = time.monotonic()
         for call in waiting:
             if call.conn is not None and call.conn.socket in ready:

@@ -21,10 +21,28 @@ from .rounds import run_script
 from .unwaited import send_script
 from .urls import SCHEMES as _MASTER_SCHEMES
 
-__all__ = ["SCHEMES", "accepts", "check_together", "command", "make", "node_info", "run", "send"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "NODE_TIMEOUT",
+    "SCHEMES",
+    "accepts",
+    "check_together",
+    "command",
+    "make",
+    "node_info",
+    "run",
+    "send",
+]
 
 #: The URL schemes of a Redis node.
 SCHEMES = (*_MASTER_SCHEMES, *CLUSTER_SCHEMES)
+#: Seconds a call gets by default: a script run in memory on a master of the
+#: same network answers in well under a millisecond; 50 ms leaves a busy
+#: host's stalls room and a hung node costs little.
+NODE_TIMEOUT = 0.05
+#: Seconds a new connection gets by default (``benchmarks/connect_times.py``:
+#: at most 340 ms seen on a loaded 2-core host; see the settings page).
+CONNECT_TIMEOUT = 1.0
 
 make = node_for
 run = run_script
@@ -36,6 +54,6 @@ def accepts(spec: Any) -> bool:
     return isinstance(spec, (redis.Redis, redis.RedisCluster))
 
 
-def command(nodes: Any, cmd: tuple, timeout: float) -> list[Any]:
+def command(nodes: Any, cmd: tuple, timeout: float, needed: int | None = None) -> list[Any]:
     """:func:`.rounds.gather` in the protocol's argument order."""
-    return rounds.gather(nodes, cmd, timeout)
+    return rounds.gather(nodes, cmd, timeout, needed=needed)

@@ -31,6 +31,7 @@ from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, m
 from .node import Node
 from .opening import Opening, connect_budget, connect_within
 from .replicas import confirmed, wait_after
+from .unwaited import MAX_OWED
 from .wire import (
     LAST_LOOK,
     PENDING,
@@ -54,6 +55,7 @@ def gather(
     args: Sequence[Any],
     timeout: float,
     then: Sequence[Any] | None = None,
+    needed: int | None = None,
 ) -> list[Any]:
     """Send one command to every node at once and collect the replies.
 
@@ -75,12 +77,18 @@ def gather(
     :meth:`Node.skips_connects <celery_redlock.core.nodes.redis.node.Node.skips_connects>`):
     its reply is an error at once.
 
+    With ``needed``, the round ends once that many nodes answered: a node
+    still connecting (its connect goes on in the background, as above) or
+    whose reply has not come is "not answering" (:func:`_cut`), so a dead
+    minority never holds a round a quorum decided.
+
     Args:
         nodes: where to send it.
         args: the command, the same for every node (packed once).
         timeout: one deadline for the whole round, in seconds.
         then: a second command, pipelined after the first on the same
             connection (written with it, in the same round trip), or None.
+        needed: the answers that decide the round, or None: wait for every node.
 
     Returns:
         One item per node, in order: the reply, or the exception that stands
@@ -92,7 +100,7 @@ def gather(
     if _some_cluster(nodes):
         return spread_command(nodes, args, timeout, then)
     command = Command(args) if then is None else Command(args, then)
-    return gather_each(nodes, [command] * len(nodes), timeout)  # type: ignore[arg-type]
+    return gather_each(nodes, [command] * len(nodes), timeout, needed)  # type: ignore[arg-type]
 
 
 def _some_cluster(nodes: Sequence[LockNode]) -> bool:
@@ -104,7 +112,12 @@ def _some_cluster(nodes: Sequence[LockNode]) -> bool:
     return False
 
 
-def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: float) -> list[Any]:
+def gather_each(
+    nodes: Sequence[Node],
+    commands: Sequence[Command],
+    timeout: float,
+    needed: int | None = None,
+) -> list[Any]:
     """:func:`gather` with a command of its own for each node (a shard master
     of a cluster gets the keys of its slots)."""
     started = time.monotonic()
@@ -133,9 +146,33 @@ def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: flo
             opening.open(i, node, replies)
         else:
             replies[i] = error
+    answered = 0
+    if needed is not None and other and opening is not None:
+        # their answers count before the round decides whether to wait for a connect
+        answered = _read_other(other, started, deadline, replies, timeout, needed, 0)
+        other = []
     if lean or opening is not None:
-        deadline = _collect(lean, other, opening, deadline, replies, commands, timeout)
+        deadline, answered = _collect(
+            lean, other, opening, deadline, replies, commands, timeout, needed, answered
+        )
+    _read_other(other, started, deadline, replies, timeout, needed, answered)
+    return replies
+
+
+def _read_other(
+    other: list[Call],
+    started: float,
+    deadline: float,
+    replies: list[Any],
+    timeout: float,
+    needed: int | None,
+    answered: int,
+) -> int:
+    """Read the replies of the calls redis-py talks to; once ``needed`` answered,
+    only a reply already there is read. Returns the answers counted."""
     for call in other:
+        if needed is not None and answered >= needed:
+            deadline = time.monotonic()  # decided: what is not there is "not answering"
         reply = read(call, deadline)
         if call.reused and _closed_by_server(reply):
             # A node redis-py talks to: its new connection is opened here, within
@@ -151,7 +188,8 @@ def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: flo
             deadline = max(deadline, time.monotonic() + timeout)
             reply = start(call) or read(call, deadline)
         replies[call.i] = reply
-    return replies
+        answered += not isinstance(reply, Exception)
+    return answered
 
 
 def _collect(
@@ -162,7 +200,9 @@ def _collect(
     replies: list[Any],
     commands: Sequence[Command],
     timeout: float,
-) -> float:
+    needed: int | None = None,
+    answered: int = 0,
+) -> tuple[float, int]:
     """Finish the lean calls and the round's new connections: one poll over the
     lean sockets and the wake-up pipe of the connections being opened, until
     the deadline. A new connection that connects in time has its command sent:
@@ -170,7 +210,9 @@ def _collect(
 
     While a connect is under way the round waits for it (up to its budget,
     ``Opening.until``), and a connection taken moves the deadline to
-    ``timeout`` from then. Returns the deadline, for the replies of ``other``.
+    ``timeout`` from then; but once ``needed`` nodes answered (``answered``
+    before this), one last look collects what is already there and the round
+    ends. Returns the deadline, for the replies of ``other``, and the answers.
     """
     poller = select.poll()
     waiting: dict[int, Call] = {}
@@ -185,12 +227,14 @@ def _collect(
     if opening is not None:
         wake = opening.wake
         poller.register(wake, select.POLLIN)
+    decided = False
     try:
         while waiting or (opening is not None and opening.pending):
+            decided = needed is not None and answered >= needed
             end = deadline if opening is None or not opening.pending else opening.until
-            left = max(end, deadline) - time.monotonic()
+            left = 0.0 if decided else max(end, deadline) - time.monotonic()
             # A reply already buffered is read even past the deadline.
-            events = poller.poll(max(left, LAST_LOOK) * 1000)
+            events = poller.poll(0 if decided else max(left, LAST_LOOK) * 1000)
             for fd, _ in events:
                 if fd == wake and opening is not None:  # connections opened meanwhile
                     taken = opening.take(replies)
@@ -223,16 +267,36 @@ def _collect(
                     opening.open(call.i, call.node, replies)
                     continue
                 replies[call.i] = reply
-            if left <= 0 or not events:
+                answered += not isinstance(reply, Exception)
+            if decided or left <= 0 or not events:
                 break
     finally:
         if opening is not None:
-            opening.close(replies)
+            opening.close(replies, decided)
     for call in waiting.values():
+        replies[call.i] = _cut(call) if decided else _timed_out(call)
+    return deadline, answered
+
+
+def _timed_out(call: Call) -> Exception:
+    call.node.discard(call.conn)
+    where = "writing to" if call.out else "reading from"
+    return redis.exceptions.TimeoutError(f"Timeout {where} {host_error(call.conn)}")
+
+
+def _cut(call: Call) -> Exception:
+    """A call whose node had not answered when the round was decided: its
+    connection goes back owing the reply (the next round on it reads that first
+    and sets it aside) when the command went out whole and nothing of the reply
+    came yet, and not too many are owed already; otherwise it is closed."""
+    owed = call.skip + call.count
+    if call.out or call.buf or owed > MAX_OWED:
         call.node.discard(call.conn)
-        where = "writing to" if call.out else "reading from"
-        replies[call.i] = redis.exceptions.TimeoutError(f"Timeout {where} {host_error(call.conn)}")
-    return deadline
+    else:
+        call.node.put_back(call.conn, owed)
+    return redis.exceptions.TimeoutError(
+        f"no reply from {host_error(call.conn)} by the time a quorum answered"
+    )
 
 
 def _log_late(call: Call) -> None:
@@ -259,8 +323,10 @@ def run_script(
     keys: Sequence[str],
     args: Sequence[Any],
     timeout: float,
+    needed: int | None = None,
 ) -> list[Any]:
-    """Run a script on every node in one :func:`gather` round.
+    """Run a script on every node in one :func:`gather` round (ended once
+    ``needed`` nodes answered, if given).
 
     Sent as EVALSHA; a node that lost its script cache (restart, SCRIPT FLUSH)
     gets EVAL in a second round, with a timeout of its own: a hung node must
@@ -269,12 +335,15 @@ def run_script(
     On nodes with ``min_replicas``, a write a lease or a claim rests on is
     followed by ``WAIT`` in the same packet (:func:`.replicas.wait_after`);
     a node whose replicas fall short answers with a ``NotReplicated`` error,
-    so it counts as a node that did not answer.
+    so it counts as a node that did not answer; such a round waits for every
+    node (a reply is known to count only once its replicas are checked).
     """
     wait = wait_after(script, nodes, timeout)
+    if wait is not None:
+        needed = None
     if _some_cluster(nodes):
-        return _spread_script(script, nodes, keys, args, timeout, wait)
-    return _masters_script(script, nodes, keys, args, timeout, wait)  # type: ignore[arg-type]
+        return _spread_script(script, nodes, keys, args, timeout, wait, needed)
+    return _masters_script(script, nodes, keys, args, timeout, wait, needed)  # type: ignore[arg-type]
 
 
 def _masters_script(
@@ -284,9 +353,10 @@ def _masters_script(
     args: Sequence[Any],
     timeout: float,
     wait: tuple | None,
+    needed: int | None = None,
 ) -> list[Any]:
     """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
-    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait)
+    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait, needed)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
         resent = gather(
@@ -312,6 +382,7 @@ def _spread_script(
     args: Sequence[Any],
     timeout: float,
     wait: tuple | None,
+    needed: int | None = None,
 ) -> list[Any]:
     """:func:`run_script` when some nodes are clusters: each cluster's call goes
     to the shard masters of its keys (one call per shard), every call of every
@@ -326,7 +397,7 @@ def _spread_script(
         # (the lean path, one packing); only a redirect takes the long way.
         slot = key_slot(keys[0].encode())
         shards = [node.at_slot(slot) if node.cluster else node for node in nodes]
-        replies = _masters_script(script, shards, keys, args, timeout, wait)
+        replies = _masters_script(script, shards, keys, args, timeout, wait, needed)
         every = list(range(len(keys)))
         sent = [
             (i, Part(node, shards[i], keys, args, every, False))
