@@ -188,7 +188,7 @@ def _read_other(
             deadline = max(deadline, time.monotonic() + timeout)
             reply = start(call) or read(call, deadline)
         replies[call.i] = reply
-        answered += not isinstance(reply, Exception)
+        answered += _answer(reply)
     return answered
 
 
@@ -267,7 +267,7 @@ def _collect(
                     opening.open(call.i, call.node, replies)
                     continue
                 replies[call.i] = reply
-                answered += not isinstance(reply, Exception)
+                answered += _answer(reply)
             if decided or left <= 0 or not events:
                 break
     finally:
@@ -276,6 +276,12 @@ def _collect(
     for call in waiting.values():
         replies[call.i] = _cut(call) if decided else _timed_out(call)
     return deadline, answered
+
+
+def _answer(reply: Any) -> bool:
+    """Whether ``reply`` is a node's answer, for deciding a round: a reply, or
+    NOSCRIPT (the node is there; :func:`run_script` sends it EVAL next)."""
+    return not isinstance(reply, Exception) or isinstance(reply, NoScriptError)
 
 
 def _timed_out(call: Call) -> Exception:
