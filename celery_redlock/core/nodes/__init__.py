@@ -28,8 +28,9 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 * ``accepts(spec)``: whether a non-URL ``spec`` is a client of this kind;
 * ``run(op, nodes, keys, args, timeout, needed=None)``: one round of ``op``
   on its ``nodes``, at once, within ``timeout``; one reply or exception per
-  node. With ``needed``, the round ends once that many nodes answered: a node
-  still connecting or unanswered then gets a "not answering" error, so a dead
+  node. With ``needed``, the round is decided once that many nodes answered:
+  the others get as long again as that took (:func:`cut_at`), then a node
+  still connecting or unanswered gets a "not answering" error, so a dead
   minority never holds a round its quorum decided (what was sent there is
   released by the protocol or left to its TTL, as for any node that did not answer);
 * ``command(nodes, command, timeout, needed=None)``: the same for a plain read;
@@ -86,6 +87,7 @@ __all__ = [
     "check_together",
     "check_ttl",
     "command",
+    "cut_at",
     "default_timeouts",
     "kind_timeouts",
     "glob_regex",
@@ -255,6 +257,19 @@ def node_for(
 
 _MISSING = object()
 
+#: Seconds, at least, a decided round still waits for its other nodes: a busy
+#: host's healthy node a few scheduler slices behind the others still answers.
+GRACE = 0.02
+
+
+def cut_at(started: float, now: float) -> float:
+    """When a round started at ``started`` and decided (a quorum answered) at
+    ``now`` stops waiting for its other nodes: after as long again as the
+    quorum took (at least :data:`GRACE`), never after the round's own deadline
+    (the caller's). A dead node then costs the round nothing like a connect
+    budget, and the healthy ones, answering together, are all heard."""
+    return now + max(now - started, GRACE)
+
 
 def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = {}
@@ -288,9 +303,9 @@ def _spread(
     once, replies in the order of ``nodes``: the first kind in this thread, the
     others in threads of the connector. Each kind gets its nodes' own timeout
     (no longer than ``timeout``) and its share of ``needed``; once the kinds
-    done have ``needed`` answers, a kind still running (or one that has not
-    answered by the deadline: it never should, each bounds its own round) is
-    "not answering" on its nodes."""
+    done have ``needed`` answers, a kind still running past :func:`cut_at`
+    (or one that has not answered by the deadline: it never should, each
+    bounds its own round) is "not answering" on its nodes."""
     from ..connect import connector
 
     groups = _groups(nodes)
@@ -307,6 +322,7 @@ def _spread(
             got = [exc] * len(at)
         done.put((at, got))
 
+    started = time.monotonic()
     first, *rest = groups.values()
     shares = _shares(needed, [len(at) for at in groups.values()])
     for at, share in zip(rest, shares[1:]):
@@ -316,12 +332,13 @@ def _spread(
     budget = max(node.connect_timeout for node in nodes)
     longest = max(_timeout(nodes, at, timeout) for at in groups.values())
     deadline = time.monotonic() + budget + longest + 1.0
-    answered = 0
+    answered, until = 0, deadline
     for _ in groups:
+        now = time.monotonic()
         if needed is not None and answered >= needed:
-            break
+            until = min(until, cut_at(started, now))
         try:
-            at, got = done.get(timeout=max(deadline - time.monotonic(), 0.001))
+            at, got = done.get(timeout=max(until - now, 0.001))
         except queue.Empty:
             break
         for i, reply in zip(at, got):

@@ -22,7 +22,7 @@ from typing import Any
 from ...exceptions import ConfigurationError
 from ...records import NodeInfo
 from ...values import error_text
-from .. import ping_latency
+from .. import cut_at, ping_latency
 from .node import EtcdNode, NodeError
 from .reads import plain
 from .scripting import run_script, warm
@@ -100,8 +100,10 @@ def _each(
     """``call(node, deadline)`` on every node at once: its reply or exception each.
     One node runs in this thread, several in the connector's threads. Once
     ``needed`` nodes answered, a node that has not is "not answering" (its
-    call goes on in its thread, its reply unread)."""
-    deadline = time.monotonic() + timeout
+    call goes on in its thread, its reply unread), once they had until
+    :func:`.cut_at`."""
+    started = time.monotonic()
+    deadline = started + timeout
 
     def one(node: EtcdNode) -> Any:
         try:
@@ -118,10 +120,13 @@ def _each(
         connector().submit(lambda i=i, node=node: done.put((i, one(node))))
     replies: list[Any] = [None] * len(nodes)
     pending = set(range(len(nodes)))
-    answered = 0
-    while pending and (needed is None or answered < needed):
+    answered, until = 0, deadline + 0.5
+    while pending:
+        now = time.monotonic()
+        if needed is not None and answered >= needed:
+            until = min(until, cut_at(started, now))
         try:
-            i, reply = done.get(timeout=max(deadline - time.monotonic(), 0) + 0.5)
+            i, reply = done.get(timeout=max(until - now, 0.001))
         except queue.Empty:
             break
         replies[i] = reply

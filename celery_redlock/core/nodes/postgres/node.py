@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import ProgrammingError
 
 from ...exceptions import ConfigurationError
-from .. import mask_url
+from .. import cut_at, mask_url
 from .schema import VERSION, check_sql, install_sql
 
 __all__ = ["NodeError", "PostgresNode", "gather"]
@@ -400,17 +400,20 @@ def _step(call: _Call, timeout: float, now: float) -> None:
 
 
 def _drive(calls: list[_Call], timeout: float, needed: int | None = None) -> None:
-    """Poll every pending call's socket until each is done or past its deadline,
-    or until ``needed`` calls answered (then one last look, and the rest are cut)."""
-    decided = False
+    """Poll every pending call's socket until each is done or past its deadline;
+    once ``needed`` calls answered, the others until :func:`.cut_at` at most."""
+    started = time.monotonic()
+    until: float | None = None
     while True:
         now = time.monotonic()
+        if until is None and needed is not None and sum(c.state == "ok" for c in calls) >= needed:
+            until = cut_at(started, now)
         poller = select.poll()
         waiting: list[_Call] = []
         for call in calls:
             if call.state not in ("connect", "send", "read"):
                 continue
-            if decided:
+            if until is not None and now >= until:
                 why = "connected" if call.state == "connect" else "answered"
                 _fail(call, TimeoutError(f"{call.node.name}: not {why} by the time a quorum did"))
                 continue
@@ -424,9 +427,10 @@ def _drive(calls: list[_Call], timeout: float, needed: int | None = None) -> Non
             waiting.append(call)
         if not waiting:
             return
-        decided = needed is not None and sum(c.state == "ok" for c in calls) >= needed
-        wait = 0.0 if decided else (min(c.deadline for c in waiting) - now) * 1000 + 1
-        ready = {fd for fd, _ in poller.poll(max(wait, 0.0))}
+        end = min(c.deadline for c in waiting)
+        if until is not None:
+            end = min(end, until)
+        ready = {fd for fd, _ in poller.poll(max(end - now, 0.0) * 1000 + 1)}
         now = time.monotonic()
         for call in waiting:
             if call.conn is not None and call.conn.socket in ready:

@@ -27,6 +27,7 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, NoScriptError, RedisError
 
 from ...scripts import Script
+from .. import cut_at
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .node import Node
 from .opening import Opening, connect_budget, connect_within
@@ -153,7 +154,7 @@ def gather_each(
         other = []
     if lean or opening is not None:
         deadline, answered = _collect(
-            lean, other, opening, deadline, replies, commands, timeout, needed, answered
+            lean, other, opening, started, deadline, replies, commands, timeout, needed, answered
         )
     _read_other(other, started, deadline, replies, timeout, needed, answered)
     return replies
@@ -170,9 +171,11 @@ def _read_other(
 ) -> int:
     """Read the replies of the calls redis-py talks to; once ``needed`` answered,
     only a reply already there is read. Returns the answers counted."""
+    decided = False
     for call in other:
-        if needed is not None and answered >= needed:
-            deadline = time.monotonic()  # decided: what is not there is "not answering"
+        if needed is not None and answered >= needed and not decided:
+            decided = True  # what has not come by then is "not answering"
+            deadline = min(deadline, cut_at(started, time.monotonic()))
         reply = read(call, deadline)
         if call.reused and _closed_by_server(reply):
             # A node redis-py talks to: its new connection is opened here, within
@@ -196,6 +199,7 @@ def _collect(
     calls: list[Call],
     other: list[Call],
     opening: Opening | None,
+    started: float,
     deadline: float,
     replies: list[Any],
     commands: Sequence[Command],
@@ -211,8 +215,9 @@ def _collect(
     While a connect is under way the round waits for it (up to its budget,
     ``Opening.until``), and a connection taken moves the deadline to
     ``timeout`` from then; but once ``needed`` nodes answered (``answered``
-    before this), one last look collects what is already there and the round
-    ends. Returns the deadline, for the replies of ``other``, and the answers.
+    before this), the others are waited for until :func:`.cut_at` at most, a
+    connect no longer. Returns the deadline, for the replies of ``other``, and
+    the answers.
     """
     poller = select.poll()
     waiting: dict[int, Call] = {}
@@ -227,18 +232,22 @@ def _collect(
     if opening is not None:
         wake = opening.wake
         poller.register(wake, select.POLLIN)
-    decided = False
+    until: float | None = None  # when the others stop being waited for, once decided
     try:
         while waiting or (opening is not None and opening.pending):
-            decided = needed is not None and answered >= needed
+            now = time.monotonic()
+            if until is None and needed is not None and answered >= needed:
+                until = cut_at(started, now)
+                deadline = min(deadline, until)
             end = deadline if opening is None or not opening.pending else opening.until
-            left = 0.0 if decided else max(end, deadline) - time.monotonic()
+            end = max(end, deadline) if until is None else min(end, until)
+            left = end - now
             # A reply already buffered is read even past the deadline.
-            events = poller.poll(0 if decided else max(left, LAST_LOOK) * 1000)
+            events = poller.poll(max(left, LAST_LOOK) * 1000)
             for fd, _ in events:
                 if fd == wake and opening is not None:  # connections opened meanwhile
                     taken = opening.take(replies)
-                    if taken:
+                    if taken and until is None:
                         deadline = max(deadline, time.monotonic() + timeout)
                     for i, node, conn in taken:
                         command = opening.command_for(i, node, conn)
@@ -268,13 +277,13 @@ def _collect(
                     continue
                 replies[call.i] = reply
                 answered += _answer(reply)
-            if decided or left <= 0 or not events:
+            if left <= 0 or not events:
                 break
     finally:
         if opening is not None:
-            opening.close(replies, decided)
+            opening.close(replies, until is not None)
     for call in waiting.values():
-        replies[call.i] = _cut(call) if decided else _timed_out(call)
+        replies[call.i] = _cut(call) if until is not None else _timed_out(call)
     return deadline, answered
 
 
