@@ -113,3 +113,44 @@ def test_a_hung_majority_fails_within_the_bound_and_is_not_stormed(grid: ProxyGr
     assert attempts >= 20, attempts
     for proxy in grid["w"][:2]:
         assert proxy.accepted <= 1 + 3, proxy.accepted  # the first connect, a probe per period
+
+
+def test_a_fresh_client_with_one_of_five_nodes_blackholed_acquires_at_once(redis_nodes5):
+    """Each of 20 fresh clients (a new prefork child, say) acquires within 0.5 s
+    with one node's connect hanging: half the default connect budget (1 s), so a
+    round that waited for the dead node's connect could not pass, and some 20
+    times what a round that did not wait takes, however busy the host."""
+    with ProxyGrid(redis_nodes5.urls, ["w"]) as grid:
+        grid.set("w", [0], netproxy.BLACKHOLE_CONNECT)
+        took = []
+        for i in range(20):
+            rl = Redlock(grid.urls("w"))  # the defaults: 50 ms a call, 1 s a connect
+            assert rl.connect_timeout == 1.0
+            started = time.monotonic()
+            lease = rl.try_acquire(f"fresh-{i}", ttl=10)
+            took.append(time.monotonic() - started)
+            assert isinstance(lease, Lease), lease
+            rl.release(lease)
+            rl.close()
+        assert max(took) < 0.5, took
+
+
+def test_the_breakers_probe_of_a_dead_node_never_delays_a_round(grid: ProxyGrid):
+    """A client kept over several breaker periods: the dead node's connects time
+    out (2 s) and it is probed in the background again and again, yet no round
+    waits for a connect (each well under the budget)."""
+    grid.set("w", [0], netproxy.BLACKHOLE_CONNECT)
+    rl = Redlock(grid.urls("w", db=1), node_timeout=NODE_TIMEOUT, connect_timeout=2.0)
+    node = rl.nodes[0]
+    probes, took, until = 0, [], time.monotonic() + 6.0
+    while time.monotonic() < until:
+        probing = node._probing
+        started = time.monotonic()
+        lease = rl.try_acquire("probed", ttl=10)
+        took.append(time.monotonic() - started)
+        assert isinstance(lease, Lease), lease
+        rl.release(lease)
+        probes += node._probing and not probing
+        time.sleep(0.02)
+    assert probes >= 1, "the dead node was never probed"
+    assert max(took) < 1.0, max(took)  # half the connect budget
