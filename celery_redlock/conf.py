@@ -474,7 +474,13 @@ class Provenance(NamedTuple):
 
 
 #: What :func:`resolve` fills in a setting left None from.
-_DERIVED_FROM = {"redlock_nodes": "broker_url", "redlock_heartbeat_interval": "ttl / 3"}
+_DERIVED_FROM = {
+    "redlock_nodes": "broker_url",
+    "redlock_heartbeat_interval": "ttl / 3",
+    # None stays: each node takes its kind's own (core.nodes.default_timeouts)
+    "redlock_node_timeout": "each node's kind",
+    "redlock_connect_timeout": "each node's kind",
+}
 
 
 def provenance(
