@@ -29,7 +29,8 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 * ``run(op, nodes, keys, args, timeout, needed=None)``: one round of ``op``
   on its ``nodes``, at once, within ``timeout``; one reply or exception per
   node. With ``needed``, the round is decided once that many nodes answered:
-  the others get as long again as that took (:func:`cut_at`), then a node
+  the others get as long again as that took or a quarter of ``timeout``
+  (:func:`cut_at`), then a node
   still connecting or unanswered gets a "not answering" error, so a dead
   minority never holds a round its quorum decided (what was sent there is
   released by the protocol or left to its TTL, as for any node that did not answer);
@@ -262,13 +263,15 @@ _MISSING = object()
 GRACE = 0.02
 
 
-def cut_at(started: float, now: float) -> float:
-    """When a round started at ``started`` and decided (a quorum answered) at
-    ``now`` stops waiting for its other nodes: after as long again as the
-    quorum took (at least :data:`GRACE`), never after the round's own deadline
-    (the caller's). A dead node then costs the round nothing like a connect
-    budget, and the healthy ones, answering together, are all heard."""
-    return now + max(now - started, GRACE)
+def cut_at(started: float, now: float, timeout: float) -> float:
+    """When a round started at ``started``, of ``timeout`` seconds per node, and
+    decided (a quorum answered) at ``now`` stops waiting for its other nodes:
+    after as long again as the quorum took, or a quarter of the timeout (the
+    lateness its user allows a healthy node), at least :data:`GRACE`; never
+    after the round's own deadline (the caller's). A dead node then costs the
+    round nothing like a connect budget, and the healthy ones, answering
+    together, are all heard."""
+    return now + max(now - started, timeout / 4, GRACE)
 
 
 def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
@@ -336,7 +339,7 @@ def _spread(
     for _ in groups:
         now = time.monotonic()
         if needed is not None and answered >= needed:
-            until = min(until, cut_at(started, now))
+            until = min(until, cut_at(started, now, longest))
         try:
             at, got = done.get(timeout=max(until - now, 0.001))
         except queue.Empty:

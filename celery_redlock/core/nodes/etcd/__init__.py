@@ -47,8 +47,9 @@ SCHEMES = ("etcd", "etcds")
 #: Leases one Txn renews at most (etcd's --max-txn-ops is 128 by default).
 EXTEND_PART = 100
 #: Seconds a call gets by default: a call is a raft commit (and a read before
-#: it) over HTTP; measured on a loaded 2-core host, 1-2 ms typical, 36 ms the
-#: longest of 6,000. 0.5 s leaves a busy host's stalls room, and at etcd's
+#: it) over HTTP; measured beside two busy loops on a 2-core host
+#: (``benchmarks/call_times.py``): 1 ms typical, 176 ms the longest seen in
+#: 18,000. 0.5 s leaves a busy host's stalls room, and at etcd's
 #: 2 s minimum lease TTL a heartbeat's renewal still fits in its interval.
 NODE_TIMEOUT = 0.5
 #: Seconds a new connection to a member gets by default (within the call's time).
@@ -124,7 +125,7 @@ def _each(
     while pending:
         now = time.monotonic()
         if needed is not None and answered >= needed:
-            until = min(until, cut_at(started, now))
+            until = min(until, cut_at(started, now, timeout))
         try:
             i, reply = done.get(timeout=max(until - now, 0.001))
         except queue.Empty:

@@ -42,9 +42,10 @@ __all__ = [
 #: The URL schemes of a PostgreSQL node.
 SCHEMES = ("postgresql", "postgres")
 #: Seconds a call gets by default: a call is a commit, which waits for the WAL
-#: flush, on a server often shared with the application. Measured on a loaded
-#: 2-core host (fsync on): 0.3 ms typical, 65 ms the longest of 6,000; 250 ms
-#: leaves about four times that, and a checkpoint's stall room.
+#: flush, on a server often shared with the application. Measured beside two
+#: busy loops on a 2-core host, fsync on (``benchmarks/call_times.py``): 0.3 ms
+#: typical, 91 ms the longest seen in 12,000; 250 ms leaves a checkpoint's
+#: stall room too.
 NODE_TIMEOUT = 0.25
 #: Seconds a new connection gets by default (TCP, TLS, authentication and, on a
 #: process's first connection, the schema's check).

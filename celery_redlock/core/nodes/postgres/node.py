@@ -407,7 +407,7 @@ def _drive(calls: list[_Call], timeout: float, needed: int | None = None) -> Non
     while True:
         now = time.monotonic()
         if until is None and needed is not None and sum(c.state == "ok" for c in calls) >= needed:
-            until = cut_at(started, now)
+            until = cut_at(started, now, timeout)
         poller = select.poll()
         waiting: list[_Call] = []
         for call in calls:

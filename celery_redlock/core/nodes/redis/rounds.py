@@ -5,10 +5,11 @@ command) or :func:`run_script` (a script): it writes one command to every
 node, then reads the replies against a single deadline, so the nodes work in
 parallel, no thread is created, and a hung node costs at most the deadline,
 never more (a round that opens a connection waits for it up to the node's
-connect timeout, then gives the replies the deadline's length from there).
+connect timeout, then gives the replies the deadline's length from there),
+and once a quorum answered, hardly anything (:mod:`.collect`).
 The bytes are exchanged by :mod:`~celery_redlock.core.nodes.redis.wire`
-(one ``poll`` over the sockets of the round, here), new connections are
-opened by :mod:`~celery_redlock.core.nodes.redis.opening`.
+(one ``poll`` over the sockets of the round, in :mod:`.collect`), new
+connections are opened by :mod:`~celery_redlock.core.nodes.redis.opening`.
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
 scripts a lease or a claim rests on in the same round (:mod:`.replicas`).
@@ -17,33 +18,26 @@ scripts a lease or a claim rests on in the same round (:mod:`.replicas`).
 from __future__ import annotations
 
 import logging
-import select
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 from redis.crc import key_slot
-from redis.exceptions import AskError, NoScriptError, RedisError
+from redis.exceptions import AskError, NoScriptError
 
 from ...scripts import Script
-from .. import cut_at
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
+from .collect import collect, read_other
 from .node import Node
-from .opening import Opening, connect_budget, connect_within
+from .opening import Opening
 from .replicas import confirmed, wait_after
-from .unwaited import MAX_OWED
 from .wire import (
     LAST_LOOK,
-    PENDING,
     RECONNECT,
     Call,
     Command,
-    as_redis_error,
-    host_error,
-    read,
     start,
-    step,
 )
 
 __all__ = ["gather", "run_script"]
@@ -150,186 +144,14 @@ def gather_each(
     answered = 0
     if needed is not None and other and opening is not None:
         # their answers count before the round decides whether to wait for a connect
-        answered = _read_other(other, started, deadline, replies, timeout, needed, 0)
+        answered = read_other(other, started, deadline, replies, timeout, needed, 0)
         other = []
     if lean or opening is not None:
-        deadline, answered = _collect(
+        deadline, answered = collect(
             lean, other, opening, started, deadline, replies, commands, timeout, needed, answered
         )
-    _read_other(other, started, deadline, replies, timeout, needed, answered)
+    read_other(other, started, deadline, replies, timeout, needed, answered)
     return replies
-
-
-def _read_other(
-    other: list[Call],
-    started: float,
-    deadline: float,
-    replies: list[Any],
-    timeout: float,
-    needed: int | None,
-    answered: int,
-) -> int:
-    """Read the replies of the calls redis-py talks to; once ``needed`` answered,
-    only a reply already there is read. Returns the answers counted."""
-    decided = False
-    for call in other:
-        if needed is not None and answered >= needed and not decided:
-            decided = True  # what has not come by then is "not answering"
-            deadline = min(deadline, cut_at(started, time.monotonic()))
-        reply = read(call, deadline)
-        if call.reused and _closed_by_server(reply):
-            # A node redis-py talks to: its new connection is opened here, within
-            # the round's bound (its connect budget from the round's start).
-            call.renew()
-            budget = started + connect_budget(call.node, timeout) - time.monotonic()
-            try:
-                connect_within(call.conn, max(budget, LAST_LOOK))
-            except (RedisError, OSError) as exc:
-                call.node.discard(call.conn)
-                replies[call.i] = as_redis_error(exc)
-                continue
-            deadline = max(deadline, time.monotonic() + timeout)
-            reply = start(call) or read(call, deadline)
-        replies[call.i] = reply
-        answered += _answer(reply)
-    return answered
-
-
-def _collect(
-    calls: list[Call],
-    other: list[Call],
-    opening: Opening | None,
-    started: float,
-    deadline: float,
-    replies: list[Any],
-    commands: Sequence[Command],
-    timeout: float,
-    needed: int | None = None,
-    answered: int = 0,
-) -> tuple[float, int]:
-    """Finish the lean calls and the round's new connections: one poll over the
-    lean sockets and the wake-up pipe of the connections being opened, until
-    the deadline. A new connection that connects in time has its command sent:
-    a lean one is then watched here, another one joins ``other``.
-
-    While a connect is under way the round waits for it (up to its budget,
-    ``Opening.until``), and a connection taken moves the deadline to
-    ``timeout`` from then; but once ``needed`` nodes answered (``answered``
-    before this), the others are waited for until :func:`.cut_at` at most, a
-    connect no longer. Returns the deadline, for the replies of ``other``, and
-    the answers.
-    """
-    poller = select.poll()
-    waiting: dict[int, Call] = {}
-
-    def watch(call: Call) -> None:
-        poller.register(call.fd, select.POLLOUT if call.out else select.POLLIN)
-        waiting[call.fd] = call
-
-    for call in calls:
-        watch(call)
-    wake = -1
-    if opening is not None:
-        wake = opening.wake
-        poller.register(wake, select.POLLIN)
-    until: float | None = None  # when the others stop being waited for, once decided
-    try:
-        while waiting or (opening is not None and opening.pending):
-            now = time.monotonic()
-            if until is None and needed is not None and answered >= needed:
-                until = cut_at(started, now)
-                deadline = min(deadline, until)
-            end = deadline if opening is None or not opening.pending else opening.until
-            end = max(end, deadline) if until is None else min(end, until)
-            left = end - now
-            # A reply already buffered is read even past the deadline.
-            events = poller.poll(max(left, LAST_LOOK) * 1000)
-            for fd, _ in events:
-                if fd == wake and opening is not None:  # connections opened meanwhile
-                    taken = opening.take(replies)
-                    if taken and until is None:
-                        deadline = max(deadline, time.monotonic() + timeout)
-                    for i, node, conn in taken:
-                        command = opening.command_for(i, node, conn)
-                        call = Call(i, node, conn, False, command, commands[i].count)
-                        error = start(call)
-                        if error is not None:
-                            replies[i] = error
-                        elif node.lean:
-                            watch(call)
-                        else:
-                            other.append(call)
-                    continue
-                call = waiting.pop(fd)
-                reply = step(call)
-                if reply is PENDING:
-                    watch(call)
-                    continue
-                poller.unregister(fd)
-                if call.late:
-                    _log_late(call)
-                if call.reused and isinstance(reply, Exception) and _closed_by_server(reply):
-                    if opening is None:
-                        opening = Opening(commands, timeout)
-                        wake = opening.wake
-                        poller.register(wake, select.POLLIN)
-                    opening.open(call.i, call.node, replies)
-                    continue
-                replies[call.i] = reply
-                answered += _answer(reply)
-            if left <= 0 or not events:
-                break
-    finally:
-        if opening is not None:
-            opening.close(replies, until is not None)
-    for call in waiting.values():
-        replies[call.i] = _cut(call) if until is not None else _timed_out(call)
-    return deadline, answered
-
-
-def _answer(reply: Any) -> bool:
-    """Whether ``reply`` is a node's answer, for deciding a round: a reply, or
-    NOSCRIPT (the node is there; :func:`run_script` sends it EVAL next)."""
-    return not isinstance(reply, Exception) or isinstance(reply, NoScriptError)
-
-
-def _timed_out(call: Call) -> Exception:
-    call.node.discard(call.conn)
-    where = "writing to" if call.out else "reading from"
-    return redis.exceptions.TimeoutError(f"Timeout {where} {host_error(call.conn)}")
-
-
-def _cut(call: Call) -> Exception:
-    """A call whose node had not answered when the round was decided: its
-    connection goes back owing the reply (the next round on it reads that first
-    and sets it aside) when the command went out whole and nothing of the reply
-    came yet, and not too many are owed already; otherwise it is closed."""
-    owed = call.skip + call.count
-    if call.out or call.buf or owed > MAX_OWED:
-        call.node.discard(call.conn)
-    else:
-        call.node.put_back(call.conn, owed)
-    return redis.exceptions.TimeoutError(
-        f"no reply from {host_error(call.conn)} by the time a quorum answered"
-    )
-
-
-def _log_late(call: Call) -> None:
-    for error in call.late:
-        logger.info(
-            "a command sent earlier to %s without waiting failed: %s; a key it was to "
-            "delete is freed there by its TTL",
-            call.node.name,
-            error,
-        )
-
-
-def _closed_by_server(reply: Any) -> bool:
-    # An idle connection the server closed meanwhile (a restart, a client
-    # timeout) fails at once on reuse, not by timing out.
-    return isinstance(reply, redis.exceptions.ConnectionError) and not isinstance(
-        reply, redis.exceptions.TimeoutError
-    )
 
 
 def run_script(
