@@ -154,3 +154,19 @@ def test_the_breakers_probe_of_a_dead_node_never_delays_a_round(grid: ProxyGrid)
         time.sleep(0.02)
     assert probes >= 1, "the dead node was never probed"
     assert max(took) < 1.0, max(took)  # half the connect budget
+
+
+def test_a_postgresql_node_that_does_not_connect_does_not_hold_a_round(postgres_nodes3):
+    """The PostgreSQL kind's own round: one of three servers' connect hangs, with a
+    connect budget (30 s) no busy host could pass for a round that waited for it."""
+    with ProxyGrid(postgres_nodes3.urls, ["w"]) as grid:
+        grid.set("w", [0], netproxy.BLACKHOLE_CONNECT)
+        rl = Redlock(grid.urls("w"), connect_timeout=30.0)
+        assert rl.node_timeout == 0.25  # the kind's own default
+        for i in range(5):
+            started = time.monotonic()
+            lease = rl.try_acquire(f"pg-hung-{i}", ttl=10)
+            assert time.monotonic() - started < 10
+            assert isinstance(lease, Lease), lease
+            rl.release(lease)
+        rl.close()
