@@ -30,10 +30,10 @@ WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
   on its ``nodes``, at once, within ``timeout``; one reply or exception per
   node. With ``needed``, the round is decided once that many nodes answered:
   the others get as long again as that took or a quarter of ``timeout``
-  (:func:`cut_at`), then a node
-  still connecting or unanswered gets a "not answering" error, so a dead
-  minority never holds a round its quorum decided (what was sent there is
-  released by the protocol or left to its TTL, as for any node that did not answer);
+  (:func:`cut_at`), then a node still connecting or unanswered gets a "not
+  answering" error, so a dead minority never holds a round its quorum
+  decided (what was sent there is released by the protocol or left to its
+  TTL, as for any node that did not answer);
 * ``command(nodes, command, timeout, needed=None)``: the same for a plain read;
 * ``send(op, nodes, keys, args)``: write a deletion without waiting; the
   indexes of the nodes it was not sent to (the caller runs a round there);
@@ -90,9 +90,9 @@ __all__ = [
     "command",
     "cut_at",
     "default_timeouts",
-    "kind_timeouts",
     "glob_regex",
     "kind_of",
+    "kind_timeouts",
     "mask_url",
     "node_for",
     "ping_latency",

@@ -46,7 +46,7 @@ def read_other(
     answered: int,
 ) -> int:
     """Read the replies of the calls redis-py talks to; once ``needed`` answered,
-    only a reply already there is read. Returns the answers counted."""
+    the others until :func:`.cut_at` at most. Returns the answers counted."""
     decided = False
     for call in other:
         if needed is not None and answered >= needed and not decided:
