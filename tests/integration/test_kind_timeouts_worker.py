@@ -65,9 +65,7 @@ def _spin(until: Any) -> None:
         pass
 
 
-def test_eight_calls_of_one_key_under_drop_one_runs_and_no_outage(
-    worker: WorkerHandle, run: str
-):
+def test_eight_calls_of_one_key_under_drop_one_runs_and_no_outage(worker: WorkerHandle, run: str):
     assert worker.process is not None
     busy = multiprocessing.get_context("fork")
     spinners = [busy.Process(target=_spin, args=(time.monotonic() + 60,)) for _ in range(2)]
@@ -77,8 +75,7 @@ def test_eight_calls_of_one_key_under_drop_one_runs_and_no_outage(
     try:
         slow = worker.task("slow")
         results = [
-            slow.apply_async((run, run), {"duration": 30.0, "go_key": go_key})
-            for _ in range(CALLS)
+            slow.apply_async((run, run), {"duration": 30.0, "go_key": go_key}) for _ in range(CALLS)
         ]
         deadline = time.monotonic() + 60
         while sum(r.state == states.REVOKED for r in results) < CALLS - 1:
