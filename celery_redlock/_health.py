@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from ._format import ms_text, plural
 from .core import EtcdInfo, NodeInfo, PostgresInfo, RedisInfo
+from .core.nodes import kind_timeouts
 
 __all__ = ["HEADER", "SAFE_POLICIES", "Check", "checks", "findings", "node_row"]
 
@@ -68,8 +69,11 @@ def node_row(info: NodeInfo) -> list[str]:
     return [info.node, ms_text(info.latency), info.version, info.role, durability]
 
 
-def findings(infos: Sequence[NodeInfo], node_timeout: float, min_replicas: int = 0) -> list[str]:
-    """The DOWN, WARNING and note lines of ``nodes``; one line per finding, naming its nodes."""
+def findings(
+    infos: Sequence[NodeInfo], node_timeout: float | None, min_replicas: int = 0
+) -> list[str]:
+    """The DOWN, WARNING and note lines of ``nodes``; one line per finding, naming its
+    nodes. ``node_timeout`` None: each node's kind's default."""
     found: dict[tuple[str, str], list[str]] = {}  # (level, message) -> node names, in order
 
     def add(level: str, node: str, message: str) -> None:
@@ -97,12 +101,13 @@ def findings(infos: Sequence[NodeInfo], node_timeout: float, min_replicas: int =
                     f"same server as {other} ({_SERVER_ID.get(p.kind, 'id')} {p.server_id}): "
                     "one server counted twice breaks the quorum arithmetic.",
                 )
-        if p.latency > node_timeout:
+        bound = node_timeout if node_timeout is not None else kind_timeouts(p.kind)[0]
+        if p.latency > bound:
             add(
                 "WARNING",
                 p.node,
                 f"answers in {ms_text(p.latency)}, slower than redlock_node_timeout "
-                f"({ms_text(node_timeout)}): the workers count it as down.",
+                f"({ms_text(bound)}): the workers count it as down.",
             )
     order = {"DOWN": 0, "WARNING": 1, "note": 2}
     return [

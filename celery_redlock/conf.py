@@ -37,6 +37,7 @@ from celery.app.defaults import NAMESPACES, flatten
 
 from . import exceptions
 from .core import Redlock, mask_url
+from .core.nodes import default_timeouts
 from .settings import (
     BEAT_SETTINGS,
     EXHAUSTED,
@@ -213,8 +214,9 @@ class LockSettings:
     #: None only in a task's plan bound to an app with no lock nodes yet (see LockPlan).
     nodes: tuple | None
     ttl: float
-    node_timeout: float
-    connect_timeout: float
+    #: None: unset, each node's kind's default (see :meth:`effective_node_timeout`).
+    node_timeout: float | None
+    connect_timeout: float | None
     drift_factor: float
     key_prefix: str
     fencing: bool
@@ -248,6 +250,13 @@ class LockSettings:
         if self.nodes is None:
             raise ImproperlyConfigured("the lock nodes are not resolved yet")
         return self.nodes
+
+    def effective_node_timeout(self) -> float:
+        """The node timeout the rounds use: the one set, or else the longest of the
+        defaults of the nodes' kinds."""
+        if self.node_timeout is not None:
+            return self.node_timeout
+        return default_timeouts(self.nodes or ())[0]
 
     def redlock_options(self) -> dict[str, Any]:
         return {
@@ -316,10 +325,15 @@ def resolve(
             f"{owner}: lock_debounce_max {values['debounce_max']}s needs lock_debounce set "
             f"and at least as long (lock_debounce = {values['debounce']})"
         )
-    if values["node_timeout"] >= values["ttl"]:
+    node_timeout, which = values["node_timeout"], "node timeout"
+    if node_timeout is None and values["nodes"] is not None:
+        with contextlib.suppress(ImportError):  # a missing driver is reported at the node's build
+            node_timeout = default_timeouts(values["nodes"])[0]
+        which = "default node timeout of the nodes' kind (redlock_node_timeout unset)"
+    if node_timeout is not None and node_timeout >= values["ttl"]:
         raise ImproperlyConfigured(
-            f"{owner}: node timeout {values['node_timeout']}s must be shorter than "
-            f"the lock TTL {values['ttl']}s"
+            f"{owner}: {which} {node_timeout:g}s must be shorter than "
+            f"the lock TTL {values['ttl']:g}s"
         )
     return LockSettings(**values)
 
@@ -461,7 +475,13 @@ class Provenance(NamedTuple):
 
 
 #: What :func:`resolve` fills in a setting left None from.
-_DERIVED_FROM = {"redlock_nodes": "broker_url", "redlock_heartbeat_interval": "ttl / 3"}
+_DERIVED_FROM = {
+    "redlock_nodes": "broker_url",
+    "redlock_heartbeat_interval": "ttl / 3",
+    # None stays: each node takes its kind's own (core.nodes.default_timeouts)
+    "redlock_node_timeout": "each node's kind",
+    "redlock_connect_timeout": "each node's kind",
+}
 
 
 def provenance(

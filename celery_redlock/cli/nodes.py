@@ -12,6 +12,7 @@ from .._health import HEADER, findings, node_row
 from .._reading import connect
 from ..core.exceptions import heals
 from ..core.nodes import command as ask
+from ..core.nodes import kind_timeouts
 from ..outage import cause_and_fix
 from .base import TASK, Degraded, NeedsFix, Unavailable, command
 from .targets import target_settings
@@ -54,7 +55,7 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     quorum, total = client.quorum, len(client.nodes)
     echo(
         f"Lock nodes of {label} (prefix {settings.key_prefix!r}, quorum {quorum} of {total}, "
-        f"redlock_node_timeout {ms_text(settings.node_timeout)})"
+        f"redlock_node_timeout {_timeout_text(settings, client.nodes)})"
     )
     if total == 1:
         from_broker = conf.nodes_from_broker(app, app.tasks[task] if task else None)
@@ -83,3 +84,12 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
     if down:
         names = "; ".join(f"{name} ({error})" for name, error in down)
         raise Degraded(f"{answered} of {total} lock nodes answered, {spare}; down: {names}")
+
+
+def _timeout_text(settings: conf.LockSettings, nodes: Any) -> str:
+    """The node timeout set, or each kind's default among the nodes."""
+    if settings.node_timeout is not None:
+        return ms_text(settings.node_timeout)
+    kinds = sorted({node.kind for node in nodes})
+    defaults = ", ".join(f"{kind} {ms_text(kind_timeouts(kind)[0])}" for kind in kinds)
+    return f"unset: each kind's default, {defaults}"

@@ -106,7 +106,8 @@ class Inspection:
     def inspect(self, name: str) -> list[dict[str, Any]]:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         q = self.quorum
-        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), ())
+        # every node's view: the round waits for each (not only for a quorum)
+        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), (), q.nodes)
         out: list[dict[str, Any]] = []
         for node, r in zip(q.nodes, replies):
             if isinstance(r, Exception):

@@ -9,7 +9,9 @@ slightly different rates on the client and the nodes.
 Every operation of the core reaches the nodes through :meth:`Quorum.run` (an
 operation) or :meth:`Quorum.gather` (a plain read): one round, sent to every
 node at once, with one reply (or the node's error) per node, whatever the
-nodes' kind (:mod:`celery_redlock.core.nodes`).
+nodes' kind (:mod:`celery_redlock.core.nodes`). A round of every node ends
+once a quorum answered: a node still connecting or unanswered then is "not
+answering", as a node down is, so a dead minority never holds a round.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ class Quorum:
     Args:
         specs: the nodes, as URLs (of any kind: :data:`.nodes.KINDS`) or
             ``redis.Redis`` clients.
-        node_timeout: seconds each node gets to answer, per round.
+        node_timeout: seconds each node gets to answer, per round; None:
+            each node's kind's default (:func:`.nodes.default_timeouts`).
         connect_timeout: seconds a new connection gets to open, before
-            ``node_timeout`` starts for its reply; None: ``node_timeout``.
+            ``node_timeout`` starts for its reply; None: each kind's default.
         drift_factor: clock drift allowed, as a fraction of the TTL.
         min_replicas: replicas of each node that must confirm a write.
         clock: monotonic clock, seconds.
@@ -61,7 +64,7 @@ class Quorum:
     def __init__(
         self,
         specs: Sequence[Any],
-        node_timeout: float,
+        node_timeout: float | None,
         drift_factor: float,
         min_replicas: int,
         clock: Callable[[], float],
@@ -88,8 +91,10 @@ class Quorum:
                 stacklevel=3,  # the caller of Redlock(...)
             )
         self.needed = len(self.nodes) // 2 + 1
-        self.node_timeout = float(node_timeout)
-        self.connect_timeout = float(connect_timeout or node_timeout)
+        #: The longest of the nodes' own timeouts (a mixed quorum's kinds may
+        #: differ): what the pauses and the checks that stand for a round use.
+        self.node_timeout = max(float(node.timeout) for node in self.nodes)
+        self.connect_timeout = max(float(node.connect_timeout) for node in self.nodes)
         self.drift_factor = float(drift_factor)
         self.min_replicas = min_replicas
         #: Plain masters with no replica to confirm a write: a bare command's
@@ -112,12 +117,16 @@ class Quorum:
         nodes: Sequence[Any] | None = None,
         timeout: float | None = None,
     ) -> list[Any]:
-        """Run ``script`` on every node (or on ``nodes``) at once: one reply or error per node."""
+        """Run ``script`` on every node (or on ``nodes``) at once: one reply or error
+        per node, each node within its timeout (no longer than ``timeout``, if given).
+        A round of every node ends once a quorum answered (:attr:`needed`); one of
+        some nodes waits for each of them."""
+        needed = self.needed if nodes is None else None
         nodes = self.nodes if nodes is None else nodes
-        timeout = timeout or self.node_timeout
         if self.kind is not None:  # one kind: its own round, nothing in between
-            return self.kind.run(script, nodes, keys, args, timeout)
-        return kinds.scatter(script, nodes, keys, args, timeout)
+            limit = self.node_timeout if timeout is None else min(timeout, self.node_timeout)
+            return self.kind.run(script, nodes, keys, args, limit, needed)
+        return kinds.scatter(script, nodes, keys, args, timeout, needed)
 
     def set_first(
         self, script: Script, keys: Sequence[str], args: Sequence[Any], won: Any
@@ -130,7 +139,7 @@ class Quorum:
         to say by whom or to treat it as its own."""
         if not self.plain:
             return self.run(script, keys, args)
-        first = self.gather(("SET", keys[0], args[0], "NX", "PX", args[1]))
+        first = self.gather(("SET", keys[0], args[0], "NX", "PX", args[1]), needed=self.needed)
         replies = [r if r is None or isinstance(r, Exception) else won for r in first]
         refused = [i for i, r in enumerate(replies) if r is None]
         if refused:
@@ -144,9 +153,15 @@ class Quorum:
         the indexes of the nodes it was not sent to (see :func:`.nodes.send`)."""
         return kinds.send(script, self.nodes, keys, args)
 
-    def gather(self, command: tuple, nodes: Sequence[Any] | None = None) -> list[Any]:
-        """Send one command to every node (or to ``nodes``) at once: one reply or error per node."""
-        return kinds.command(self.nodes if nodes is None else nodes, command, self.node_timeout)
+    def gather(
+        self, command: tuple, nodes: Sequence[Any] | None = None, needed: int | None = None
+    ) -> list[Any]:
+        """Send one command to every node (or to ``nodes``) at once: one reply or error
+        per node; with ``needed``, the round ends once that many answered."""
+        nodes = self.nodes if nodes is None else nodes
+        if self.kind is not None:
+            return self.kind.command(nodes, command, self.node_timeout, needed)
+        return kinds.command(nodes, command, None, needed)
 
     def has_quorum(self, answered: int) -> bool:
         """True when ``answered`` nodes (of all configured nodes) make a quorum."""

@@ -143,9 +143,12 @@ class Redlock:
             for a Sentinel-managed master: README, "Deployments") or
             ``redis.Redis`` clients; each must be an independent master. One
             node is allowed (a plain single-node lock).
-        node_timeout: seconds each node gets to answer, per round.
+        node_timeout: seconds each node gets to answer, per round; None (the
+            default): each node's kind's own (Redis 50 ms, PostgreSQL 250 ms,
+            etcd 500 ms: :doc:`settings`).
         connect_timeout: seconds a new connection to a node gets to open
-            (connect and handshake), before ``node_timeout`` starts for its reply.
+            (connect and handshake), before ``node_timeout`` starts for its
+            reply; None (the default): each node's kind's own (1 s).
         drift_factor: clock drift allowed, as a fraction of the TTL.
         key_prefix: first part of every key written.
         fencing: hand out fencing tokens (a second round trip only when the
@@ -183,8 +186,8 @@ class Redlock:
         self,
         nodes: Sequence[NodeSpec],
         *,
-        node_timeout: float = settings.default("redlock_node_timeout"),
-        connect_timeout: float = settings.default("redlock_connect_timeout"),
+        node_timeout: float | None = settings.default("redlock_node_timeout"),
+        connect_timeout: float | None = settings.default("redlock_connect_timeout"),
         drift_factor: float = settings.default("redlock_drift_factor"),
         key_prefix: str = settings.default("redlock_key_prefix"),
         fencing: bool = settings.default("redlock_fencing"),
@@ -202,8 +205,13 @@ class Redlock:
         nodes = list(nodes)
         if not nodes:
             raise ConfigurationError("Redlock needs at least one lock node")
-        node_timeout = checked("node_timeout", settings.check_seconds, node_timeout)
-        connect_timeout = checked("connect_timeout", settings.check_seconds, connect_timeout)
+        # unset (None) stays None: each node then takes its kind's default
+        node_timeout = checked(
+            "node_timeout", settings.by_name("redlock_node_timeout").check, node_timeout
+        )
+        connect_timeout = checked(
+            "connect_timeout", settings.by_name("redlock_connect_timeout").check, connect_timeout
+        )
         fence_retention = checked("fence_retention", settings.check_seconds, fence_retention)
         drift_factor = checked("drift_factor", settings.check_drift_factor, drift_factor)
         key_prefix = checked("key_prefix", settings.check_key_prefix, key_prefix)

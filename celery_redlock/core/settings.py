@@ -216,19 +216,23 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "redlock_node_timeout",
-        0.05,
-        check_seconds,
-        "Seconds each node gets to answer one round. Keep it well under ttl * drift_factor.",
+        None,
+        _optional(check_seconds),
+        "Seconds each node gets to answer one round. Default (None): each node's kind's own, "
+        "for what one call costs there: Redis 0.05 (a script in memory), PostgreSQL 0.25 "
+        "(a commit), etcd 0.5 (a raft commit). Keep it well under the lock TTL.",
     ),
     Setting(
         "redlock_connect_timeout",
-        1.0,
-        check_seconds,
+        None,
+        _optional(check_seconds),
         "Seconds a new connection to a node gets to open (TCP connect, TLS, AUTH, SELECT, and "
         "a sentinel:// node's lookup), before the node timeout starts for its reply: a busy "
-        "host's slow connect is not an outage. A round that opens one lasts at most "
-        "connect_timeout + node_timeout; a node whose connects time out is then skipped "
-        "for up to a second at a time, and probed in the background.",
+        "host's slow connect is not an outage. Default (None): each node's kind's own, 1 s "
+        "for every kind. A node still connecting once a quorum answered does not hold the "
+        "round; a round that needs it lasts at most connect_timeout + node_timeout; a node "
+        "whose connects time out is then skipped for up to a second at a time, and probed "
+        "in the background.",
     ),
     Setting(
         "redlock_drift_factor",

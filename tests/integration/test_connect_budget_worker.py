@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_redlock.settings import default
+from celery_redlock.core.nodes import kind_timeouts
 from tests.support import harness, lockapp, netproxy
 from tests.support.harness import Topology
 
@@ -28,7 +28,8 @@ SLOW_START = 0.3
 def slow_nodes_worker(
     topology: Topology, tmp_path_factory, pytestconfig
 ) -> Iterator[tuple[harness.PreforkWorker, Celery, netproxy.ProxyGrid]]:
-    assert default("redlock_node_timeout") < SLOW_START < default("redlock_connect_timeout") / 2
+    node_timeout, connect_timeout = kind_timeouts("redis")  # the settings unset: Redis's own
+    assert node_timeout < SLOW_START < connect_timeout / 2
     harness.WORKER_LOGS.register(pytestconfig)
     with netproxy.ProxyGrid(topology.quorum.urls, ["w"]) as grid:
         grid.set("w", range(3), netproxy.SLOW_START, delay=SLOW_START)

@@ -139,8 +139,8 @@ RECORDED = {
             "withdraw_claim": "(self, name: 'str', claimant: 'str') -> 'int'",
         },
     },
-    "Redlock()": "(nodes: 'Sequence[NodeSpec]', *, node_timeout: 'float' = 0.05, "
-    "connect_timeout: 'float' = 1.0, "
+    "Redlock()": "(nodes: 'Sequence[NodeSpec]', *, node_timeout: 'float | None' = None, "
+    "connect_timeout: 'float | None' = None, "
     "drift_factor: 'float' = 0.01, key_prefix: 'str' = 'redlock', fencing: "
     "'bool' = True, fence_retention: 'float' = 604800.0, min_replicas: 'int' = "
     "0, clock: 'Callable[[], float]' = <built-in function monotonic>, sleep: "

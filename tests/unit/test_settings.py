@@ -75,3 +75,61 @@ def test_declarations_are_unique_and_documented():
     assert len(names) == len(set(names))
     assert all(s.doc and s.name.startswith("redlock_") for s in declared)
     assert settings.by_name("redlock_ttl").default == settings.default("redlock_ttl") == 10.0
+
+
+#: One node of each kind (built without connecting).
+MIXED = ["redis://h1", "postgresql://u@h2/db", "etcd://h3:2379"]
+
+
+def test_unset_timeouts_are_each_kinds_own_in_both_places():
+    """Unset, a node takes its kind's defaults, node by node in a mixed quorum;
+    the client's pauses and checks use the longest."""
+    assert settings.default("redlock_node_timeout") is None
+    assert settings.default("redlock_connect_timeout") is None
+    rl = Redlock(MIXED)
+    assert [(n.kind, n.timeout, n.connect_timeout) for n in rl.nodes] == [
+        ("redis", 0.05, 1.0),
+        ("postgres", 0.25, 1.0),
+        ("etcd", 0.5, 1.0),
+    ]
+    assert (rl.node_timeout, rl.connect_timeout) == (0.5, 1.0)
+    app = Celery("kinds", set_as_current=False)
+    app.conf.update(redlock_nodes=MIXED[1:2])
+    resolved = conf.resolve(app)
+    assert resolved.node_timeout is None and resolved.connect_timeout is None
+    assert resolved.effective_node_timeout() == 0.25
+    client = conf.redlock_for(app, resolved)
+    assert [(n.timeout, n.connect_timeout) for n in client.nodes] == [(0.25, 1.0)]
+
+
+def test_a_timeout_set_wins_over_every_kinds_default():
+    rl = Redlock(MIXED, node_timeout=0.3, connect_timeout=2.0)
+    assert {(n.timeout, n.connect_timeout) for n in rl.nodes} == {(0.3, 2.0)}
+    app = Celery("kinds-set", set_as_current=False)
+    app.conf.update(redlock_nodes=MIXED[2:], redlock_node_timeout=0.1)
+    resolved = conf.resolve(app)
+    assert resolved.effective_node_timeout() == 0.1
+    assert [n.timeout for n in conf.redlock_for(app, resolved).nodes] == [0.1]
+
+
+def test_a_kinds_default_timeout_is_checked_against_the_ttl():
+    app = Celery("kinds-ttl", set_as_current=False)
+    app.conf.update(redlock_nodes=MIXED[1:2], redlock_ttl=0.2)
+    with pytest.raises(ImproperlyConfigured, match="default node timeout .* 0.25s must be shorter"):
+        conf.resolve(app)
+    app.conf.redlock_node_timeout = 0.05  # set: it wins
+    assert conf.resolve(app).node_timeout == 0.05
+
+
+@pytest.mark.parametrize(
+    "needed, sizes",
+    [(2, [1, 2]), (3, [3, 2]), (3, [1, 1, 1, 1, 1]), (4, [5, 2]), (2, [1, 1]), (5, [4, 5])],
+)
+def test_a_mixed_rounds_shares_add_up_to_its_quorum(needed, sizes):
+    """Each kind of a mixed round ends on its own share of answers: together never
+    fewer than the quorum, each at least one and at most its nodes."""
+    from celery_redlock.core.nodes import _shares
+
+    shares = _shares(needed, sizes)
+    assert sum(shares) >= needed
+    assert all(1 <= share <= size for share, size in zip(shares, sizes))

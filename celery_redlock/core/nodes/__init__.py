@@ -28,11 +28,21 @@ names held together that its nodes cannot take in one call: a Redis Cluster's
 hash slots). A kind is imported at its first node, so a kind's client library
 is needed only where its nodes are used. Kinds that can only read and
 conditionally write (etcd, memory) share the primitives' semantics in
-:mod:`.virtual`.
+:mod:`.virtual`. A kind's ``node_timeout`` and ``connect_timeout`` are its
+defaults, in seconds, where ``redlock_node_timeout`` / ``redlock_connect_timeout``
+are not set: what one call costs there (:func:`default_timeouts`).
+
+A round (``run``, ``command``) given ``needed`` is decided once that many nodes
+answered: the others get as long again as that took or a quarter of
+``timeout`` (:func:`cut_at`), then a node still connecting or unanswered gets a
+"not answering" error, so a dead minority never holds a round its quorum
+decided (what was sent there is released by the protocol or left to its TTL,
+as for any node that did not answer).
 
 A node has ``name`` (its URL, password masked), ``identity`` (equal for two
 specs of one server), ``kind`` (its kind's name, a key of :data:`KINDS`), ``cluster`` (True for
-a Redis Cluster: its keys route by hash slot), ``connect_timeout``, ``members()`` (the servers a
+a Redis Cluster: its keys route by hash slot), ``timeout`` and ``connect_timeout``
+(its effective ones), ``members()`` (the servers a
 ``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
 fast the same way: ``timeout`` bounds a call, a new connection gets its
 ``connect_timeout`` first, nothing retries in the client, a node that keeps
@@ -72,8 +82,11 @@ __all__ = [
     "check_together",
     "check_ttl",
     "command",
+    "cut_at",
+    "default_timeouts",
     "glob_regex",
     "kind_of",
+    "kind_timeouts",
     "mask_url",
     "node_for",
     "ping_latency",
@@ -216,10 +229,36 @@ def kind_of(node: Any) -> Kind:
     return KINDS[node.kind]()
 
 
+def _kind_for(spec: Any) -> Kind | None:
+    """The kind ``spec`` names (a URL; any other object: Redis), or None for a URL of no kind."""
+    if not isinstance(spec, str):
+        return _redis()
+    scheme = urlsplit(spec).scheme
+    return KINDS[scheme]() if scheme in KINDS else None
+
+
+def kind_timeouts(kind: str) -> tuple[float, float]:
+    """The default node timeout and connect timeout of the kind named ``kind``
+    (``"redis"``, ``"postgres"``, ``"etcd"``, ...)."""
+    found = KINDS[kind]()
+    return found.node_timeout, found.connect_timeout
+
+
+def default_timeouts(specs: Sequence[Any]) -> tuple[float, float]:
+    """The longest of the default node timeouts and of the default connect
+    timeouts of the kinds of ``specs`` (their nodes each take their own kind's)."""
+    kinds = [kind for kind in map(_kind_for, specs) if kind is not None] or [_redis()]
+    return max(k.node_timeout for k in kinds), max(k.connect_timeout for k in kinds)
+
+
 def node_for(
-    spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    spec: Any,
+    timeout: float | None,
+    min_replicas: int = 0,
+    connect_timeout: float | None = None,
 ) -> Any:
-    """The node that ``spec`` (a URL, or a client object a kind accepts) names.
+    """The node that ``spec`` (a URL, or a client object a kind accepts) names;
+    a timeout left None is its kind's default (``node_timeout``, ``connect_timeout``).
 
     Raises:
         ConfigurationError: the URL's scheme names no kind, or the kind refuses it.
@@ -235,6 +274,10 @@ def node_for(
             raise ConfigurationError(
                 f"a lock node must be a URL or a redis.Redis client, not {type(spec).__name__}"
             )
+    if timeout is None:
+        timeout = kind.node_timeout
+    if connect_timeout is None:
+        connect_timeout = kind.connect_timeout
     return kind.make(spec, timeout, min_replicas, connect_timeout)
 
 
@@ -271,6 +314,21 @@ def _unknown_scheme(url: str) -> str:
 
 _MISSING = object()
 
+#: Seconds, at least, a decided round still waits for its other nodes: a busy
+#: host's healthy node a few scheduler slices behind the others still answers.
+GRACE = 0.02
+
+
+def cut_at(started: float, now: float, timeout: float) -> float:
+    """When a round started at ``started``, of ``timeout`` seconds per node, and
+    decided (a quorum answered) at ``now`` stops waiting for its other nodes:
+    after as long again as the quorum took, or a quarter of the timeout (the
+    lateness its user allows a healthy node), at least :data:`GRACE`; never
+    after the round's own deadline (the caller's). A dead node then costs the
+    round nothing like a connect budget, and the healthy ones, answering
+    together, are all heard."""
+    return now + max(now - started, timeout / 4, GRACE)
+
 
 def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = {}
@@ -279,56 +337,100 @@ def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
     return groups
 
 
-def _spread(nodes: Sequence[Any], timeout: float, call: Any) -> list[Any]:
-    """``call(kind, nodes)`` for each kind among ``nodes`` at once, replies in
-    the order of ``nodes``: the first kind in this thread, the others in
-    threads of the connector; a kind that has not answered by the deadline
-    (it never should: each bounds its own round) is a timeout on its nodes."""
+def _timeout(nodes: Sequence[Any], at: Sequence[int], timeout: float | None) -> float:
+    """The round's timeout for the nodes ``at`` of one kind: their own (the
+    setting, or their kind's default), no longer than ``timeout`` if given."""
+    own = max(nodes[i].timeout for i in at)
+    return own if timeout is None else min(own, timeout)
+
+
+def _shares(needed: int | None, sizes: Sequence[int]) -> list[int | None]:
+    """The answers that end each kind's part of a mixed round: the nodes allowed
+    not to answer (total - ``needed``) shared out in proportion, rounded down,
+    so that the parts ending on their own still add up to ``needed``."""
+    if needed is None:
+        return [None] * len(sizes)
+    total = sum(sizes)
+    spare = total - needed
+    return [size - spare * size // total for size in sizes]
+
+
+def _spread(
+    nodes: Sequence[Any], timeout: float | None, needed: int | None, call: Any
+) -> list[Any]:
+    """``call(kind, nodes, timeout, needed)`` for each kind among ``nodes`` at
+    once, replies in the order of ``nodes``: the first kind in this thread, the
+    others in threads of the connector. Each kind gets its nodes' own timeout
+    (no longer than ``timeout``) and its share of ``needed``; once the kinds
+    done have ``needed`` answers, a kind still running past :func:`cut_at`
+    (or one that has not answered by the deadline: it never should, each
+    bounds its own round) is "not answering" on its nodes."""
     from ..connect import connector
 
     groups = _groups(nodes)
     if len(groups) == 1:
-        return call(kind_of(nodes[0]), nodes)
+        return call(kind_of(nodes[0]), nodes, _timeout(nodes, range(len(nodes)), timeout), needed)
     replies: list[Any] = [_MISSING] * len(nodes)
     done: queue.SimpleQueue = queue.SimpleQueue()
 
-    def one(at: list[int]) -> None:
+    def one(at: list[int], share: int | None) -> None:
         try:
-            got = call(kind_of(nodes[at[0]]), [nodes[i] for i in at])
+            some = [nodes[i] for i in at]
+            got = call(kind_of(some[0]), some, _timeout(nodes, at, timeout), share)
         except Exception as exc:  # a kind's bug must not hang the round
             got = [exc] * len(at)
         done.put((at, got))
 
+    started = time.monotonic()
     first, *rest = groups.values()
-    for at in rest:
-        connector().submit(one, at)
-    one(first)
-    # each kind bounds its round by a new connection's budget plus ``timeout``
-    budget = max((node.connect_timeout or timeout) for node in nodes)
-    deadline = time.monotonic() + budget + timeout + 1.0
+    shares = _shares(needed, [len(at) for at in groups.values()])
+    for at, share in zip(rest, shares[1:]):
+        connector().submit(one, at, share)
+    one(first, shares[0])
+    # each kind bounds its round by a new connection's budget plus its timeout
+    budget = max(node.connect_timeout for node in nodes)
+    longest = max(_timeout(nodes, at, timeout) for at in groups.values())
+    deadline = time.monotonic() + budget + longest + 1.0
+    answered, until = 0, deadline
     for _ in groups:
+        now = time.monotonic()
+        if needed is not None and answered >= needed:
+            until = min(until, cut_at(started, now, longest))
         try:
-            at, got = done.get(timeout=max(deadline - time.monotonic(), 0.001))
+            at, got = done.get(timeout=max(until - now, 0.001))
         except queue.Empty:
             break
         for i, reply in zip(at, got):
             replies[i] = reply
+            answered += not isinstance(reply, Exception)
     for i, node in enumerate(nodes):
         if replies[i] is _MISSING:
-            replies[i] = TimeoutError(f"{node.name}: no reply in {timeout:g}s")
+            limit = _timeout(nodes, [i], timeout)
+            replies[i] = TimeoutError(f"{node.name}: no reply in {limit:g}s")
     return replies
 
 
 def scatter(
-    op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any], timeout: float
+    op: Any,
+    nodes: Sequence[Any],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float | None = None,
+    needed: int | None = None,
 ) -> list[Any]:
-    """Run ``op`` on ``nodes`` at once: one reply or exception per node."""
-    return _spread(nodes, timeout, lambda kind, some: kind.run(op, some, keys, args, timeout))
+    """Run ``op`` on ``nodes`` at once: one reply or exception per node. Each
+    node's kind gets its nodes' timeout (no longer than ``timeout``, if given);
+    ``needed``: the answers that end the round (see the module's docstring)."""
+    return _spread(
+        nodes, timeout, needed, lambda kind, some, t, n: kind.run(op, some, keys, args, t, n)
+    )
 
 
-def command(nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
+def command(
+    nodes: Sequence[Any], cmd: tuple, timeout: float | None = None, needed: int | None = None
+) -> list[Any]:
     """Send the plain read ``cmd`` to ``nodes`` at once: one reply or exception per node."""
-    return _spread(nodes, timeout, lambda kind, some: kind.command(some, cmd, timeout))
+    return _spread(nodes, timeout, needed, lambda kind, some, t, n: kind.command(some, cmd, t, n))
 
 
 def send(op: Any, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any]) -> list[int]:

@@ -26,6 +26,10 @@ class Kind(Protocol):
     schemes: tuple[str, ...]
     #: Whether its nodes need SQL applied before use (``ddl``, ``install``).
     has_schema: bool = False
+    #: Seconds a call gets where ``redlock_node_timeout`` is not set: what one costs there.
+    node_timeout: float
+    #: Seconds a new connection gets where ``redlock_connect_timeout`` is not set.
+    connect_timeout: float
 
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
@@ -41,12 +45,15 @@ class Kind(Protocol):
         keys: Sequence[str],
         args: Sequence[Any],
         timeout: float,
+        needed: int | None = None,
     ) -> list[Any]:
         """One round of ``op`` on ``nodes``, at once, within ``timeout``: one
-        reply or exception per node."""
+        reply or exception per node; decided once ``needed`` answered, if given."""
         ...
 
-    def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
+    def command(
+        self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
+    ) -> list[Any]:
         """The same for a plain read."""
         ...
 

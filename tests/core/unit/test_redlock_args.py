@@ -101,10 +101,22 @@ BAD_DURATIONS = [0, -1, -0.001, None, "5", True, math.nan, math.inf, [1]]
 
 
 @pytest.mark.parametrize("value", BAD_DURATIONS)
-@pytest.mark.parametrize("name", ["node_timeout", "fence_retention"])
+@pytest.mark.parametrize("name", ["node_timeout", "connect_timeout", "fence_retention"])
 def test_non_positive_client_durations(name, value):
+    if value is None and name != "fence_retention":
+        return  # unset: each node's kind's default (test_kind_default_timeouts)
     with pytest.raises(ConfigurationError, match=name):
         Redlock([URL], **{name: value})
+
+
+def test_kind_default_timeouts():
+    """Unset, each node takes its kind's defaults; a value set wins."""
+    rl = Redlock([URL])
+    assert (rl.node_timeout, rl.connect_timeout) == (0.05, 1.0)
+    assert [(n.timeout, n.connect_timeout) for n in rl.nodes] == [(0.05, 1.0)]
+    set_ = Redlock([URL], node_timeout=0.2, connect_timeout=3.0)
+    assert (set_.node_timeout, set_.connect_timeout) == (0.2, 3.0)
+    assert [(n.timeout, n.connect_timeout) for n in set_.nodes] == [(0.2, 3.0)]
 
 
 @pytest.mark.parametrize("value", BAD_DURATIONS)

@@ -28,13 +28,24 @@ from ..virtual.scripting import warm
 from .node import EtcdNode, NodeError
 from .store import EtcdStore
 
-__all__ = ["KIND", "EtcdKind", "EtcdNode", "NodeError"]
+__all__ = ["CONNECT_TIMEOUT", "KIND", "NODE_TIMEOUT", "EtcdKind", "EtcdNode", "NodeError"]
+
+#: Seconds a call gets by default: a call is a raft commit (and a read before
+#: it) over HTTP; measured beside two busy loops on a 2-core host
+#: (``benchmarks/call_times.py``): 1 ms typical, 176 ms the longest seen in
+#: 18,000. 0.5 s leaves a busy host's stalls room, and at etcd's
+#: 2 s minimum lease TTL a heartbeat's renewal still fits in its interval.
+NODE_TIMEOUT = 0.5
+#: Seconds a new connection to a member gets by default (within the call's time).
+CONNECT_TIMEOUT = 1.0
 
 
 class EtcdKind(VirtualKind):
     """etcd clusters as lock nodes (see the module's docstring)."""
 
     schemes = ("etcd", "etcds")
+    node_timeout = NODE_TIMEOUT
+    connect_timeout = CONNECT_TIMEOUT
 
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None

@@ -201,6 +201,9 @@ class MemoryKind(VirtualKind):
     """Memory nodes (see the module's docstring)."""
 
     schemes = ("memory",)
+    # a call is a dict's read and write under a lock: Redis's defaults suit it
+    node_timeout = 0.05
+    connect_timeout = 1.0
 
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None

@@ -28,7 +28,9 @@ from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "KIND",
+    "NODE_TIMEOUT",
     "SCHEMES",
     "PostgresKind",
     "PostgresNode",
@@ -42,6 +44,15 @@ __all__ = [
 
 #: The URL schemes of a PostgreSQL node.
 SCHEMES = ("postgresql", "postgres")
+#: Seconds a call gets by default: a call is a commit, which waits for the WAL
+#: flush, on a server often shared with the application. Measured beside two
+#: busy loops on a 2-core host, fsync on (``benchmarks/call_times.py``): 0.3 ms
+#: typical, 91 ms the longest seen in 12,000; 250 ms leaves a checkpoint's
+#: stall room too.
+NODE_TIMEOUT = 0.25
+#: Seconds a new connection gets by default (TCP, TLS, authentication and, on a
+#: process's first connection, the schema's check).
+CONNECT_TIMEOUT = 1.0
 
 
 def make(
@@ -56,19 +67,28 @@ def accepts(spec: Any) -> bool:
 
 
 def run(
-    op: Any, nodes: Sequence[PostgresNode], keys: Sequence[str], args: Sequence[Any], timeout: float
+    op: Any,
+    nodes: Sequence[PostgresNode],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float,
+    needed: int | None = None,
 ) -> list[Any]:
-    """One round of ``op`` on ``nodes``: one statement each, all at once."""
+    """One round of ``op`` on ``nodes``: one statement each, all at once (ended
+    once ``needed`` answered, if given)."""
     # a replicated call sets its commit's wait in run(): the general statement
     plain = None if any(node.min_replicas for node in nodes) else _plain(op.name, keys, args)
     if plain is not None:
         attr, params = plain
-        return gather(nodes, [(getattr(node, attr), params) for node in nodes], timeout)
+        return gather(
+            nodes, [(getattr(node, attr), params) for node in nodes], timeout, needed=needed
+        )
     params = [op.name.encode(), text_array(keys), text_array(args)]
     return gather(
         nodes,
         [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],
         timeout,
+        needed=needed,
     )
 
 
@@ -147,7 +167,9 @@ def _command(schema: str, cmd: tuple) -> tuple[str, list[Any], Callable[[Any], A
     raise NodeError(f"the PostgreSQL node does not answer {verb}")
 
 
-def command(nodes: Sequence[PostgresNode], cmd: tuple, timeout: float) -> list[Any]:
+def command(
+    nodes: Sequence[PostgresNode], cmd: tuple, timeout: float, needed: int | None = None
+) -> list[Any]:
     """The plain read ``cmd`` on ``nodes``, with Redis's reply shapes."""
     try:
         shaped = [_command(node.schema, cmd) for node in nodes]
@@ -160,7 +182,7 @@ def command(nodes: Sequence[PostgresNode], cmd: tuple, timeout: float) -> list[A
     reshape = shaped[0][2] if shaped else None
     from .node import redis_shaped
 
-    replies = gather(nodes, queries, timeout, post=lambda r: r)
+    replies = gather(nodes, queries, timeout, post=lambda r: r, needed=needed)
     return [
         r if isinstance(r, Exception) else reshape(r) if reshape else redis_shaped(r)
         for r in replies
@@ -239,6 +261,8 @@ class PostgresKind(Kind):
 
     schemes = SCHEMES
     has_schema = True
+    node_timeout = NODE_TIMEOUT
+    connect_timeout = CONNECT_TIMEOUT
 
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
@@ -252,11 +276,14 @@ class PostgresKind(Kind):
         keys: Sequence[str],
         args: Sequence[Any],
         timeout: float,
+        needed: int | None = None,
     ) -> list[Any]:
-        return run(op, nodes, keys, args, timeout)
+        return run(op, nodes, keys, args, timeout, needed)
 
-    def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
-        return command(nodes, cmd, timeout)
+    def command(
+        self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
+    ) -> list[Any]:
+        return command(nodes, cmd, timeout, needed)
 
     def node_info(self, node: Any, ask: Ask) -> list[NodeInfo]:
         return node_info(node, ask)

@@ -35,7 +35,7 @@ from psycopg.errors import ProgrammingError
 
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
-from .. import mask_url
+from .. import cut_at, mask_url
 from .schema import REVISION, VERSION, check_sql, install_sql
 
 __all__ = ["NodeError", "PostgresNode", "gather"]
@@ -307,9 +307,13 @@ def gather(
     queries: Sequence[tuple[bytes, list[bytes | None]]],
     timeout: float,
     post: Callable[[Any], Any] = redis_shaped,
+    needed: int | None = None,
 ) -> list[Any]:
     """Run ``queries[i]`` on ``nodes[i]``, all at once: each one's reply (its
-    one value, read as JSON and passed through ``post``) or an exception."""
+    one value, read as JSON and passed through ``post``) or an exception. Once
+    ``needed`` nodes answered, a call still connecting or unanswered is "not
+    answering": its connection is closed (a statement sent there commits or
+    not, as for any node that did not answer)."""
     now = time.monotonic()
     calls = [_Call(node, sql, params) for node, (sql, params) in zip(nodes, queries)]
     for call in calls:
@@ -322,7 +326,7 @@ def gather(
         call.reply = node.skipped()
         if call.reply is None:
             _connect(call, now, timeout)
-    _drive(calls, timeout)
+    _drive(calls, timeout, needed)
     return [post(c.reply) if c.state == "ok" else c.reply for c in calls]
 
 
@@ -426,14 +430,23 @@ def _step(call: _Call, timeout: float, now: float) -> None:
         _broken(call, NodeError(f"{call.node.name}: {exc}"), timeout)
 
 
-def _drive(calls: list[_Call], timeout: float) -> None:
-    """Poll every pending call's socket until each is done or past its deadline."""
+def _drive(calls: list[_Call], timeout: float, needed: int | None = None) -> None:
+    """Poll every pending call's socket until each is done or past its deadline;
+    once ``needed`` calls answered, the others until :func:`.cut_at` at most."""
+    started = time.monotonic()
+    until: float | None = None
     while True:
         now = time.monotonic()
+        if until is None and needed is not None and sum(c.state == "ok" for c in calls) >= needed:
+            until = cut_at(started, now, timeout)
         poller = select.poll()
         waiting: list[_Call] = []
         for call in calls:
             if call.state not in ("connect", "send", "read"):
+                continue
+            if until is not None and now >= until:
+                why = "connected" if call.state == "connect" else "answered"
+                _fail(call, TimeoutError(f"{call.node.name}: not {why} by the time a quorum did"))
                 continue
             if now >= call.deadline:
                 if call.state == "connect":
@@ -445,8 +458,10 @@ def _drive(calls: list[_Call], timeout: float) -> None:
             waiting.append(call)
         if not waiting:
             return
-        wait = min(c.deadline for c in waiting) - now
-        ready = {fd for fd, _ in poller.poll(max(wait, 0.0) * 1000 + 1)}
+        end = min(c.deadline for c in waiting)
+        if until is not None:
+            end = min(end, until)
+        ready = {fd for fd, _ in poller.poll(max(end - now, 0.0) * 1000 + 1)}
         now = time.monotonic()
         for call in waiting:
             if call.conn is not None and call.conn.socket in ready:

@@ -25,7 +25,9 @@ from .unwaited import send_script
 from .urls import SCHEMES as _MASTER_SCHEMES
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "KIND",
+    "NODE_TIMEOUT",
     "SCHEMES",
     "RedisKind",
     "accepts",
@@ -39,6 +41,13 @@ __all__ = [
 
 #: The URL schemes of a Redis node.
 SCHEMES = (*_MASTER_SCHEMES, *CLUSTER_SCHEMES)
+#: Seconds a call gets by default: a script run in memory on a master of the
+#: same network answers in well under a millisecond; 50 ms leaves a busy
+#: host's stalls room and a hung node costs little.
+NODE_TIMEOUT = 0.05
+#: Seconds a new connection gets by default (``benchmarks/connect_times.py``:
+#: at most 340 ms seen on a loaded 2-core host; see the settings page).
+CONNECT_TIMEOUT = 1.0
 
 make = node_for
 run = run_script
@@ -50,9 +59,9 @@ def accepts(spec: Any) -> bool:
     return isinstance(spec, (redis.Redis, redis.RedisCluster))
 
 
-def command(nodes: Any, cmd: tuple, timeout: float) -> list[Any]:
+def command(nodes: Any, cmd: tuple, timeout: float, needed: int | None = None) -> list[Any]:
     """:func:`.rounds.gather` in the protocol's argument order."""
-    return rounds.gather(nodes, cmd, timeout)
+    return rounds.gather(nodes, cmd, timeout, needed=needed)
 
 
 class RedisKind(Kind):
@@ -60,6 +69,8 @@ class RedisKind(Kind):
     (the module's functions)."""
 
     schemes = SCHEMES
+    node_timeout = NODE_TIMEOUT
+    connect_timeout = CONNECT_TIMEOUT
 
     def make(
         self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
@@ -76,11 +87,14 @@ class RedisKind(Kind):
         keys: Sequence[str],
         args: Sequence[Any],
         timeout: float,
+        needed: int | None = None,
     ) -> list[Any]:
-        return run(op, nodes, keys, args, timeout)
+        return run(op, nodes, keys, args, timeout, needed)
 
-    def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
-        return command(nodes, cmd, timeout)
+    def command(
+        self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
+    ) -> list[Any]:
+        return command(nodes, cmd, timeout, needed)
 
     def send(self, op: Any, nodes: Sequence[Any], keys: Any, args: Any) -> list[int]:
         return send(op, nodes, keys, args)

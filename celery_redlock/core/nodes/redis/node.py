@@ -65,7 +65,8 @@ class Node:
     cluster = False
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "connect_timeout", "_identity", "_idle", "owed",
+        "name", "pool", "lean", "min_replicas", "timeout", "connect_timeout", "_identity", "_idle",
+        "owed",
         "_generation", "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
@@ -77,6 +78,7 @@ class Node:
         connect_timeout: float | None = None,
     ):
         self.min_replicas = min_replicas
+        self.timeout = timeout
         self.connect_timeout = connect_timeout
         if isinstance(spec, str):
             client = client_for(spec, timeout, connect_timeout)

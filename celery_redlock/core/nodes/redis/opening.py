@@ -7,7 +7,8 @@ within the node's connect timeout (``redlock_connect_timeout``), and handed
 over to the round through a pipe that the round polls with its sockets
 (:class:`Opening`). The round waits for it that long, and for its reply the
 round's timeout from when it connected: a slow connect on a busy host is not
-an outage, and a round lasts at most connect timeout + round timeout. A
+an outage, and a round lasts at most connect timeout + round timeout; but a
+round that a quorum of nodes has answered does not wait for it at all. A
 connection that connects after its round ended is kept for the next one. A
 node whose connects time out is skipped for a while but for one background
 probe (:meth:`Node.skips_connects <celery_redlock.core.nodes.redis.node.Node.skips_connects>`).
@@ -103,9 +104,12 @@ class Opening:
         command = self.commands[i]
         return command.wire if node.lean else command.packed(conn)
 
-    def close(self, replies: list[Any]) -> None:
+    def close(self, replies: list[Any], decided: bool = False) -> None:
         """End the round: what is still connecting goes on in the background,
-        its connection then kept; its reply is a timeout."""
+        its connection then kept; its reply is a timeout. ``decided``: the round
+        ended because a quorum answered, before the connect's budget ran out;
+        the node is skipped until that connect ends (the circuit breaker), so
+        the next round does not open another one meanwhile."""
         with self.lock:
             self.live = False
             done, self.done = self.done, []
@@ -121,7 +125,9 @@ class Opening:
             allowed = connect_budget(node, self.timeout)
             node.connected(_OVERDUE, allowed)  # the next round need not wait for it again
             replies[i] = redis.exceptions.TimeoutError(
-                f"Timeout connecting to {node.name} within {allowed:g}s"
+                f"not connected to {node.name} by the time a quorum answered"
+                if decided
+                else f"Timeout connecting to {node.name} within {allowed:g}s"
             )
 
 

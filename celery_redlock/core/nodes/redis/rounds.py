@@ -5,10 +5,11 @@ command) or :func:`run_script` (a script): it writes one command to every
 node, then reads the replies against a single deadline, so the nodes work in
 parallel, no thread is created, and a hung node costs at most the deadline,
 never more (a round that opens a connection waits for it up to the node's
-connect timeout, then gives the replies the deadline's length from there).
+connect timeout, then gives the replies the deadline's length from there),
+and once a quorum answered, hardly anything (:mod:`.collect`).
 The bytes are exchanged by :mod:`~celery_redlock.core.nodes.redis.wire`
-(one ``poll`` over the sockets of the round, here), new connections are
-opened by :mod:`~celery_redlock.core.nodes.redis.opening`.
+(one ``poll`` over the sockets of the round, in :mod:`.collect`), new
+connections are opened by :mod:`~celery_redlock.core.nodes.redis.opening`.
 
 With ``min_replicas``, :func:`run_script` pipelines ``WAIT`` behind the
 scripts a lease or a claim rests on in the same round (:mod:`.replicas`).
@@ -17,31 +18,26 @@ scripts a lease or a claim rests on in the same round (:mod:`.replicas`).
 from __future__ import annotations
 
 import logging
-import select
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 from redis.crc import key_slot
-from redis.exceptions import AskError, NoScriptError, RedisError
+from redis.exceptions import AskError, NoScriptError
 
 from ...scripts import Script
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
+from .collect import collect, read_other
 from .node import Node
-from .opening import Opening, connect_budget, connect_within
+from .opening import Opening
 from .replicas import confirmed, wait_after
 from .wire import (
     LAST_LOOK,
-    PENDING,
     RECONNECT,
     Call,
     Command,
-    as_redis_error,
-    host_error,
-    read,
     start,
-    step,
 )
 
 __all__ = ["gather", "run_script"]
@@ -54,6 +50,7 @@ def gather(
     args: Sequence[Any],
     timeout: float,
     then: Sequence[Any] | None = None,
+    needed: int | None = None,
 ) -> list[Any]:
     """Send one command to every node at once and collect the replies.
 
@@ -75,12 +72,18 @@ def gather(
     :meth:`Node.skips_connects <celery_redlock.core.nodes.redis.node.Node.skips_connects>`):
     its reply is an error at once.
 
+    With ``needed``, the round ends once that many nodes answered: a node
+    still connecting (its connect goes on in the background, as above) or
+    whose reply has not come is "not answering" (:func:`_cut`), so a dead
+    minority never holds a round a quorum decided.
+
     Args:
         nodes: where to send it.
         args: the command, the same for every node (packed once).
         timeout: one deadline for the whole round, in seconds.
         then: a second command, pipelined after the first on the same
             connection (written with it, in the same round trip), or None.
+        needed: the answers that decide the round, or None: wait for every node.
 
     Returns:
         One item per node, in order: the reply, or the exception that stands
@@ -92,7 +95,7 @@ def gather(
     if _some_cluster(nodes):
         return spread_command(nodes, args, timeout, then)
     command = Command(args) if then is None else Command(args, then)
-    return gather_each(nodes, [command] * len(nodes), timeout)  # type: ignore[arg-type]
+    return gather_each(nodes, [command] * len(nodes), timeout, needed)  # type: ignore[arg-type]
 
 
 def _some_cluster(nodes: Sequence[LockNode]) -> bool:
@@ -104,7 +107,12 @@ def _some_cluster(nodes: Sequence[LockNode]) -> bool:
     return False
 
 
-def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: float) -> list[Any]:
+def gather_each(
+    nodes: Sequence[Node],
+    commands: Sequence[Command],
+    timeout: float,
+    needed: int | None = None,
+) -> list[Any]:
     """:func:`gather` with a command of its own for each node (a shard master
     of a cluster gets the keys of its slots)."""
     started = time.monotonic()
@@ -133,124 +141,17 @@ def gather_each(nodes: Sequence[Node], commands: Sequence[Command], timeout: flo
             opening.open(i, node, replies)
         else:
             replies[i] = error
+    answered = 0
+    if needed is not None and other and opening is not None:
+        # their answers count before the round decides whether to wait for a connect
+        answered = read_other(other, started, deadline, replies, timeout, needed, 0)
+        other = []
     if lean or opening is not None:
-        deadline = _collect(lean, other, opening, deadline, replies, commands, timeout)
-    for call in other:
-        reply = read(call, deadline)
-        if call.reused and _closed_by_server(reply):
-            # A node redis-py talks to: its new connection is opened here, within
-            # the round's bound (its connect budget from the round's start).
-            call.renew()
-            budget = started + connect_budget(call.node, timeout) - time.monotonic()
-            try:
-                connect_within(call.conn, max(budget, LAST_LOOK))
-            except (RedisError, OSError) as exc:
-                call.node.discard(call.conn)
-                replies[call.i] = as_redis_error(exc, call.node.name)
-                continue
-            deadline = max(deadline, time.monotonic() + timeout)
-            reply = start(call) or read(call, deadline)
-        replies[call.i] = reply
-    return replies
-
-
-def _collect(
-    calls: list[Call],
-    other: list[Call],
-    opening: Opening | None,
-    deadline: float,
-    replies: list[Any],
-    commands: Sequence[Command],
-    timeout: float,
-) -> float:
-    """Finish the lean calls and the round's new connections: one poll over the
-    lean sockets and the wake-up pipe of the connections being opened, until
-    the deadline. A new connection that connects in time has its command sent:
-    a lean one is then watched here, another one joins ``other``.
-
-    While a connect is under way the round waits for it (up to its budget,
-    ``Opening.until``), and a connection taken moves the deadline to
-    ``timeout`` from then. Returns the deadline, for the replies of ``other``.
-    """
-    poller = select.poll()
-    waiting: dict[int, Call] = {}
-
-    def watch(call: Call) -> None:
-        poller.register(call.fd, select.POLLOUT if call.out else select.POLLIN)
-        waiting[call.fd] = call
-
-    for call in calls:
-        watch(call)
-    wake = -1
-    if opening is not None:
-        wake = opening.wake
-        poller.register(wake, select.POLLIN)
-    try:
-        while waiting or (opening is not None and opening.pending):
-            end = deadline if opening is None or not opening.pending else opening.until
-            left = max(end, deadline) - time.monotonic()
-            # A reply already buffered is read even past the deadline.
-            events = poller.poll(max(left, LAST_LOOK) * 1000)
-            for fd, _ in events:
-                if fd == wake and opening is not None:  # connections opened meanwhile
-                    taken = opening.take(replies)
-                    if taken:
-                        deadline = max(deadline, time.monotonic() + timeout)
-                    for i, node, conn in taken:
-                        command = opening.command_for(i, node, conn)
-                        call = Call(i, node, conn, False, command, commands[i].count)
-                        error = start(call)
-                        if error is not None:
-                            replies[i] = error
-                        elif node.lean:
-                            watch(call)
-                        else:
-                            other.append(call)
-                    continue
-                call = waiting.pop(fd)
-                reply = step(call)
-                if reply is PENDING:
-                    watch(call)
-                    continue
-                poller.unregister(fd)
-                if call.late:
-                    _log_late(call)
-                if call.reused and isinstance(reply, Exception) and _closed_by_server(reply):
-                    if opening is None:
-                        opening = Opening(commands, timeout)
-                        wake = opening.wake
-                        poller.register(wake, select.POLLIN)
-                    opening.open(call.i, call.node, replies)
-                    continue
-                replies[call.i] = reply
-            if left <= 0 or not events:
-                break
-    finally:
-        if opening is not None:
-            opening.close(replies)
-    for call in waiting.values():
-        call.node.discard(call.conn)
-        where = "writing to" if call.out else "reading from"
-        replies[call.i] = redis.exceptions.TimeoutError(f"Timeout {where} {host_error(call.conn)}")
-    return deadline
-
-
-def _log_late(call: Call) -> None:
-    for error in call.late:
-        logger.info(
-            "a command sent earlier to %s without waiting failed: %s; a key it was to "
-            "delete is freed there by its TTL",
-            call.node.name,
-            error,
+        deadline, answered = collect(
+            lean, other, opening, started, deadline, replies, commands, timeout, needed, answered
         )
-
-
-def _closed_by_server(reply: Any) -> bool:
-    # An idle connection the server closed meanwhile (a restart, a client
-    # timeout) fails at once on reuse, not by timing out.
-    return isinstance(reply, redis.exceptions.ConnectionError) and not isinstance(
-        reply, redis.exceptions.TimeoutError
-    )
+    read_other(other, started, deadline, replies, timeout, needed, answered)
+    return replies
 
 
 def run_script(
@@ -259,8 +160,10 @@ def run_script(
     keys: Sequence[str],
     args: Sequence[Any],
     timeout: float,
+    needed: int | None = None,
 ) -> list[Any]:
-    """Run a script on every node in one :func:`gather` round.
+    """Run a script on every node in one :func:`gather` round (ended once
+    ``needed`` nodes answered, if given).
 
     Sent as EVALSHA; a node that lost its script cache (restart, SCRIPT FLUSH)
     gets EVAL in a second round, with a timeout of its own: a hung node must
@@ -269,12 +172,15 @@ def run_script(
     On nodes with ``min_replicas``, a write a lease or a claim rests on is
     followed by ``WAIT`` in the same packet (:func:`.replicas.wait_after`);
     a node whose replicas fall short answers with a ``NotReplicated`` error,
-    so it counts as a node that did not answer.
+    so it counts as a node that did not answer; such a round waits for every
+    node (a reply is known to count only once its replicas are checked).
     """
     wait = wait_after(script, nodes, timeout)
+    if wait is not None:
+        needed = None
     if _some_cluster(nodes):
-        return _spread_script(script, nodes, keys, args, timeout, wait)
-    return _masters_script(script, nodes, keys, args, timeout, wait)  # type: ignore[arg-type]
+        return _spread_script(script, nodes, keys, args, timeout, wait, needed)
+    return _masters_script(script, nodes, keys, args, timeout, wait, needed)  # type: ignore[arg-type]
 
 
 def _masters_script(
@@ -284,9 +190,10 @@ def _masters_script(
     args: Sequence[Any],
     timeout: float,
     wait: tuple | None,
+    needed: int | None = None,
 ) -> list[Any]:
     """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
-    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait)
+    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait, needed)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
         resent = gather(
@@ -312,6 +219,7 @@ def _spread_script(
     args: Sequence[Any],
     timeout: float,
     wait: tuple | None,
+    needed: int | None = None,
 ) -> list[Any]:
     """:func:`run_script` when some nodes are clusters: each cluster's call goes
     to the shard masters of its keys (one call per shard), every call of every
@@ -326,7 +234,7 @@ def _spread_script(
         # (the lean path, one packing); only a redirect takes the long way.
         slot = key_slot(keys[0].encode())
         shards = [node.at_slot(slot) if node.cluster else node for node in nodes]
-        replies = _masters_script(script, shards, keys, args, timeout, wait)
+        replies = _masters_script(script, shards, keys, args, timeout, wait, needed)
         every = list(range(len(keys)))
         sent = [
             (i, Part(node, shards[i], keys, args, every, False))

@@ -34,11 +34,21 @@ def _bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-def each(nodes: Sequence[Any], call: Call, timeout: float, inline: bool = False) -> list[Any]:
+def each(
+    nodes: Sequence[Any],
+    call: Call,
+    timeout: float,
+    inline: bool = False,
+    needed: int | None = None,
+) -> list[Any]:
     """``call(node, deadline)`` on every node at once: its reply or exception each.
     One node (or every node, ``inline``) runs in this thread, several in the
-    connector's threads; one that has not answered by the deadline is a timeout."""
-    deadline = time.monotonic() + timeout
+    connector's threads; one that has not answered by the deadline is a timeout.
+    Once ``needed`` nodes answered, a node that has not is "not answering" (its
+    call goes on in its thread, its reply unread), once they had until
+    :func:`~celery_redlock.core.nodes.cut_at`."""
+    started = time.monotonic()
+    deadline = started + timeout
 
     def one(node: Any) -> Any:
         try:
@@ -49,21 +59,32 @@ def each(nodes: Sequence[Any], call: Call, timeout: float, inline: bool = False)
     if inline or len(nodes) == 1:
         return [one(node) for node in nodes]
     from ...connect import connector
+    from .. import cut_at
 
     done: queue.SimpleQueue = queue.SimpleQueue()
     for i, node in enumerate(nodes):
         connector().submit(lambda i=i, node=node: done.put((i, one(node))))
     replies: list[Any] = [None] * len(nodes)
     pending = set(range(len(nodes)))
+    answered, until = 0, deadline + 0.5
     while pending:
+        now = time.monotonic()
+        if needed is not None and answered >= needed:
+            until = min(until, cut_at(started, now, timeout))
         try:
-            i, reply = done.get(timeout=max(deadline - time.monotonic(), 0) + 0.5)
+            i, reply = done.get(timeout=max(until - now, 0.001))
         except queue.Empty:
             break
         replies[i] = reply
         pending.discard(i)
+        answered += not isinstance(reply, Exception)
+    decided = needed is not None and answered >= needed
     for i in pending:
-        replies[i] = TimeoutError(f"{nodes[i].name}: no reply in {timeout:g}s")
+        replies[i] = TimeoutError(
+            f"{nodes[i].name}: no reply by the time a quorum answered"
+            if decided
+            else f"{nodes[i].name}: no reply in {timeout:g}s"
+        )
     return replies
 
 
@@ -80,11 +101,13 @@ class VirtualKind(Kind):
         """Whether a round runs its nodes one after another in this thread."""
         return False
 
-    def round(self, nodes: Sequence[Any], call: Call, timeout: float) -> list[Any]:
+    def round(
+        self, nodes: Sequence[Any], call: Call, timeout: float, needed: int | None = None
+    ) -> list[Any]:
         def guarded(node: Any, deadline: float) -> Any:
             return self.on_node(node, call, deadline)
 
-        return each(nodes, guarded, timeout, self.inline(nodes))
+        return each(nodes, guarded, timeout, self.inline(nodes), needed)
 
     def run(
         self,
@@ -93,9 +116,11 @@ class VirtualKind(Kind):
         keys: Sequence[str],
         args: Sequence[Any],
         timeout: float,
+        needed: int | None = None,
     ) -> list[Any]:
-        """One round of ``op`` on ``nodes``. A heartbeat's renewal of more keys than
-        one commit may touch goes in parts (each key's renewal stands alone)."""
+        """One round of ``op`` on ``nodes`` (decided once ``needed`` answered). A
+        heartbeat's renewal of more keys than one commit may touch goes in parts
+        (each key's renewal stands alone)."""
         k = [_bytes(key) for key in keys]
         a = [_bytes(arg) for arg in args]
 
@@ -113,12 +138,14 @@ class VirtualKind(Kind):
                 out += execute(store, ks, body(ks, ar), deadline)
             return out
 
-        return self.round(nodes, call, timeout)
+        return self.round(nodes, call, timeout, needed)
 
-    def command(self, nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:
+    def command(
+        self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
+    ) -> list[Any]:
         """The plain read ``cmd`` on ``nodes``, with Redis's reply shapes."""
 
         def call(node: Any, deadline: float) -> Any:
             return plain(node.store, cmd, deadline)
 
-        return self.round(nodes, call, timeout)
+        return self.round(nodes, call, timeout, needed)
