@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .core import Holder, NodeView, mask_url, node_name
+from .core.exceptions import named_once
 from .core.nodes import SCHEMES
 from .exceptions import ConfigurationError
 
@@ -114,14 +115,14 @@ def outage(down: Sequence[tuple[str, str]], total: int, quorum: int) -> str | No
     """The error text when the nodes ``down`` ((name, error) each) leave less than a quorum."""
     if total - len(down) >= quorum:
         return None
-    names = "; ".join(f"{name} ({error})" for name, error in down)
+    names = "; ".join(named_once(name, error) for name, error in down)
     answered = total - len(down)
     return f"only {answered} of {total} lock nodes answered, {quorum} needed; down: {names}"
 
 
 def echo_down(echo: Callable, down: Sequence[tuple[str, str]], suffix: str = "") -> None:
     for name, error in down:
-        echo(f"DOWN    {name}: {error}{suffix}")
+        echo(f"DOWN    {named_once(name, error)}{suffix}")
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:

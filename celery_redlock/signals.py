@@ -68,6 +68,7 @@ from celery.utils.dispatch import Signal
 from . import conf, metrics, queues, republish, startup
 from ._format import nodes_text, spare_text
 from .core import Redlock, heartbeat
+from .core.exceptions import named_once
 from .enqueue import withdraw
 from .headers import CLAIM, QUEUED, header
 from .plan import plan_of
@@ -233,7 +234,7 @@ def _warn_unanswered(settings: conf.LockSettings) -> None:
     logger.warning(
         "lock node%s not answering at start: %s; %d of %d answered, %s",
         "s" if len(down) > 1 else "",
-        "; ".join(f"{name} ({error})" for name, error in down.items()),
+        "; ".join(named_once(name, error) for name, error in down.items()),
         answered,
         total,
         leaves,

@@ -47,6 +47,7 @@ __all__ = [
     "QuorumUnavailable",
     "RedlockError",
     "heals",
+    "named_once",
 ]
 
 
@@ -113,7 +114,7 @@ class QuorumUnavailable(RedlockError):
 
     def detail(self) -> str:
         """Each node's error, the node named once (``node: error; ...``)."""
-        return "; ".join(_about(node, err) for node, err in self.errors.items())
+        return "; ".join(named_once(node, err) for node, err in self.errors.items())
 
     def __reduce__(self):  # keep it picklable for Celery result backends
         return (type(self), (self.errors_as_text(), self.quorum, self.total))
@@ -133,7 +134,7 @@ class QuorumUnavailable(RedlockError):
         return self.total - len(self.unhealed) >= self.quorum
 
 
-def _about(node: str, error: object) -> str:
+def named_once(node: str, error: object) -> str:
     """``node: error``, the node named once: a node's own errors start with its name."""
     text = str(error)
     return text if text.startswith(f"{node}: ") else f"{node}: {text}"

@@ -97,7 +97,7 @@ def test_a_worker_starting_with_a_node_that_does_not_answer_warns_once(
     missing_node_worker: WorkerHandle, nowhere: str
 ):
     masked = nowhere.replace("s3cret", "***")
-    said = f"lock node not answering at start: {masked} ("
+    said = f"lock node not answering at start: {masked}: "
     wait_for(lambda: said in _log(missing_node_worker), 20, "the start warning")
     lines = [line for line in _log(missing_node_worker).splitlines() if said in line]
     assert len(lines) == 1, lines  # the main process says it, not each pool child
@@ -149,7 +149,7 @@ def test_a_node_that_answers_when_asked_again_at_start_is_not_named(monkeypatch,
         with caplog.at_level("WARNING", logger="celery_redlock"):
             signals._warn_unanswered(settings)
         assert len(rounds) == 2 and nodes.urls[1] in rounds[1], rounds
-        assert f"not answering at start: {nodes.urls[1]} (" in caplog.text
+        assert f"not answering at start: {nodes.urls[1]}: " in caplog.text
         assert "2 of 3 answered" in caplog.text
 
 

@@ -92,13 +92,12 @@ def run(
     )
 
 
-def _plain(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, list[bytes]] | None:
+def _plain(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, list[Any]] | None:
     """The statement of its own (the node's attribute) and its parameters for a
     lock's acquire that no gate applies to or its plain release; None for any other."""
-    if name == "acquire" and len(keys) == 2 and len(args) == 4:
-        return "acquire_sql", [_text(v).encode() for v in (*keys, *args)]
-    if name == "release" and len(keys) == 1 and len(args) == 1:
-        return "release_sql", [_text(keys[0]).encode(), _text(args[0]).encode()]
+    values = (*keys, *args)
+    if (name, len(keys), len(args)) in (("acquire", 2, 4), ("release", 1, 1)):
+        return f"{name}_sql", [_text(v).encode() for v in values]
     return None
 
 
