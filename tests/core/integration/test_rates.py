@@ -240,9 +240,9 @@ def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
     rounds = []
     real = _nodes.gather
 
-    def spy(nodes, args, timeout, then=None):
+    def spy(nodes, args, *rest, **options):
         rounds.append((args[0], len(nodes)))
-        return real(nodes, args, timeout, then)
+        return real(nodes, args, *rest, **options)
 
     monkeypatch.setattr(_nodes, "gather", spy)
     for _ in range(5):
@@ -268,9 +268,9 @@ def test_a_rated_start_due_now_is_one_acquire_round(redis_nodes3, monkeypatch):
     sent = []
     real = _nodes.gather
 
-    def spy(nodes, args, timeout, then=None):
+    def spy(nodes, args, *rest, **options):
         sent.append((args[0], len(nodes)))
-        return real(nodes, args, timeout, then)
+        return real(nodes, args, *rest, **options)
 
     monkeypatch.setattr(_nodes, "gather", spy)
     for i in range(5):
