@@ -30,7 +30,6 @@ import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-from urllib.parse import quote, urlencode, urlsplit
 
 from celery import exceptions as celery_exceptions
 from celery.app.defaults import NAMESPACES, flatten
@@ -38,6 +37,7 @@ from celery.app.defaults import NAMESPACES, flatten
 from . import exceptions
 from .core import Redlock, mask_url
 from .core.nodes import default_timeouts
+from .sentinel_broker import sentinel_node
 from .settings import (
     BEAT_SETTINGS,
     EXHAUSTED,
@@ -366,62 +366,18 @@ def nodes_from_app(app: Any, owner: str = "app.conf") -> tuple:
     if scheme in ("redis", "rediss"):
         return (broker.split(";", 1)[0],)
     if scheme == "sentinel":
-        return (_sentinel_node(app, broker, owner),)
+        options = app.conf.broker_transport_options or {}
+        if not options.get("master_name"):
+            raise ImproperlyConfigured(
+                f"{owner}: the broker is a Sentinel URL but broker_transport_options has no "
+                f"master_name; set it, or set {spelt(app, 'redlock_nodes')}"
+            )
+        return (sentinel_node(broker, options, app.conf.broker_use_ssl),)
     raise ImproperlyConfigured(
         f"{owner}: set {spelt(app, 'redlock_nodes')} (a list of lock node URLs: redis://, "
         f"rediss://, sentinel://, postgresql://, etcd://, ...); the broker "
         f"{_scheme(broker)} is not Redis, so it cannot serve as the default lock node"
     )
-
-
-#: The TLS options of ``broker_use_ssl`` that a ``sentinel://`` node URL carries.
-_SSL_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
-
-
-def _sentinel_node(app: Any, broker: str, owner: str) -> str:
-    """Celery's Sentinel broker URL as one ``sentinel://`` node URL (see :func:`nodes_from_app`)."""
-    options = app.conf.broker_transport_options or {}
-    service = options.get("master_name")
-    if not service:
-        raise ImproperlyConfigured(
-            f"{owner}: the broker is a Sentinel URL but broker_transport_options has no "
-            f"master_name; set it, or set {spelt(app, 'redlock_nodes')}"
-        )
-    hosts, userinfo, db = [], "", ""
-    for i, url in enumerate(u.strip() for u in broker.split(";") if u.strip()):
-        parts = urlsplit(url)
-        if parts.scheme != "sentinel":
-            continue
-        info, _, hostport = parts.netloc.rpartition("@")
-        hosts.append(hostport)
-        if i == 0:
-            userinfo = f"{info}@" if info else ""
-            db = parts.path.strip("/")
-    query: dict[str, Any] = {}
-    sentinel_kwargs = options.get("sentinel_kwargs") or {}
-    for name in ("username", "password"):
-        if sentinel_kwargs.get(name):
-            query[f"sentinel_{name}"] = sentinel_kwargs[name]
-    if options.get("min_other_sentinels"):
-        query["min_other_sentinels"] = options["min_other_sentinels"]
-    use_ssl = app.conf.broker_use_ssl
-    if use_ssl:
-        query["ssl"] = "true"
-        if isinstance(use_ssl, Mapping):
-            for name in _SSL_OPTIONS:
-                value = use_ssl.get(name)
-                if value is not None:
-                    query[name] = _ssl_text(value)
-    url = f"sentinel://{userinfo}{','.join(hosts)}/{quote(str(service), safe='')}"
-    if db.isdigit():
-        url += f"/{db}"
-    return url + (f"?{urlencode(query)}" if query else "")
-
-
-def _ssl_text(value: Any) -> str:
-    # ssl.CERT_REQUIRED and friends, as redis-py's URL options spell them.
-    names = {0: "none", 1: "optional", 2: "required"}
-    return names.get(value, str(value)) if isinstance(value, int) else str(value)
 
 
 def _scheme(url: Any) -> str:

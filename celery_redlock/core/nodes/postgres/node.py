@@ -1,20 +1,14 @@
 """A PostgreSQL database as one lock node: its URL, its connections, and one
 round of calls on several such nodes at once, bounded on the client's side.
 
-psycopg's libpq object is driven non-blocking (``send_query_params``, then the
-sockets of every node of the round polled together until each has answered or
-its deadline passed): a paused or hung server costs one timeout, never a
-hang, and nothing retries in the client. A new connection gets the node's
-connect budget before the round's timeout starts for its reply, as on Redis.
-Connections are plain libpq sessions in autocommit with no session state and
-no advisory session lock, so a transaction pooler (pgbouncer ``pool_mode =
-transaction``) between client and server changes nothing. The one exception is
-a saving, not a state anything relies on: each new connection prepares the two
-statements of every lock (its acquire and release; parsing and planning them was
-a third of a call's time on the server), named after a hash of their text. A
-pooler that runs a call on a server connection where they were not prepared
-answers "prepared statement does not exist" before anything ran; the call goes
-again unprepared, and so does every later one to that node.
+psycopg's libpq object is driven non-blocking (every node's socket of the round
+polled together until each answered or its deadline passed): a hung server
+costs one timeout, never a hang, and nothing retries in the client. Connections
+are plain autocommit sessions with no session state, so a transaction pooler
+(pgbouncer ``pool_mode = transaction``) changes nothing; each prepares a lock's
+acquire and release (a third of a call's time on the server) under a hash of
+their text, and a pooler's "prepared statement does not exist" (nothing ran)
+sends the call, and every later one to that node, unprepared.
 """
 
 from __future__ import annotations
