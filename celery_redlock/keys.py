@@ -450,20 +450,9 @@ class KeyBuilder:
             f"task {self.task_name!r}: lock_on selector {selector!r} is missing at {step!r}"
         )
 
-    def _plain(self, payload: dict) -> str | None:
-        """The canonical form of ``payload`` if its values are all plain, else None."""
-        parts = []
-        for name, label in self._fields:
-            value = payload[name]
-            encode = _PLAIN.get(type(value))
-            if encode is None:
-                return None
-            parts.append(label + encode(value))
-        return "{" + ",".join(parts) + "}"
-
     def _finish(self, payload: dict, what: str) -> str:
         try:
-            text = self._plain(payload) or _canonical(payload)
+            text = _plain(self._fields, payload) or _canonical(payload)
         except _ENCODE_ERRORS as whole:
             # Errors only: encode one entry at a time so the message can name the culprit.
             label, error = what, whole
@@ -482,3 +471,16 @@ class KeyBuilder:
 
     def __repr__(self) -> str:
         return f"<KeyBuilder {self.lock_name!r} lock_on={self.lock_on!r}>"
+
+
+def _plain(fields: Sequence[tuple[str, str]], payload: dict) -> str | None:
+    """The canonical form of ``payload`` (its ``fields``: name, JSON label) if its
+    values are all plain, else None."""
+    parts = []
+    for name, label in fields:
+        value = payload[name]
+        encode = _PLAIN.get(type(value))
+        if encode is None:
+            return None
+        parts.append(label + encode(value))
+    return "{" + ",".join(parts) + "}"
