@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from . import nodes as kinds
-from . import scripts
 from .keyspace import KeySpace
 from .nodes import mask_url, node_for
+from .ops import Inspect, Inspected
 from .quorum import Quorum
 from .records import Holder, NodeInfo, agree
-from .values import error_text, readable, text
+from .values import error_text, readable
 
 __all__ = [
     "ClaimView",
@@ -97,28 +97,24 @@ class Inspection:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), ())
+        replies = q.do(Inspect(*self.keyspace.keys(name)))
         q.check(replies)
         return agree(
-            [(text(r[0]), int(r[1])) for r in replies if isinstance(r, list) and r[0]], q.needed
+            [(r.holder, r.pttl_ms) for r in replies if isinstance(r, Inspected) and r.holder],
+            q.needed,
         )
 
     def inspect(self, name: str) -> list[dict[str, Any]]:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         q = self.quorum
-        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), ())
+        replies = q.do(Inspect(*self.keyspace.keys(name)))
         out: list[dict[str, Any]] = []
         for node, r in zip(q.nodes, replies):
             if isinstance(r, Exception):
                 out.append({"node": node.name, "error": str(r)})
             else:
                 out.append(
-                    {
-                        "node": node.name,
-                        "holder": text(r[0]),
-                        "pttl_ms": int(r[1]),
-                        "fence": text(r[2]),
-                    }
+                    {"node": node.name, "holder": r.holder, "pttl_ms": r.pttl_ms, "fence": r.fence}
                 )
         return out
 
@@ -136,7 +132,7 @@ class Inspection:
         q = self.quorum
         skip = skip or {}
         live = [node for node in q.nodes if node.name not in skip]
-        replies = q.run(scripts.INSPECT, (key, fence_key or key), (), live)
+        replies = q.do(Inspect(key, fence_key or key), live)
         answers = dict(zip((node.name for node in live), replies))
         views = []
         for node in q.nodes:
@@ -147,9 +143,8 @@ class Inspection:
             if isinstance(reply, Exception):
                 views.append(NodeView(node.name, error=error_text(reply)))
             else:
-                holder, pttl_ms, fence = reply
-                fence = readable(fence) if fence_key else None
-                views.append(NodeView(node.name, readable(holder), int(pttl_ms), fence))
+                fence = reply.fence if fence_key else None
+                views.append(NodeView(node.name, reply.holder, reply.pttl_ms, fence))
         return views
 
     def agreed(self, views: Iterable[NodeView]) -> Holder:

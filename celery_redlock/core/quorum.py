@@ -20,6 +20,7 @@ from typing import Any
 
 from . import nodes as kinds
 from .exceptions import ConfigurationError, QuorumUnavailable
+from .ops import Op
 from .scripts import Script
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]
@@ -51,7 +52,6 @@ class Quorum:
         "connect_timeout",
         "drift_factor",
         "min_replicas",
-        "plain",
         "kind",
         "clock",
         "sleep",
@@ -92,11 +92,6 @@ class Quorum:
         self.connect_timeout = float(connect_timeout or node_timeout)
         self.drift_factor = float(drift_factor)
         self.min_replicas = min_replicas
-        #: Plain masters with no replica to confirm a write: a bare command's
-        #: round needs no routing and no ``WAIT`` behind it.
-        self.plain = not min_replicas and all(
-            node.kind == "redis" and not node.cluster for node in self.nodes
-        )
         #: The nodes' kind when they are all of one (:mod:`.nodes`), else None.
         one = len({n.kind for n in self.nodes}) == 1
         self.kind = kinds.kind_of(self.nodes[0]) if one else None
@@ -119,29 +114,19 @@ class Quorum:
             return self.kind.run(script, nodes, keys, args, timeout)
         return kinds.scatter(script, nodes, keys, args, timeout)
 
-    def set_first(
-        self, script: Script, keys: Sequence[str], args: Sequence[Any], won: Any
+    def do(
+        self, op: Op, nodes: Sequence[Any] | None = None, timeout: float | None = None
     ) -> list[Any]:
-        """:meth:`run` for a script whose first step, on a free key, is ``SET KEYS[1]
-        ARGV[1] NX PX ARGV[2]`` and whose reply then is ``won``: on :attr:`plain`
-        nodes that step goes as the bare command, without the script's cost on
-        the node, and only a node that refuses it (the key is taken, or already
-        holds ``ARGV[1]``: a re-sent call) runs the script, in a second round,
-        to say by whom or to treat it as its own."""
-        if not self.plain:
-            return self.run(script, keys, args)
-        first = self.gather(("SET", keys[0], args[0], "NX", "PX", args[1]))
-        replies = [r if r is None or isinstance(r, Exception) else won for r in first]
-        refused = [i for i, r in enumerate(replies) if r is None]
-        if refused:
-            again = self.run(script, keys, args, [self.nodes[i] for i in refused])
-            for i, reply in zip(refused, again):
-                replies[i] = reply
-        return replies
+        """Run the operation ``op`` on every node (or on ``nodes``) at once: one typed
+        result (:mod:`.ops`) or error per node."""
+        nodes = self.nodes if nodes is None else nodes
+        # one kind: its own round, nothing in between
+        return kinds.perform(op, nodes, timeout or self.node_timeout, self.kind)
 
-    def send(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
-        """Write ``script`` to every node without waiting for the replies (deletions only);
+    def send(self, op: Op) -> list[int]:
+        """Write ``op`` to every node without waiting for the replies (deletions only);
         the indexes of the nodes it was not sent to (see :func:`.nodes.send`)."""
+        script, keys, args = kinds.codec.encode(op)
         return kinds.send(script, self.nodes, keys, args)
 
     def gather(self, command: tuple, nodes: Sequence[Any] | None = None) -> list[Any]:

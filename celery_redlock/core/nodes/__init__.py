@@ -69,6 +69,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
+from . import codec
 
 __all__ = [
     "KINDS",
@@ -82,6 +83,7 @@ __all__ = [
     "kind_of",
     "mask_url",
     "node_for",
+    "perform",
     "ping_latency",
     "scatter",
     "send",
@@ -263,6 +265,23 @@ def scatter(
 ) -> list[Any]:
     """Run ``op`` on ``nodes`` at once: one reply or exception per node."""
     return _spread(nodes, timeout, lambda kind, some: kind.run(op, some, keys, args, timeout))
+
+
+def perform(op: Any, nodes: Sequence[Any], timeout: float, kind: Any = None) -> list[Any]:
+    """Run the operation value ``op`` (:mod:`..ops`) on ``nodes`` at once (as one round of
+    ``kind`` when given): one typed result, or the node's error, per node; a
+    :class:`NotReplicated` error carries the typed result of its node."""
+    script, keys, args = codec.encode(op)
+    if kind is not None:
+        replies = kind.run(script, nodes, keys, args, timeout)
+    else:
+        replies = scatter(script, nodes, keys, args, timeout)
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NotReplicated):
+            reply.reply = codec.decode(op, reply.reply)
+        else:
+            replies[i] = codec.decode(op, reply)
+    return replies
 
 
 def command(nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:

@@ -1,0 +1,532 @@
+"""The operations the core asks of the nodes, and what a node answers: typed values.
+
+An operation is a frozen value naming everything one call on one node needs
+(its keys, its owner, its TTL in ms, its gates...); a result is a frozen value
+per answer. They cross the node seam both ways: the core builds operations
+and reads results' fields, and the codec under the seam
+(:mod:`celery_redlock.core.nodes.codec`) is the one place that turns them
+into what a kind runs (today: the scripts' KEYS and ARGV) and a kind's reply
+back into a result. Times on the nodes are whole ms; ids and owners are text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .windows import RateKey
+
+__all__ = [
+    "Acquire",
+    "AcquirePermit",
+    "AllHeld",
+    "Booked",
+    "Claim",
+    "ClaimNext",
+    "Claimed",
+    "Count",
+    "Debounce",
+    "Done",
+    "Empty",
+    "Extend",
+    "Extended",
+    "Fence",
+    "Finished",
+    "Full",
+    "Gates",
+    "Granted",
+    "HandPending",
+    "Handed",
+    "Held",
+    "InQueue",
+    "Inspect",
+    "Inspected",
+    "Issue",
+    "Issued",
+    "Later",
+    "Op",
+    "Peek",
+    "Peeked",
+    "QueueFull",
+    "QueueHead",
+    "QueueNext",
+    "QueuePark",
+    "QueuePeek",
+    "QueueStep",
+    "Rate",
+    "Rated",
+    "Release",
+    "ReleasePrefix",
+    "Scheduled",
+    "Sooner",
+    "Taken",
+    "TakenOut",
+    "Throttle",
+    "TooEarly",
+    "Unstart",
+]
+
+
+# -- results ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The key is set to the caller's owner value (or was already: a re-sent acquire)."""
+
+    #: The node's fence value, moved on by this grant; None with fencing off (or lazy).
+    fence: str | None = None
+    #: A permit: the index of the permit granted (0-based).
+    index: int = 0
+    #: A permit with other names held together: (fence, index) per other name.
+    also: tuple[tuple[str | None, int], ...] = ()
+    #: A rated acquire: phase 1's booking of the start (None: booked before).
+    booking: Booked | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Another owner holds the key (of permits: the one that frees first)."""
+
+    holder: str | None
+    pttl_ms: int
+    #: The name's claim seen beside it (a started mark as kept), when a gate read it.
+    claim: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A receipt says the caller's id already finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim (or a throttled slot) names another id."""
+
+    claimant: str | None
+    pttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TooEarly:
+    """A throttled name was granted less than a period ago."""
+
+    wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Full:
+    """A name held together with the caller's (``other``, 1-based) has no permit free."""
+
+    other: int
+    holder: str | None
+    pttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A rated grant whose booked instant is not due: the key was let go at once."""
+
+    booking: Booked | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Booked:
+    """A rate's phase 1: the instant booked, each hash's new version, each window's
+    TAT before (``"-"`` where it had none)."""
+
+    at_ms: int
+    versions: tuple[str, ...]
+    tats: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sooner:
+    """A rate's phase 1 with a floor: a start is admitted sooner; nothing was booked."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A yes-or-no step: the claim is mine, the token recorded, the phase stood."""
+
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """How many keys a deletion took."""
+
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """Per key of an extend, in order: renewed (the key held its owner)."""
+
+    renewed: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """A lazy lease's fence value; None where the node no longer holds the owner."""
+
+    fence: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Inspected:
+    """A lock key and its fence key as one node holds them."""
+
+    holder: str | None
+    pttl_ms: int
+    fence: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Peeked:
+    """Any key's value and PTTL on one node."""
+
+    value: str | None
+    pttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A claim names the caller now: ``previous`` it took over, ``renewed`` it already did."""
+
+    previous: str | None = None
+    renewed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A coalesced call's schedule: ``"later"``, ``"now"`` or ``"dropped"``."""
+
+    state: str
+    #: The id it took over from (``later``), or that holds the period (``dropped``).
+    other: str | None
+    #: The due time, in ms since the epoch, as the node keeps it (a throttle's slot).
+    slot: str
+
+
+@dataclass(frozen=True, slots=True)
+class InQueue:
+    """A parked id waits: its place (1: next), its ticket, and the ids taken out first."""
+
+    position: int
+    ticket: int
+    superseded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFull:
+    """The queue already holds its most ids."""
+
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStep:
+    """A queue's next step on one node; ``removed``: the id to drop was taken out."""
+
+    removed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HandPending(QueueStep):
+    """A hand-over is pending: the claim names a waiting id."""
+
+    claimant: str | None = None
+    pttl_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Empty(QueueStep):
+    """Nobody waits."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllHeld(QueueStep):
+    """Every lock key (or permit) is held."""
+
+    held: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Handed(QueueStep):
+    """The claim now names ``id``, the first waiting (``waiting`` counts it)."""
+
+    id: str | None = None
+    call: str | None = None
+    ticket: str | None = None
+    waiting: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TakenOut(QueueStep):
+    """The id was taken out; no hand-over was asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """A queue as one node holds it: how many wait, the first id and its call."""
+
+    waiting: int
+    first: str | None
+    call: str | None
+
+
+# -- operations -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gates:
+    """The checks an acquire makes for its caller's ``id`` (see ``scripts.shared.GATES``).
+
+    Each key is the real one when its check applies; a permit passes its lock key as a
+    stand-in for the others (never read without its flag)."""
+
+    id: str
+    receipt_key: str
+    claim_key: str
+    #: The receipt at ``receipt_key`` means the id already finished.
+    receipts: bool = False
+    #: ``"check"``: another id's claim stops the grant; ``"take"``: so, and mine is withdrawn.
+    claim: str | None = None
+    #: The caller was claimed at publish: another id's started mark stops it too.
+    own_claim: bool = False
+    #: At most one grant per this many ms (with ``throttle_key``); None: no throttle.
+    throttle_ms: int | None = None
+    throttle_key: str = ""
+    #: The client's clock in ms, for the throttle.
+    now_ms: int = 0
+    #: A throttled call's planned slot.
+    slot: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """Set ``key`` to ``owner`` for ``ttl_ms`` unless another owner holds it."""
+
+    key: str
+    fence_key: str
+    owner: str
+    ttl_ms: int
+    #: The fence value's retention in ms; "" moves no fence value (fencing off, or lazy).
+    fence: str
+    #: The client's clock in microseconds (a fence value's seed).
+    now_us: int
+    gates: Gates | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AcquirePermit:
+    """Take one of a name's permits, and one of each name held together, all or nothing."""
+
+    #: Per name (the caller's first): its permit keys, and its fence key.
+    groups: tuple[tuple[str, ...], ...]
+    fences: tuple[str, ...]
+    owner: str
+    ttl_ms: int
+    fence: str
+    now_us: int
+    #: The caller's id: a permit held by another copy of it stops the grant.
+    task_id: str | None
+    gates: Gates | None = None
+    #: Per name: the preferred index ("" for none).
+    prefer: tuple[str, ...] = ("",)
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A rate reservation's phase on ``keys``: ``"1"`` book, ``"2"`` compare-and-set at
+    ``third`` (s*), ``"0"`` undo (``third``: where the booking goes, then the TATs)."""
+
+    keys: tuple[RateKey, ...]
+    phase: str
+    now_ms: int
+    third: str = ""
+    #: Phases 2 and 0: the versions phase 1 answered, one per key.
+    versions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rated:
+    """An acquire that also books (or, ``booked``, only records) a rated start."""
+
+    acquire: Acquire | AcquirePermit
+    keys: tuple[RateKey, ...]
+    booked: bool
+    now_ms: int
+    due_ms: int
+    keep_ms: int
+    cap: int
+    #: The acquire's keys a grant sets to its owner (let go when booked for later).
+    held: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unstart:
+    """Free the lock keys ``owner`` holds among ``keys`` and take its recorded start back."""
+
+    keys: tuple[str, ...]
+    starts: tuple[str, ...]
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    """Set the TTL of each key that holds its owner: (key, owner, ttl_ms) per lease."""
+
+    leases: tuple[tuple[str, str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Delete ``key`` where it holds ``owner``; with a receipt and a claim to withdraw."""
+
+    key: str
+    owner: str
+    receipt_key: str | None = None
+    claim_key: str | None = None
+    #: The receipt's TTL in ms ("" for none).
+    receipt: str = ""
+    #: An id whose claim is withdrawn ("" for none).
+    withdraw: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePrefix:
+    """Delete each of ``keys`` whose owner value starts with ``prefix``."""
+
+    keys: tuple[str, ...]
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """A lazy lease's token: move the fence value on where ``key`` holds ``owner``."""
+
+    key: str
+    fence_key: str
+    owner: str
+    fence: str
+    now_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Record ``token`` where ``key`` holds ``owner`` (``strict``: only a larger one)."""
+
+    key: str
+    fence_key: str
+    owner: str
+    token: str
+    fence: str
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Inspect:
+    """Read a lock key and its fence key."""
+
+    key: str
+    fence_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """Read any key's value and PTTL."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Set a claim key to ``value`` unless another value is there."""
+
+    key: str
+    value: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimNext:
+    """Point a name's claim at ``claimant`` (``replace``: take it over from another)."""
+
+    key: str
+    claimant: str
+    ttl_ms: int
+    replace: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Debounce:
+    """Take a name's claim over for a call due ``delay_ms`` from ``now_ms``."""
+
+    claim_key: str
+    burst_key: str
+    claimant: str
+    now_ms: int
+    delay_ms: str
+    cap_ms: str
+    ttl_ms: str
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """Plan a call on a name started at most once per ``period_ms``."""
+
+    claim_key: str
+    throttle_key: str
+    claimant: str
+    now_ms: int
+    period_ms: str
+    trailing: bool
+    ttl_ms: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePark:
+    """Put ``id`` (and ``call``) at the back of a queue (see :mod:`..queues`)."""
+
+    queue_key: str
+    calls_key: str
+    id: str
+    call: str
+    most: int
+    retention_ms: int
+    ticket: str = ""
+    supersede: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueNext:
+    """Take ``drop`` out of a queue, then (with ``claim_ms``) hand the name over."""
+
+    claim_key: str
+    queue_key: str
+    calls_key: str
+    lock_keys: tuple[str, ...]
+    drop: str
+    owner: str
+    claim_ms: str
+    retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePeek:
+    """Read a queue's length and its first id."""
+
+    queue_key: str
+    calls_key: str
+
+
+Op = (
+    Acquire | AcquirePermit | Rate | Rated | Unstart | Extend | Release | ReleasePrefix | Issue
+    | Fence | Inspect | Peek | Claim | ClaimNext | Debounce | Throttle | QueuePark | QueueNext
+    | QueuePeek
+)  # fmt: skip
