@@ -62,7 +62,7 @@ class Claims:
         positive("ttl", ttl)
         q = self.quorum
         full_key = self.keyspace.full(key)
-        replies = q.do(ClaimOp(full_key, value, ms(ttl)))
+        replies = q.run(ClaimOp(full_key, value, ms(ttl)))
         if q.has_quorum(sum(1 for r in replies if r == Done(True))):
             return True
         self.leases.release_everywhere(full_key, value)
@@ -87,7 +87,7 @@ class Claims:
         positive("ttl", ttl)
         q = self.quorum
         key = self.keyspace.claim_key(name)
-        replies = q.do(ClaimNext(key, claimant, ms(ttl), replace))
+        replies = q.run(ClaimNext(key, claimant, ms(ttl), replace))
         ours = [r for r in replies if isinstance(r, Taken)]
         if q.has_quorum(len(ours)):
             # Only a previous claimant a quorum agrees on was taken over: a node
@@ -106,7 +106,7 @@ class Claims:
         ]
         wrote = [node for node, r in written if isinstance(r, Taken) and not r.renewed]
         if wrote:
-            q.do(Release(key, claimant), wrote)
+            q.run(Release(key, claimant), wrote)
         q.check(replies)
         seen = [(r.claimant, r.pttl_ms) for r in replies if isinstance(r, Claimed)]
         other = agree(seen, q.needed)
@@ -181,7 +181,7 @@ class Claims:
 
     def _schedule(self, op: Debounce | Throttle) -> Schedule:
         q = self.quorum
-        replies = q.do(op)
+        replies = q.run(op)
         answers = [r for r in replies if isinstance(r, Scheduled)]
         if not q.has_quorum(len(answers)):
             self.leases.release_everywhere(op.claim_key, op.claimant)
@@ -201,7 +201,7 @@ class Claims:
 
         Returns how many nodes withdrew it.
         """
-        replies = self.quorum.do(Release(self.keyspace.claim_key(name), claimant))
+        replies = self.quorum.run(Release(self.keyspace.claim_key(name), claimant))
         return sum(1 for r in replies if r == Count(1))
 
     def claimant(self, name: str) -> Claim:
@@ -211,7 +211,7 @@ class Claims:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.do(Peek(self.keyspace.claim_key(name)))
+        replies = q.run(Peek(self.keyspace.claim_key(name)))
         q.check(replies)
         found = [(r.value, r.pttl_ms) for r in replies if isinstance(r, Peeked) and r.value]
         seen = agree(found, q.needed)

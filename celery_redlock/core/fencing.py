@@ -162,7 +162,7 @@ class Fencing:
         if remaining <= 0:
             return []
         nodes = [q.nodes[i] for i in granted]
-        return q.do(op, nodes, min(q.node_timeout, remaining))
+        return q.run(op, nodes, min(q.node_timeout, remaining))
 
 
 def _issued(result: Any) -> bool:

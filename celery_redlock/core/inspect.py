@@ -97,7 +97,7 @@ class Inspection:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.do(Inspect(*self.keyspace.keys(name)))
+        replies = q.run(Inspect(*self.keyspace.keys(name)))
         q.check(replies)
         return agree(
             [(r.holder, r.pttl_ms) for r in replies if isinstance(r, Inspected) and r.holder],
@@ -107,7 +107,7 @@ class Inspection:
     def inspect(self, name: str) -> list[dict[str, Any]]:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         q = self.quorum
-        replies = q.do(Inspect(*self.keyspace.keys(name)))
+        replies = q.run(Inspect(*self.keyspace.keys(name)))
         out: list[dict[str, Any]] = []
         for node, r in zip(q.nodes, replies):
             if isinstance(r, Exception):
@@ -132,7 +132,7 @@ class Inspection:
         q = self.quorum
         skip = skip or {}
         live = [node for node in q.nodes if node.name not in skip]
-        replies = q.do(Inspect(key, fence_key or key), live)
+        replies = q.run(Inspect(key, fence_key or key), live)
         answers = dict(zip((node.name for node in live), replies))
         views = []
         for node in q.nodes:

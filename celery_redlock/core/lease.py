@@ -116,7 +116,7 @@ class Leases:
         fencing = self.fencing.arg if fence else ""
         op = Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
         start = q.clock()
-        replies = q.do(op) if rated is None else rated.run(op, (key,))
+        replies = q.run(op) if rated is None else rated.run(op, (key,))
         # Only the gates answer "finished" or "too early".
         stop = None if gate_id is None else stopped_early(replies, task_id, q.needed)
         if stop is not None:
@@ -234,7 +234,7 @@ class Leases:
         if live:
             op = Extend(tuple((one.key, one.owner, ms(ttl or one.ttl)) for one in live))
             start = q.clock()
-            replies = q.do(op)
+            replies = q.run(op)
             for j, lease in enumerate(live):
                 votes = sum(1 for r in replies if isinstance(r, Extended) and r.renewed[j])
                 expires = q.expires(start, ttl or lease.ttl)
@@ -299,14 +299,14 @@ class Leases:
         space = self.keyspace
         keys = space.permit_keys(name, limit) if limit > 1 else [space.keys(name)[0]]
         try:
-            replies = self.quorum.do(ReleasePrefix(tuple(keys), task_id + OWNER_SEP))
+            replies = self.quorum.run(ReleasePrefix(tuple(keys), task_id + OWNER_SEP))
         except Exception:  # pragma: no cover - rounds return errors, never raise them
             return 0
         return sum(r.n for r in replies if isinstance(r, Count))
 
     def release_prefix(self, keys: Sequence[str], owner: str) -> None:
         """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises."""
-        replies = self.quorum.do(ReleasePrefix(tuple(keys), owner))
+        replies = self.quorum.run(ReleasePrefix(tuple(keys), owner))
         self._log_missed(keys[0], replies)
 
     def release_everywhere(
@@ -325,7 +325,7 @@ class Leases:
                 if not missed:
                     return
                 nodes = [nodes[i] for i in missed]
-            replies = q.do(op, nodes)
+            replies = q.run(op, nodes)
         except Exception as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return

@@ -170,7 +170,7 @@ class Permits:
                 prefer,
             )
             start = q.clock()
-            replies = q.do(op) if rated is None else rated.run(op, every)
+            replies = q.run(op) if rated is None else rated.run(op, every)
             stop = stopped_early(replies, task_id, q.needed)
             if stop is not None:
                 self._let_go(every, owner, rated, replies)
@@ -240,7 +240,7 @@ class Permits:
             ]
             others = [n for i, n in enumerate(q.nodes) if i not in granted_all]
             if strays:
-                q.do(ReleasePrefix(tuple(strays), owner), others)
+                q.run(ReleasePrefix(tuple(strays), owner), others)
         leases = []
         for g, ((name, _), group, fence_key, (index, at)) in enumerate(
             zip(names, groups, fences, chosen)

@@ -138,7 +138,7 @@ class Queues:
         positive("retention", retention)
         q = self.quorum
         op = QueuePark(*self.queue_keys(name), id, call, most, ms(retention), "", supersede)
-        replies = q.do(op)
+        replies = q.run(op)
         parked = [r for r in replies if isinstance(r, InQueue)]
         taken = tuple(sorted({i for r in parked for i in r.superseded}))
         if q.has_quorum(len(parked)):
@@ -146,7 +146,7 @@ class Queues:
             if sum(1 for r in parked if r.ticket == ticket) < q.needed:
                 # write the largest back: one order on a quorum (taking out nobody
                 # now: a call parked since is newer, and stays)
-                replies = q.do(replace(op, ticket=str(ticket), supersede=False))
+                replies = q.run(replace(op, ticket=str(ticket), supersede=False))
                 parked = [r for r in replies if isinstance(r, InQueue)]
                 agreed = [r for r in parked if r.ticket == ticket]
                 if not q.has_quorum(len(agreed)):
@@ -154,7 +154,7 @@ class Queues:
             return Parked(True, max(r.position for r in parked), ticket, superseded=taken)
         wrote = [n for n, r in zip(q.nodes, replies) if isinstance(r, InQueue)]
         if wrote:
-            q.do(self._next(name, 1, id, "", "", 1), wrote)  # kept 1 ms more
+            q.run(self._next(name, 1, id, "", "", 1), wrote)  # kept 1 ms more
         q.check(replies)
         full = [r.waiting for r in replies if isinstance(r, QueueFull)]
         return Parked(False, waiting=max(full, default=0))
@@ -187,7 +187,7 @@ class Queues:
         op = self._next(name, limit, drop, owner, claim, ms(retention))
         removed = 0
         for attempt in range(NEXT_ROUNDS):
-            replies = q.do(op)
+            replies = q.run(op)
             q.check(replies)
             answers = [r for r in replies if isinstance(r, QueueStep)]
             removed = max(removed, sum(1 for r in answers if r.removed))
@@ -198,7 +198,7 @@ class Queues:
             stray = [n for n, r in handed if votes < q.needed or r.id != chosen]
             for node, r in handed:
                 if node in stray:
-                    q.do(Release(op.claim_key, r.id or ""), [node])
+                    q.run(Release(op.claim_key, r.id or ""), [node])
             if votes >= q.needed:
                 mine = [r for _, r in handed if r.id == chosen]
                 call = next((r.call for r in mine if r.call), None)
@@ -224,7 +224,7 @@ class Queues:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.do(QueuePeek(*self.queue_keys(name)))
+        replies = q.run(QueuePeek(*self.queue_keys(name)))
         q.check(replies)
         answers = [r for r in replies if isinstance(r, QueueHead)]
         heads = Counter(r.first for r in answers if r.first)

@@ -7,9 +7,9 @@ round that granted it: the drift allowance covers clocks that advance at
 slightly different rates on the client and the nodes.
 
 Every operation of the core reaches the nodes through :meth:`Quorum.run` (an
-operation) or :meth:`Quorum.gather` (a plain read): one round, sent to every
-node at once, with one reply (or the node's error) per node, whatever the
-nodes' kind (:mod:`celery_redlock.core.nodes`).
+operation value of :mod:`.ops`) or :meth:`Quorum.gather` (a plain read): one
+round, sent to every node at once, with one typed result (or the node's
+error) per node, whatever the nodes' kind (:mod:`celery_redlock.core.nodes`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 from . import nodes as kinds
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .ops import Op
-from .scripts import Script
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]
 
@@ -100,21 +99,6 @@ class Quorum:
         self.rng = rng
 
     def run(
-        self,
-        script: Script,
-        keys: Sequence[str],
-        args: Sequence[Any],
-        nodes: Sequence[Any] | None = None,
-        timeout: float | None = None,
-    ) -> list[Any]:
-        """Run ``script`` on every node (or on ``nodes``) at once: one reply or error per node."""
-        nodes = self.nodes if nodes is None else nodes
-        timeout = timeout or self.node_timeout
-        if self.kind is not None:  # one kind: its own round, nothing in between
-            return self.kind.run(script, nodes, keys, args, timeout)
-        return kinds.scatter(script, nodes, keys, args, timeout)
-
-    def do(
         self, op: Op, nodes: Sequence[Any] | None = None, timeout: float | None = None
     ) -> list[Any]:
         """Run the operation ``op`` on every node (or on ``nodes``) at once: one typed

@@ -175,7 +175,7 @@ class RatedRound:
             min(MAX_STARTS, 2 * most),
             tuple(held),
         )
-        replies = self.rates.quorum.do(op)
+        replies = self.rates.quorum.run(op)
         for i, reply in enumerate(replies):
             into = self.answers
             if isinstance(reply, NotReplicated):
@@ -205,7 +205,7 @@ class RatedRound:
             return
         op = Unstart(tuple(lock_keys), tuple(k.starts for k in self.keys), owner)
         try:
-            self.rates.quorum.do(op)
+            self.rates.quorum.run(op)
         except Exception as exc:  # pragma: no cover - defensive, as a release
             logger.warning("release of %r failed: %s", lock_keys[0], exc)
 
@@ -330,7 +330,7 @@ class Rates:
         for attempt in range(rounds or self.ROUNDS):
             now = _epoch_ms() if now_ms is None else int(now_ms)
             floor = "" if after is None else str(now + _ms(after))
-            replies = q.do(Rate(tuple(keys), "1", now, floor))
+            replies = q.run(Rate(tuple(keys), "1", now, floor))
             answers = [(i, r) for i, r in enumerate(replies) if isinstance(r, Booked)]
             sooner = sum(1 for r in replies if isinstance(_result(r), Sooner))
             if sooner and not q.has_quorum(len(answers)) and q.has_quorum(len(answers) + sooner):
@@ -370,7 +370,7 @@ class Rates:
         for i, r in answers:
             if r.at_ms < best:  # move this node's booking to s*: phase 2
                 op = Rate(tuple(keys), "2", now, str(best), r.versions)
-                moved = q.do(op, nodes=[q.nodes[i]])[0] == Done(True)
+                moved = q.run(op, nodes=[q.nodes[i]])[0] == Done(True)
                 (booked if moved else missed).append((i, r))
             else:
                 (booked if r.at_ms == best else missed).append((i, r))
@@ -407,7 +407,7 @@ class Rates:
         q = self.quorum
         for i, r in answers:
             before = " ".join(["-" if at is None else str(at), *r.tats])
-            q.do(Rate(tuple(keys), "0", now, before, r.versions), [q.nodes[i]])
+            q.run(Rate(tuple(keys), "0", now, before, r.versions), [q.nodes[i]])
 
 
 def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None = None) -> RateSlot:
