@@ -11,10 +11,10 @@ from typing import Any, NamedTuple
 from . import nodes as kinds
 from .keyspace import KeySpace
 from .nodes import mask_url, node_for
-from .ops import Inspect, Inspected
+from .ops import Count, Delete, Get, Inspect, Inspected, Scan, Value
 from .quorum import Quorum
 from .records import Holder, NodeInfo, agree
-from .values import error_text, readable
+from .values import error_text
 
 __all__ = [
     "ClaimView",
@@ -173,29 +173,29 @@ class Inspection:
         match = "".join("\\" + c if c in "\\*?[]" else c for c in base) + pattern
         errors: dict[str, str] = {}
         truncated = False
-        found: set[bytes] = set()
+        found: set[str] = set()
         for node in q.nodes:
-            seen: set[bytes] = set()  # SCAN may return a key twice
+            seen: set[str] = set()  # a scan may return a key twice
             try:  # a node of several servers (a cluster's shard masters): each one's keys
                 shards = node.members()
             except Exception as exc:  # noqa: BLE001 - whatever the kind's error, the node failed
                 errors[node.name] = error_text(exc)
                 continue
             for shard in shards:
-                cursor: Any = b"0"
+                cursor = "0"
                 while len(seen) < limit:
-                    reply = q.gather(("SCAN", cursor, "MATCH", match, "COUNT", count), [shard])[0]
-                    if isinstance(reply, Exception):
-                        errors[node.name] = error_text(reply)
+                    page = q.run(Scan(cursor, match, count), [shard], kind=None)[0]
+                    if isinstance(page, Exception):
+                        errors[node.name] = error_text(page)
                         break
-                    cursor, keys = reply
-                    seen.update(keys)
+                    cursor = page.cursor
+                    seen.update(page.keys)
                     if int(cursor) == 0:
                         break
                 else:
                     truncated = True
             found |= seen
-        names = [readable(key)[len(base) :] for key in sorted(found)[:limit]]
+        names = [key[len(base) :] for key in sorted(found)[:limit]]
         return ScanResult(names, errors, truncated or len(found) > limit)
 
     def read_claim(self, key: str) -> ClaimView:
@@ -205,13 +205,9 @@ class Inspection:
         that may hold a quorum once the nodes that did not answer are counted.
         """
         q = self.quorum
-        replies = q.gather(("GET", self.keyspace.full(key)))
+        replies = q.run(Get(self.keyspace.full(key)))
         silent = sum(1 for r in replies if isinstance(r, Exception))
-        votes = Counter(
-            r.decode() if isinstance(r, bytes) else r
-            for r in replies
-            if isinstance(r, (bytes, str))
-        )
+        votes = Counter(r.value for r in replies if isinstance(r, Value) and r.value is not None)
         for value, count in votes.items():
             if count >= q.needed:
                 return ClaimView(value, frozenset((value,)))
@@ -227,11 +223,11 @@ class Inspection:
         """
         q = self.quorum
         key, _ = self.keyspace.keys(name)
-        replies = q.gather(("DEL", key))
+        replies = q.run(Delete(key))
         return [
             Deletion(node.name, False, error_text(r))
             if isinstance(r, Exception)
-            else Deletion(node.name, r == 1, None)
+            else Deletion(node.name, r == Count(1), None)
             for node, r in zip(q.nodes, replies)
         ]
 

@@ -14,10 +14,10 @@ been lost. The fencing token comes back in the same round (:mod:`.fencing`).
 The same round can look at the caller's id (the gates of ``scripts.shared``):
 a receipt that it already finished, the name's claim, a throttle period.
 With none of these and no fence value to move (fencing off, or a lazy
-lease), on plain masters, the round is a bare ``SET NX PX``, the script's own
-first step, without the script's cost on the nodes; a node that refuses it
-runs the script in a second round, to report the holder (or, mine already,
-to refresh a re-sent acquire).
+lease), the Redis kind sends the round to plain masters as a bare ``SET NX
+PX``, the script's own first step, without the script's cost on the nodes; a
+node that refuses it runs the script in a second round, to report the holder
+(or, mine already, to refresh a re-sent acquire): :mod:`.nodes.redis.first`.
 
 Extend *sets* the TTL (never adds), for every lease of the client in one call
 per node; release deletes the key only where it still holds my owner value.

@@ -27,14 +27,17 @@ __all__ = [
     "Claimed",
     "Count",
     "Debounce",
+    "Delete",
     "Done",
     "Empty",
     "Extend",
     "Extended",
     "Fence",
+    "Fields",
     "Finished",
     "Full",
     "Gates",
+    "Get",
     "Granted",
     "HandPending",
     "Handed",
@@ -46,8 +49,10 @@ __all__ = [
     "Issued",
     "Later",
     "Op",
+    "Page",
     "Peek",
     "Peeked",
+    "Ping",
     "QueueFull",
     "QueueHead",
     "QueueNext",
@@ -56,15 +61,21 @@ __all__ = [
     "QueueStep",
     "Rate",
     "Rated",
+    "Read",
+    "ReadHash",
+    "ReadScores",
     "Release",
     "ReleasePrefix",
+    "Scan",
     "Scheduled",
+    "Scores",
     "Sooner",
     "Taken",
     "TakenOut",
     "Throttle",
     "TooEarly",
     "Unstart",
+    "Value",
 ]
 
 
@@ -525,8 +536,84 @@ class QueuePeek:
     calls_key: str
 
 
+# -- plain reads (and the operator's deletion): no script, one step on one key --------
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Is the node there: :class:`Done` or the node's error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """Read a key's value: :class:`Value`."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete a key, whatever it holds: :class:`Count`."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadHash:
+    """Read a hash's fields: :class:`Fields`."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadScores:
+    """Read a sorted set, lowest score first: :class:`Scores`."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """One step of a scan of the node's keys matching the glob ``match``: :class:`Page`."""
+
+    cursor: str
+    match: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A key's value (None: no such key)."""
+
+    value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """A hash's (field, value) pairs."""
+
+    items: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """A sorted set's (member, score) pairs, lowest score first."""
+
+    items: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A scan's keys, and the cursor to go on from ("0": done)."""
+
+    cursor: str
+    keys: tuple[str, ...]
+
+
+Read = Ping | Get | Delete | ReadHash | ReadScores | Scan
+
 Op = (
     Acquire | AcquirePermit | Rate | Rated | Unstart | Extend | Release | ReleasePrefix | Issue
     | Fence | Inspect | Peek | Claim | ClaimNext | Debounce | Throttle | QueuePark | QueueNext
-    | QueuePeek
+    | QueuePeek | Read
 )  # fmt: skip

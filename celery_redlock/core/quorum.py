@@ -27,6 +27,8 @@ __all__ = ["DRIFT_FLOOR", "Quorum"]
 #: Fixed part of the drift allowance, in seconds (redis.io distlock).
 DRIFT_FLOOR = 0.002
 
+_OURS = object()
+
 
 class Quorum:
     """N independent lock nodes, the quorum among them, and the client's clock.
@@ -99,13 +101,18 @@ class Quorum:
         self.rng = rng
 
     def run(
-        self, op: Op, nodes: Sequence[Any] | None = None, timeout: float | None = None
+        self,
+        op: Op,
+        nodes: Sequence[Any] | None = None,
+        timeout: float | None = None,
+        kind: Any = _OURS,
     ) -> list[Any]:
-        """Run the operation ``op`` on every node (or on ``nodes``) at once: one typed
-        result (:mod:`.ops`) or error per node."""
+        """Run the operation ``op`` on every node (or on ``nodes``: of the nodes'
+        kind, or with ``kind=None`` any servers, a cluster's shard masters too) at
+        once: one typed result (:mod:`.ops`) or error per node."""
         nodes = self.nodes if nodes is None else nodes
-        # one kind: its own round, nothing in between
-        return kinds.perform(op, nodes, timeout or self.node_timeout, self.kind)
+        kind = self.kind if kind is _OURS else kind  # one kind: its own round, nothing between
+        return kinds.perform(op, nodes, timeout or self.node_timeout, kind)
 
     def send(self, op: Op) -> list[int]:
         """Write ``op`` to every node without waiting for the replies (deletions only);

@@ -106,6 +106,7 @@ from .ops import (
     Done,
     Granted,
     Later,
+    Ping,
     Rate,
     Rated,
     Sooner,
@@ -324,7 +325,7 @@ class Rates:
             # Every round during an outage would book on the minority that answers,
             # and an undo can lose to a concurrent booking: until a quorum answers a
             # read, book nothing (one round more, only after a round fell short).
-            q.check(q.gather(("PING",)))
+            q.check(q.run(Ping()))
             self.unsure = False
         best = 0
         for attempt in range(rounds or self.ROUNDS):

@@ -17,7 +17,7 @@ from ..scripts import Script
 from ..values import text
 from ..windows import RateKey
 
-__all__ = ["decode", "encode", "flags", "rate_args"]
+__all__ = ["command", "decode", "encode", "flags", "rate_args"]
 
 #: A rated acquire's reply when the grant was booked for later and let go.
 LATER = 7
@@ -193,6 +193,23 @@ def encode(op: ops.Op) -> Call:
     return _ENCODERS[type(op)](op)
 
 
+_COMMANDS: dict[type, Callable[[Any], tuple]] = {
+    ops.Ping: lambda op: ("PING",),
+    ops.Get: lambda op: ("GET", op.key),
+    ops.Delete: lambda op: ("DEL", op.key),
+    ops.ReadHash: lambda op: ("HGETALL", op.key),
+    ops.ReadScores: lambda op: ("ZRANGE", op.key, 0, -1, "WITHSCORES"),
+    ops.Scan: lambda op: ("SCAN", op.cursor, "MATCH", op.match, "COUNT", op.count),
+}
+
+
+def command(op: ops.Op) -> tuple | None:
+    """A plain read as the command every kind answers (in Redis's reply shapes); None
+    for an operation that runs as a script."""
+    build = _COMMANDS.get(type(op))
+    return None if build is None else build(op)
+
+
 # -- replies --------------------------------------------------------------------
 
 
@@ -307,12 +324,38 @@ _DECODERS: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
+def _pairs(reply: Any) -> list:
+    """A hash's or a ``WITHSCORES`` reply's pairs: RESP2 answers a flat list, RESP3
+    [member, score] pairs (a sorted set) or a dict (a hash)."""
+    if isinstance(reply, dict):
+        return list(reply.items())
+    if reply and isinstance(reply[0], list):
+        return [tuple(pair) for pair in reply]
+    return list(zip(reply[::2], reply[1::2]))
+
+
+def _page(reply: Any) -> ops.Page:
+    cursor, keys = reply
+    return ops.Page(_s(cursor), tuple(_shown(k) or "" for k in keys))
+
+
+_READS: dict[type, Callable[[Any], Any]] = {
+    ops.Ping: lambda r: ops.Done(True),
+    ops.Get: lambda r: ops.Value(text(r)),
+    ops.Delete: lambda r: ops.Count(int(r)),
+    ops.ReadHash: lambda r: ops.Fields(tuple((_s(k), _s(v)) for k, v in _pairs(r))),
+    ops.ReadScores: lambda r: ops.Scores(tuple((_s(m), float(s)) for m, s in _pairs(r))),
+    ops.Scan: _page,
+}
+
+
 def decode(op: ops.Op, reply: Any) -> Any:
     """A node's reply to ``op`` as its typed result (an error stays an error)."""
     if isinstance(reply, BaseException):
         return reply
     try:
-        return _DECODERS[type(op)](op, reply)
+        read = _READS.get(type(op))
+        return read(reply) if read is not None else _DECODERS[type(op)](op, reply)
     except (TypeError, ValueError, IndexError, KeyError):  # not this operation's reply
         return ValueError(f"{type(op).__name__}: unexpected reply {reply!r}")
 
