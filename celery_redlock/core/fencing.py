@@ -88,10 +88,9 @@ __all__ = ["Fencing", "candidate"]
 logger = logging.getLogger("celery_redlock.redlock")
 
 
-def candidate(granted: Sequence[int], fences: Sequence[Any]) -> tuple[int, int]:
-    """The largest fence value among the granting nodes (``fences``: per node), and how
-    many nodes hold it."""
-    values = [int(fences[i]) for i in granted]
+def candidate(fences: Sequence[Any]) -> tuple[int, int]:
+    """The largest of the granting nodes' fence values, and how many nodes hold it."""
+    values = [int(fence) for fence in fences]
     token = max(values)
     return token, values.count(token)
 

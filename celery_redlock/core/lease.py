@@ -175,7 +175,7 @@ class Leases:
             return Lease(
                 self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, self.fencing
             )
-        token, agreed = candidate(granted, [getattr(r, "fence", None) for r in replies])
+        token, agreed = candidate([replies[i].fence for i in granted])
         if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
             return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         if self.fencing.write_back(granted, token, key, fence_key, owner, expires) is None:

@@ -82,7 +82,7 @@ from . import settings
 from .fencing import candidate
 from .lease import Lease, Leases
 from .nodes import check_together
-from .ops import AcquirePermit, Gates, Granted, ReleasePrefix
+from .ops import AcquirePermit, Gates, Granted, GrantedPermit, ReleasePrefix
 from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
 from .values import checked, ms
 
@@ -270,7 +270,7 @@ class Permits:
         redlock = self.leases.redlock
         if not self.fencing.fencing:
             return Lease(redlock, name, key, fence_key, owner, ttl, None, expires)
-        token, agreed = candidate(granted, fences)
+        token, agreed = candidate([fences[i] for i in granted])
         if agreed >= self.quorum.needed:
             return Lease(redlock, name, key, fence_key, owner, ttl, token, expires)
         # A fresh value, written only where it is larger than the node's: two
@@ -286,6 +286,8 @@ class Permits:
 
 def _pick(granted: Granted, g: int) -> tuple[str | None, int]:
     """The g-th name's (fence value, permit index) in a grant."""
+    if not isinstance(granted, GrantedPermit):  # not a permit's reply: the lock key
+        return granted.fence, 0
     return (granted.fence, granted.index) if g == 0 else granted.also[g - 1]
 
 

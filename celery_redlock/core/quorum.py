@@ -118,6 +118,7 @@ class Quorum:
         """Write ``op`` to every node without waiting for the replies (deletions only);
         the indexes of the nodes it was not sent to (see :func:`.nodes.send`)."""
         script, keys, args = kinds.codec.encode(op)
+        assert script is not None, "a plain read is never sent unwaited"
         return kinds.send(script, self.nodes, keys, args)
 
     def gather(self, command: tuple, nodes: Sequence[Any] | None = None) -> list[Any]:

@@ -105,6 +105,7 @@ from .ops import (
     Booked,
     Done,
     Granted,
+    GrantedRated,
     Later,
     Ping,
     Rate,
@@ -181,7 +182,7 @@ class RatedRound:
             into = self.answers
             if isinstance(reply, NotReplicated):
                 reply, into = reply.reply, self.unconfirmed
-            if isinstance(reply, (Granted, Later)) and reply.booking:
+            if isinstance(reply, (GrantedRated, Later)) and reply.booking:
                 into.append((i, reply.booking))
         return replies
 

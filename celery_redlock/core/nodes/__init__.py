@@ -271,21 +271,14 @@ def perform(op: Any, nodes: Sequence[Any], timeout: float, kind: Any = None) -> 
     """Run the operation value ``op`` (:mod:`..ops`) on ``nodes`` at once (as one round of
     ``kind`` when given): one typed result, or the node's error, per node; a
     :class:`NotReplicated` error carries the typed result of its node."""
-    plain = codec.command(op)
-    if plain is not None:  # a plain read
-        replies = command(nodes, plain, timeout)
+    script, keys, args = codec.ENCODERS[type(op)](op)
+    if script is None:  # a plain read: ``keys`` is its command
+        replies = command(nodes, tuple(keys), timeout)
+    elif kind is not None:
+        replies = kind.run(script, nodes, keys, args, timeout)
     else:
-        script, keys, args = codec.encode(op)
-        if kind is not None:
-            replies = kind.run(script, nodes, keys, args, timeout)
-        else:
-            replies = scatter(script, nodes, keys, args, timeout)
-    for i, reply in enumerate(replies):
-        if isinstance(reply, NotReplicated):
-            reply.reply = codec.decode(op, reply.reply)
-        else:
-            replies[i] = codec.decode(op, reply)
-    return replies
+        replies = scatter(script, nodes, keys, args, timeout)
+    return codec.decode_all(op, replies, NotReplicated)
 
 
 def command(nodes: Sequence[Any], cmd: tuple, timeout: float) -> list[Any]:

@@ -17,7 +17,7 @@ from ..scripts import Script
 from ..values import text
 from ..windows import RateKey
 
-__all__ = ["command", "decode", "encode", "flags", "rate_args"]
+__all__ = ["decode", "decode_all", "encode", "flags", "rate_args"]
 
 #: A rated acquire's reply when the grant was booked for later and let go.
 LATER = 7
@@ -151,7 +151,7 @@ def _queue_next(op: ops.QueueNext) -> Call:
     return scripts.QUEUE_NEXT, keys, [op.drop, op.owner, op.claim_ms, str(op.retention_ms)]
 
 
-_ENCODERS: dict[type, Callable[[Any], Call]] = {
+_ENCODERS: dict[type, Callable[[Any], Any]] = {
     ops.Acquire: _acquire,
     ops.AcquirePermit: _acquire_permit,
     ops.Rate: _rate,
@@ -188,11 +188,6 @@ _ENCODERS: dict[type, Callable[[Any], Call]] = {
 }  # fmt: skip
 
 
-def encode(op: ops.Op) -> Call:
-    """The script that runs ``op``, and its KEYS and ARGV."""
-    return _ENCODERS[type(op)](op)
-
-
 _COMMANDS: dict[type, Callable[[Any], tuple]] = {
     ops.Ping: lambda op: ("PING",),
     ops.Get: lambda op: ("GET", op.key),
@@ -203,14 +198,42 @@ _COMMANDS: dict[type, Callable[[Any], tuple]] = {
 }
 
 
-def command(op: ops.Op) -> tuple | None:
-    """A plain read as the command every kind answers (in Redis's reply shapes); None
-    for an operation that runs as a script."""
-    build = _COMMANDS.get(type(op))
-    return None if build is None else build(op)
+def _plain(build: Callable[[Any], tuple]) -> Callable[[Any], Any]:
+    return lambda op: (None, build(op), ())
+
+
+for _read, _build in _COMMANDS.items():
+    _ENCODERS[_read] = _plain(_build)
+
+
+def encode(op: ops.Op) -> tuple[Script | None, Sequence[Any], Sequence[Any]]:
+    """The script that runs ``op``, and its KEYS and ARGV; for a plain read, None and
+    the command every kind answers (in Redis's reply shapes)."""
+    return _ENCODERS[type(op)](op)
+
+
+#: Operation type -> its :func:`encode` (looked up directly on every lock call).
+ENCODERS = _ENCODERS
 
 
 # -- replies --------------------------------------------------------------------
+
+
+# Results are immutable: the common yes/no and counts are shared, not built per reply.
+_DONE = {0: ops.Done(False), 1: ops.Done(True)}
+_COUNT = {0: ops.Count(0), 1: ops.Count(1)}
+
+
+def _done(r: Any) -> ops.Done:
+    return _DONE[int(r) == 1]
+
+
+def _count(r: Any) -> ops.Count:
+    return _COUNT.get(r) or ops.Count(int(r))
+
+
+def _counted(op: Any, r: Any) -> ops.Count:
+    return _count(r)
 
 
 def _shown(value: Any) -> str | None:
@@ -224,15 +247,15 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _acquired(r: list) -> Any:
+def _acquired(op: Any, r: list) -> Any:
     """ACQUIRE's and ACQUIRE_PERMIT's replies (and the gates')."""
     code = int(r[0])
     if code == 1:
-        if len(r) <= 3:  # the lock, or one permit: {1} or {1, fence}
-            fence = text(r[1]) if len(r) > 1 else None
-            return ops.Granted(fence, int(r[2]) if len(r) > 2 else 0)
-        also = tuple((text(r[i]), int(r[i + 1])) for i in range(3, len(r) - 1, 2))
-        return ops.Granted(text(r[1]), int(r[2]), also)
+        n = len(r)
+        if n <= 2:  # the lock: {1, fence} or, fencing off, {1}
+            return ops.Granted(text(r[1])) if n == 2 else ops.Granted()
+        also = tuple((text(r[i]), int(r[i + 1])) for i in range(3, n - 1, 2))
+        return ops.GrantedPermit(text(r[1]), int(r[2]), also)
     if code == 0:
         return ops.Held(text(r[1]), int(r[2]), text(r[3]) if len(r) > 3 else None)
     if code == 2:
@@ -256,12 +279,12 @@ def _booked(r: Any, k: int) -> ops.Booked | None:
 def _rated_reply(op: ops.Rated, r: list) -> Any:
     code = int(r[0]) if r else None
     if code not in (1, LATER):
-        return _acquired(r)
+        return _acquired(op, r)
     booking = _booked(r[-1], len(op.keys))
     if code == LATER:
         return ops.Later(booking)
-    got = _acquired(r[:-1])
-    return ops.Granted(got.fence, got.index, got.also, booking)
+    got = _acquired(op, r[:-1])
+    return ops.GrantedRated(got.fence, getattr(got, "index", 0), getattr(got, "also", ()), booking)
 
 
 def _rate_reply(op: ops.Rate, r: list) -> Any:
@@ -270,7 +293,7 @@ def _rate_reply(op: ops.Rate, r: list) -> Any:
         return ops.Sooner(int(r[1]))
     if code == 1 and op.phase == "1":
         return _booked(r, len(op.keys))
-    return ops.Done(code == 1)
+    return _DONE[code == 1]
 
 
 def _claim_next(r: list) -> Any:
@@ -302,19 +325,19 @@ def _queue_next_reply(r: list) -> Any:
 
 
 _DECODERS: dict[type, Callable[[Any, Any], Any]] = {
-    ops.Acquire: lambda op, r: _acquired(r),
-    ops.AcquirePermit: lambda op, r: _acquired(r),
+    ops.Acquire: _acquired,
+    ops.AcquirePermit: _acquired,
     ops.Rate: _rate_reply,
     ops.Rated: _rated_reply,
-    ops.Unstart: lambda op, r: ops.Count(int(r)),
+    ops.Unstart: _counted,
     ops.Extend: lambda op, r: ops.Extended(tuple(int(x) == 1 for x in r)),
-    ops.Release: lambda op, r: ops.Count(int(r)),
-    ops.ReleasePrefix: lambda op, r: ops.Count(int(r)),
+    ops.Release: _counted,
+    ops.ReleasePrefix: _counted,
     ops.Issue: lambda op, r: ops.Issued(text(r)),
-    ops.Fence: lambda op, r: ops.Done(int(r) == 1),
+    ops.Fence: lambda op, r: _done(r),
     ops.Inspect: lambda op, r: ops.Inspected(_shown(r[0]), int(r[1]), _shown(r[2])),
     ops.Peek: lambda op, r: ops.Peeked(text(r[0]), int(r[1])),
-    ops.Claim: lambda op, r: ops.Done(int(r) == 1),
+    ops.Claim: lambda op, r: _done(r),
     ops.ClaimNext: lambda op, r: _claim_next(r),
     ops.Debounce: lambda op, r: ops.Scheduled(_SCHEDULES[int(r[0])], text(r[1]), _s(r[2])),
     ops.Throttle: lambda op, r: ops.Scheduled(_SCHEDULES[int(r[0])], text(r[1]), _s(r[2])),
@@ -340,24 +363,84 @@ def _page(reply: Any) -> ops.Page:
 
 
 _READS: dict[type, Callable[[Any], Any]] = {
-    ops.Ping: lambda r: ops.Done(True),
+    ops.Ping: lambda r: _DONE[1],
     ops.Get: lambda r: ops.Value(text(r)),
-    ops.Delete: lambda r: ops.Count(int(r)),
+    ops.Delete: _count,
     ops.ReadHash: lambda r: ops.Fields(tuple((_s(k), _s(v)) for k, v in _pairs(r))),
     ops.ReadScores: lambda r: ops.Scores(tuple((_s(m), float(s)) for m, s in _pairs(r))),
     ops.Scan: _page,
 }
 
 
+def _read_only(read: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda op, r: read(r)
+
+
+for _read, _decode in _READS.items():
+    _DECODERS[_read] = _read_only(_decode)
+
+
 def decode(op: ops.Op, reply: Any) -> Any:
-    """A node's reply to ``op`` as its typed result (an error stays an error)."""
+    """A node's reply to ``op`` as its typed result (an error stays an error; a reply
+    that is not this operation's becomes a ValueError)."""
     if isinstance(reply, BaseException):
         return reply
     try:
-        read = _READS.get(type(op))
-        return read(reply) if read is not None else _DECODERS[type(op)](op, reply)
+        return _DECODERS[type(op)](op, reply)
     except (TypeError, ValueError, IndexError, KeyError):  # not this operation's reply
         return ValueError(f"{type(op).__name__}: unexpected reply {reply!r}")
+
+
+def decode_all(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
+    """:func:`decode` of each reply of a round; an ``unconfirmed`` error (a write its
+    replicas did not confirm) gets its ``reply`` decoded too."""
+    try:
+        return _ROUNDS.get(type(op), _each)(op, replies, unconfirmed)
+    except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone
+        return [decode(op, r) if not isinstance(r, BaseException) else r for r in replies]
+
+
+def _each(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
+    one = _DECODERS[type(op)]
+    return [
+        one(op, r) if not isinstance(r, BaseException) else _error(op, r, unconfirmed)
+        for r in replies
+    ]
+
+
+# On every lock call, the round of a fenced grant and of a deletion: decoded inline
+# (a call per reply would cost as much as the rest of the decoding).
+
+
+def _grants(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
+    return [
+        ops.Granted(r[1].decode())
+        if r.__class__ is list and len(r) == 2 and r[0] == 1 and r[1].__class__ is bytes
+        else decode(op, r)
+        if not isinstance(r, BaseException)
+        else _error(op, r, unconfirmed)
+        for r in replies
+    ]
+
+
+def _counts(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
+    return [
+        _COUNT[r]
+        if r.__class__ is int and r in _COUNT
+        else decode(op, r)
+        if not isinstance(r, BaseException)
+        else _error(op, r, unconfirmed)
+        for r in replies
+    ]
+
+
+_ROUNDS = {ops.Acquire: _grants, ops.Release: _counts, ops.ReleasePrefix: _counts}
+
+
+def _error(op: ops.Op, error: BaseException, unconfirmed: type) -> BaseException:
+    if isinstance(error, unconfirmed):
+        error.reply = decode(op, error.reply)  # type: ignore[attr-defined]
+    return error
 
 
 def _ms(seconds: float) -> int:

@@ -22,22 +22,22 @@ from .rounds import gather, run_script
 
 __all__ = ["run"]
 
-
-def _won(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list | None:
-    """The script's reply when its bare first step succeeds; None: no fast path."""
-    if script is scripts.ACQUIRE and len(keys) == 2 and args[2] == "":
-        return [1]
-    if script is scripts.CLAIM_NEXT and args[2] != "1":
-        return [1, None, 0]
-    return None
+#: The scripts that begin with the bare step, and their ARGV[3] when they do: an
+#: acquire with no fence value to move (and no gates: two KEYS), a claim taking
+#: nothing over.
+_FIRST = {scripts.ACQUIRE: "", scripts.CLAIM_NEXT: ""}
 
 
 def run(
     script: Script, nodes: Sequence[Any], keys: Sequence[str], args: Sequence[Any], timeout: float
 ) -> list[Any]:
     """:func:`.rounds.run_script`, by the bare ``SET NX`` first where it applies."""
-    won = _won(script, keys, args)
-    if won is None or any(node.cluster or node.min_replicas for node in nodes):
+    if script not in _FIRST or args[2] != _FIRST[script]:
+        return run_script(script, nodes, keys, args, timeout)
+    won: list = [1] if script is scripts.ACQUIRE else [1, None, 0]
+    if len(keys) != 1 + (script is scripts.ACQUIRE) or any(
+        node.cluster or node.min_replicas for node in nodes
+    ):
         return run_script(script, nodes, keys, args, timeout)
     first = gather(nodes, ("SET", keys[0], args[0], "NX", "PX", args[1]), timeout)
     replies = [r if r is None or isinstance(r, Exception) else list(won) for r in first]
