@@ -16,14 +16,26 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from . import scripts
 from .keyspace import KeySpace
 from .lease import Leases
 from .nodes import NotReplicated
+from .ops import Claim as ClaimOp
+from .ops import (
+    Claimed,
+    ClaimNext,
+    Count,
+    Debounce,
+    Done,
+    Peek,
+    Peeked,
+    Release,
+    Scheduled,
+    Taken,
+    Throttle,
+)
 from .quorum import Quorum
 from .records import STARTED_MARK, Claim, Schedule, agree
-from .scripts import Script
-from .values import ms, positive, text
+from .values import ms, positive
 
 __all__ = ["Claims"]
 
@@ -52,11 +64,11 @@ class Claims:
         positive("ttl", ttl)
         q = self.quorum
         full_key = self.keyspace.full(key)
-        replies = q.run(scripts.CLAIM, (full_key,), (value, ms(ttl)))
-        if q.has_quorum(sum(1 for r in replies if r == 1)):
+        replies = q.run(ClaimOp(full_key, value, ms(ttl)))
+        if q.has_quorum(sum(1 for r in replies if r == Done(True))):
             return True
         # logged only where it was set: a node that never answered is an outage
-        self.leases.release_everywhere(full_key, value, granted=_where(replies, 1))
+        self.leases.release_everywhere(full_key, value, granted=_where(replies, Done(True)))
         q.check(replies)
         return False
 
@@ -78,17 +90,13 @@ class Claims:
         positive("ttl", ttl)
         q = self.quorum
         key = self.keyspace.claim_key(name)
-        args = (claimant, ms(ttl), "1" if replace else "")
-        if replace:
-            replies = q.run(scripts.CLAIM_NEXT, (key,), args)
-        else:  # a free name's claim is a bare SET NX: a new claim, none taken over
-            replies = q.set_first(scripts.CLAIM_NEXT, (key,), args, [1, None, 0])
-        ours = [r for r in replies if isinstance(r, list) and r[0] == 1]
+        replies = q.run(ClaimNext(key, claimant, ms(ttl), replace))
+        ours = [r for r in replies if isinstance(r, Taken)]
         if q.has_quorum(len(ours)):
             # Only a previous claimant a quorum agrees on was taken over: a node
             # where its execution took the lock first answers without it.
-            previous = agree([(text(r[1]), 0) for r in ours if r[1]], q.needed).owner
-            renewed = sum(1 for r in ours if r[2] == 1) >= q.needed
+            previous = agree([(r.previous, 0) for r in ours if r.previous], q.needed).owner
+            renewed = sum(1 for r in ours if r.renewed) >= q.needed
             return Claim(claimant, ttl, previous, renewed)
         # Withdrawn only where this call wrote it (its replicas unconfirmed too: the
         # write stands on the primary): a claim that already named the claimant (a
@@ -99,11 +107,11 @@ class Claims:
             (node, r.reply if isinstance(r, NotReplicated) else r)
             for node, r in zip(q.nodes, replies)
         ]
-        wrote = [node for node, r in written if isinstance(r, list) and r[0] == 1 and r[2] != 1]
+        wrote = [node for node, r in written if isinstance(r, Taken) and not r.renewed]
         if wrote:
-            q.run(scripts.RELEASE, (key,), (claimant,), wrote)
+            q.run(Release(key, claimant), wrote)
         q.check(replies)
-        seen = [(text(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 0]
+        seen = [(r.claimant, r.pttl_ms) for r in replies if isinstance(r, Claimed)]
         other = agree(seen, q.needed)
         if other.owner is None or (
             len(seen) == len(q.nodes) and {o for o, _ in seen} == {other.owner}
@@ -133,9 +141,17 @@ class Claims:
         """
         positive("delay", delay)
         cap = "" if max_delay is None else str(ms(max_delay))
-        return self._schedule(
-            scripts.DEBOUNCE, name, "burst", claimant, (str(ms(delay)), cap, str(ms(ttl)))
+        space = self.keyspace
+        op = Debounce(
+            space.claim_key(name),
+            space.coalesce_key(name, "burst"),
+            claimant,
+            time.time_ns() // 1_000_000,
+            str(ms(delay)),
+            cap,
+            str(ms(ttl)),
         )
+        return self._schedule(op)
 
     def throttle(
         self, name: str, claimant: str, *, period: float, trailing: bool, ttl: float
@@ -154,46 +170,44 @@ class Claims:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         positive("period", period)
-        return self._schedule(
-            scripts.THROTTLE,
-            name,
-            "throttle",
+        space = self.keyspace
+        op = Throttle(
+            space.claim_key(name),
+            space.coalesce_key(name, "throttle"),
             claimant,
-            (str(ms(period)), "1" if trailing else "", str(ms(ttl))),
+            time.time_ns() // 1_000_000,
+            str(ms(period)),
+            trailing,
+            str(ms(ttl)),
         )
+        return self._schedule(op)
 
-    def _schedule(
-        self, script: Script, name: str, kind: str, claimant: str, args: tuple[str, ...]
-    ) -> Schedule:
+    def _schedule(self, op: Debounce | Throttle) -> Schedule:
         q = self.quorum
-        now_ms = time.time_ns() // 1_000_000
-        claim_key = self.keyspace.claim_key(name)
-        replies = q.run(
-            script,
-            (claim_key, self.keyspace.coalesce_key(name, kind)),
-            (claimant, str(now_ms), *args),
-        )
-        answers = [r for r in replies if isinstance(r, list)]
+        replies = q.run(op)
+        answers = [r for r in replies if isinstance(r, Scheduled)]
         if not q.has_quorum(len(answers)):
-            self.leases.release_everywhere(claim_key, claimant, granted=_where(replies, list))
+            self.leases.release_everywhere(
+                op.claim_key, op.claimant, granted=_where(replies, Scheduled)
+            )
             q.check(replies)
-        kinds = Counter(int(r[0]) for r in answers)
-        code, votes = kinds.most_common(1)[0]
+        states = Counter(r.state for r in answers)
+        state, votes = states.most_common(1)[0]
         if votes < q.needed:
-            code = 2  # the nodes disagree: run now; the start itself is throttled
-        agreed = [r for r in answers if int(r[0]) == code]
-        slot = Counter(text(r[2]) for r in agreed).most_common(1)[0][0] if agreed else None
-        due = max(int(r[2]) for r in agreed) / 1000.0 if agreed else now_ms / 1000.0
-        other = agree([(text(r[1]), 0) for r in agreed if r[1]], q.needed)
-        return Schedule({1: "later", 2: "now", 0: "dropped"}[code], due, other.owner, slot)
+            state = "now"  # the nodes disagree: run now; the start itself is throttled
+        agreed = [r for r in answers if r.state == state]
+        slot = Counter(r.slot for r in agreed).most_common(1)[0][0] if agreed else None
+        due = max(int(r.slot) for r in agreed) / 1000.0 if agreed else op.now_ms / 1000.0
+        other = agree([(r.other, 0) for r in agreed if r.other], q.needed)
+        return Schedule(state, due, other.owner, slot)
 
     def withdraw_claim(self, name: str, claimant: str) -> int:
         """Withdraw ``name``'s claim where it names ``claimant``. Never raises.
 
         Returns how many nodes withdrew it.
         """
-        replies = self.quorum.run(scripts.RELEASE, (self.keyspace.claim_key(name),), (claimant,))
-        return sum(1 for r in replies if r == 1)
+        replies = self.quorum.run(Release(self.keyspace.claim_key(name), claimant))
+        return sum(1 for r in replies if r == Count(1))
 
     def claimant(self, name: str) -> Claim:
         """The claim of ``name`` a quorum agrees on (``claimant=None`` if none).
@@ -202,9 +216,9 @@ class Claims:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(scripts.PEEK, (self.keyspace.claim_key(name),), ())
+        replies = q.run(Peek(self.keyspace.claim_key(name)))
         q.check(replies)
-        found = [(text(r[0]), int(r[1])) for r in replies if isinstance(r, list) and r[0]]
+        found = [(r.value, r.pttl_ms) for r in replies if isinstance(r, Peeked) and r.value]
         seen = agree(found, q.needed)
         if seen.owner is not None and seen.owner.startswith(STARTED_MARK):
             return Claim(None, None)  # its run started: no claim is pending

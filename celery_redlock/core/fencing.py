@@ -82,7 +82,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import scripts
+from .ops import Done, Fence, Issue, Issued
 from .quorum import Quorum
 from .values import ms
 
@@ -91,9 +91,9 @@ __all__ = ["Fencing", "candidate"]
 logger = logging.getLogger("celery_redlock.redlock")
 
 
-def candidate(granted: Sequence[int], replies: list[Any]) -> tuple[int, int]:
-    """The largest fence value among the granting nodes, and how many nodes hold it."""
-    values = [int(replies[i][1]) for i in granted]
+def candidate(fences: Sequence[Any]) -> tuple[int, int]:
+    """The largest of the granting nodes' fence values, and how many nodes hold it."""
+    values = [int(fence) for fence in fences]
     token = max(values)
     return token, values.count(token)
 
@@ -121,11 +121,9 @@ class Fencing:
     ) -> int | None:
         """A lazy lease's token, on its first read: moved on where the granting nodes
         still hold ``owner``, written back if they disagree; None short of a quorum."""
-        now_us = time.time_ns() // 1000
-        replies = self._on(
-            granted, scripts.ISSUE, key, fence_key, (owner, "", self.arg, now_us), expires
-        )
-        held = [(i, int(r)) for i, r in zip(granted, replies) if isinstance(r, (bytes, str))]
+        op = Issue(key, fence_key, owner, self.arg, time.time_ns() // 1000)
+        replies = self._on(granted, op, expires)
+        held = [(i, int(r.fence)) for i, r in zip(granted, replies) if _issued(r)]
         q = self.quorum
         if len(held) < q.needed:
             logger.info("fencing token for %r: %d nodes still hold it, %d needed",
@@ -150,28 +148,24 @@ class Fencing:
 
         ``strict`` (permits): only where the node's value is smaller, never equal.
         """
-        args = (owner, str(token), self.arg, *(("s",) if strict else ()))
-        written = self._on(granted, scripts.FENCE, key, fence_key, args, expires)
+        op = Fence(key, fence_key, owner, str(token), self.arg, strict)
+        written = self._on(granted, op, expires)
         q = self.quorum
-        landed = sum(1 for r in written if r == 1)
+        landed = sum(1 for r in written if r == Done(True))
         if landed >= q.needed and q.clock() < expires:
             return token
         logger.info("fencing token for %r landed on %d nodes, %d needed", key, landed, q.needed)
         return None
 
-    def _on(
-        self,
-        granted: Sequence[int],
-        script: scripts.Script,
-        key: str,
-        fence_key: str,
-        args: tuple[Any, ...],
-        expires: float,
-    ) -> list[Any]:
-        """``script`` on the granting nodes within the validity left (no reply past it)."""
+    def _on(self, granted: Sequence[int], op: Issue | Fence, expires: float) -> list[Any]:
+        """``op`` on the granting nodes within the validity left (no reply past it)."""
         q = self.quorum
         remaining = expires - q.clock()
         if remaining <= 0:
             return []
         nodes = [q.nodes[i] for i in granted]
-        return q.run(script, (key, fence_key), args, nodes, min(q.node_timeout, remaining))
+        return q.run(op, nodes, min(q.node_timeout, remaining))
+
+
+def _issued(result: Any) -> bool:
+    return isinstance(result, Issued) and result.fence is not None

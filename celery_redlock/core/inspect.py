@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from . import nodes as kinds
-from . import scripts
 from .keyspace import KeySpace
 from .nodes import mask_url, node_for
+from .ops import Count, Delete, Get, Inspect, Inspected, Scan, Value
 from .quorum import Quorum
 from .records import Holder, NodeInfo, agree
-from .values import error_text, readable, text
+from .values import error_text
 
 __all__ = [
     "ClaimView",
@@ -97,29 +97,25 @@ class Inspection:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), ())
+        replies = q.run(Inspect(*self.keyspace.keys(name)))
         q.check(replies)
         return agree(
-            [(text(r[0]), int(r[1])) for r in replies if isinstance(r, list) and r[0]], q.needed
+            [(r.holder, r.pttl_ms) for r in replies if isinstance(r, Inspected) and r.holder],
+            q.needed,
         )
 
     def inspect(self, name: str) -> list[dict[str, Any]]:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         q = self.quorum
         # every node's view: the round waits for each (not only for a quorum)
-        replies = q.run(scripts.INSPECT, self.keyspace.keys(name), (), q.nodes)
+        replies = q.run(Inspect(*self.keyspace.keys(name)), q.nodes)
         out: list[dict[str, Any]] = []
         for node, r in zip(q.nodes, replies):
             if isinstance(r, Exception):
                 out.append({"node": node.name, "error": str(r)})
             else:
                 out.append(
-                    {
-                        "node": node.name,
-                        "holder": text(r[0]),
-                        "pttl_ms": int(r[1]),
-                        "fence": text(r[2]),
-                    }
+                    {"node": node.name, "holder": r.holder, "pttl_ms": r.pttl_ms, "fence": r.fence}
                 )
         return out
 
@@ -137,7 +133,7 @@ class Inspection:
         q = self.quorum
         skip = skip or {}
         live = [node for node in q.nodes if node.name not in skip]
-        replies = q.run(scripts.INSPECT, (key, fence_key or key), (), live)
+        replies = q.run(Inspect(key, fence_key or key), live)
         answers = dict(zip((node.name for node in live), replies))
         views = []
         for node in q.nodes:
@@ -148,9 +144,8 @@ class Inspection:
             if isinstance(reply, Exception):
                 views.append(NodeView(node.name, error=error_text(reply)))
             else:
-                holder, pttl_ms, fence = reply
-                fence = readable(fence) if fence_key else None
-                views.append(NodeView(node.name, readable(holder), int(pttl_ms), fence))
+                fence = reply.fence if fence_key else None
+                views.append(NodeView(node.name, reply.holder, reply.pttl_ms, fence))
         return views
 
     def agreed(self, views: Iterable[NodeView]) -> Holder:
@@ -179,29 +174,29 @@ class Inspection:
         match = "".join("\\" + c if c in "\\*?[]" else c for c in base) + pattern
         errors: dict[str, str] = {}
         truncated = False
-        found: set[bytes] = set()
+        found: set[str] = set()
         for node in q.nodes:
-            seen: set[bytes] = set()  # SCAN may return a key twice
+            seen: set[str] = set()  # a scan may return a key twice
             try:  # a node of several servers (a cluster's shard masters): each one's keys
                 shards = node.members()
             except Exception as exc:  # noqa: BLE001 - whatever the kind's error, the node failed
                 errors[node.name] = error_text(exc)
                 continue
             for shard in shards:
-                cursor: Any = b"0"
+                cursor = "0"
                 while len(seen) < limit:
-                    reply = q.gather(("SCAN", cursor, "MATCH", match, "COUNT", count), [shard])[0]
-                    if isinstance(reply, Exception):
-                        errors[node.name] = error_text(reply)
+                    page = q.run(Scan(cursor, match, count), [shard], kind=None)[0]
+                    if isinstance(page, Exception):
+                        errors[node.name] = error_text(page)
                         break
-                    cursor, keys = reply
-                    seen.update(keys)
+                    cursor = page.cursor
+                    seen.update(page.keys)
                     if int(cursor) == 0:
                         break
                 else:
                     truncated = True
             found |= seen
-        names = [readable(key)[len(base) :] for key in sorted(found)[:limit]]
+        names = [key[len(base) :] for key in sorted(found)[:limit]]
         return ScanResult(names, errors, truncated or len(found) > limit)
 
     def read_claim(self, key: str) -> ClaimView:
@@ -211,13 +206,9 @@ class Inspection:
         that may hold a quorum once the nodes that did not answer are counted.
         """
         q = self.quorum
-        replies = q.gather(("GET", self.keyspace.full(key)))
+        replies = q.run(Get(self.keyspace.full(key)))
         silent = sum(1 for r in replies if isinstance(r, Exception))
-        votes = Counter(
-            r.decode() if isinstance(r, bytes) else r
-            for r in replies
-            if isinstance(r, (bytes, str))
-        )
+        votes = Counter(r.value for r in replies if isinstance(r, Value) and r.value is not None)
         for value, count in votes.items():
             if count >= q.needed:
                 return ClaimView(value, frozenset((value,)))
@@ -233,11 +224,11 @@ class Inspection:
         """
         q = self.quorum
         key, _ = self.keyspace.keys(name)
-        replies = q.gather(("DEL", key))
+        replies = q.run(Delete(key))
         return [
             Deletion(node.name, False, error_text(r))
             if isinstance(r, Exception)
-            else Deletion(node.name, r == 1, None)
+            else Deletion(node.name, r == Count(1), None)
             for node, r in zip(q.nodes, replies)
         ]
 

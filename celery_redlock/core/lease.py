@@ -14,10 +14,10 @@ been lost. The fencing token comes back in the same round (:mod:`.fencing`).
 The same round can look at the caller's id (the gates of ``scripts.shared``):
 a receipt that it already finished, the name's claim, a throttle period.
 With none of these and no fence value to move (fencing off, or a lazy
-lease), on plain masters, the round is a bare ``SET NX PX``, the script's own
-first step, without the script's cost on the nodes; a node that refuses it
-runs the script in a second round, to report the holder (or, mine already,
-to refresh a re-sent acquire).
+lease), the Redis kind sends the round to plain masters as a bare ``SET NX
+PX``, the script's own first step, without the script's cost on the nodes; a
+node that refuses it runs the script in a second round, to report the holder
+(or, mine already, to refresh a re-sent acquire): :mod:`.nodes.redis.first`.
 
 Extend *sets* the TTL (never adds), for every lease of the client in one call
 per node; release deletes the key only where it still holds my owner value.
@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import scripts
 from .exceptions import QuorumUnavailable
 from .fencing import Fencing, candidate
 from .held import FREED, NO_QUORUM, TOO_LATE, Client, Lease
 from .keyspace import KeySpace
+from .ops import Acquire, Count, Extend, Extended, Gates, Granted, Release, ReleasePrefix
 from .quorum import Quorum
 from .records import (
     OWNER_SEP,
@@ -58,7 +58,6 @@ __all__ = [
     "Client",
     "Lease",
     "Leases",
-    "gate_flags",
     "granted_on",
     "log_missed",
     "not_renewed",
@@ -72,8 +71,8 @@ logger = logging.getLogger("celery_redlock.redlock")
 
 
 def granted_on(replies: Sequence[Any]) -> list[int]:
-    """The indexes of the nodes whose reply to an acquire granted it (``{1, ...}``)."""
-    return [i for i, r in enumerate(replies) if isinstance(r, list) and r and r[0] == 1]
+    """The indexes of the nodes whose reply to an acquire granted it."""
+    return [i for i, r in enumerate(replies) if isinstance(r, Granted)]
 
 
 def not_renewed(votes: int, refused: int, total: int, needed: int) -> str:
@@ -104,12 +103,6 @@ def log_missed(
         logger.info(
             "release of %r did not reach %s; the TTL will free it there", key, ", ".join(failed)
         )
-
-
-def gate_flags(receipts: bool, claim: str | None, own_claim: bool) -> str:
-    """The acquire's gate flags for a receipt and a claim (see ``scripts.shared.GATES``)."""
-    flags = ("r" if receipts else "") + {None: "", "check": "c", "take": "cw"}[claim]
-    return flags + "s" if claim and own_claim else flags
 
 
 class Leases:
@@ -147,26 +140,26 @@ class Leases:
         a split would have every contender drop its work while none runs."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
-        keys: tuple[str, ...] = (key, fence_key)
+        gate_id = task_id if receipts or claim or throttle else None  # the id the gates check
+        gates = None
+        if gate_id is not None:
+            gates = Gates(
+                gate_id,
+                space.receipt_key(name, gate_id),
+                space.claim_key(name),
+                receipts,
+                claim,
+                own_claim,
+                ms(throttle) if throttle else None,
+                space.coalesce_key(name, "throttle") if throttle else "",
+                time.time_ns() // 1_000_000 if throttle else 0,
+                slot or "",
+            )
         # A lazy lease moves no fence value: its token is issued on the first read.
         fencing = self.fencing.arg if fence else ""
-        args: tuple[Any, ...] = (owner, ms(ttl), fencing, time.time_ns() // 1000)
-        gate_id = task_id if receipts or claim or throttle else None  # the id the gates check
-        if gate_id is not None:
-            flags = gate_flags(receipts, claim, own_claim)
-            keys += (space.receipt_key(name, gate_id), space.claim_key(name))
-            args += (gate_id, flags)
-            if throttle:
-                keys += (space.coalesce_key(name, "throttle"),)
-                now_ms = time.time_ns() // 1_000_000
-                args = args[:-1] + (flags + "t", ms(throttle), now_ms, slot or "")
+        op = Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
         start = q.clock()
-        if rated is None and not fencing and gate_id is None:  # the script would only SET NX
-            replies = q.set_first(scripts.ACQUIRE, keys, args, [1])
-        elif rated is None:
-            replies = q.run(scripts.ACQUIRE, keys, args)
-        else:
-            replies = rated.run(scripts.ACQUIRE_RATED, keys, args, owner, (key,))
+        replies = q.run(op) if rated is None else rated.run(op, (key,))
         # Only the gates answer "finished" or "too early".
         stop = None if gate_id is None else stopped_early(replies, task_id, q.needed)
         if stop is not None:
@@ -225,7 +218,7 @@ class Leases:
             return Lease(
                 self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, self.fencing
             )
-        token, agreed = candidate(granted, replies)
+        token, agreed = candidate([replies[i].fence for i in granted])
         if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
             return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         if self.fencing.write_back(granted, token, key, fence_key, owner, expires) is None:
@@ -285,20 +278,17 @@ class Leases:
         results = {id(lease): False for lease in leases}
         why: dict[int, str] = {}
         if live:
-            keys = [lease.key for lease in live]
-            args: list[Any] = []
-            for lease in live:
-                args += (lease.owner, ms(ttl or lease.ttl))
+            op = Extend(tuple((one.key, one.owner, ms(ttl or one.ttl)) for one in live))
             start = q.clock()
-            replies = q.run(scripts.EXTEND, keys, args)
+            replies = q.run(op)
             for j, lease in enumerate(live):
-                votes = sum(1 for r in replies if isinstance(r, list) and int(r[j]) == 1)
+                votes = sum(1 for r in replies if isinstance(r, Extended) and r.renewed[j])
                 expires = q.expires(start, ttl or lease.ttl)
                 if votes >= q.needed and q.clock() < expires:
                     lease._renewed(expires)
                     results[id(lease)] = True
                     continue
-                refused = sum(1 for r in replies if isinstance(r, list) and int(r[j]) == 0)
+                refused = sum(1 for r in replies if isinstance(r, Extended) and not r.renewed[j])
                 why[id(lease)] = not_renewed(votes, refused, len(q.nodes), q.needed)
         for lease in leases:
             if not results[id(lease)]:
@@ -337,13 +327,15 @@ class Leases:
             self.release_everywhere(lease.key, lease.owner, wait=wait)
             return
         space = self.keyspace
-        self.release_everywhere(
+        op = Release(
             lease.key,
             lease.owner,
-            (space.receipt_key(lease.name, task_id), space.claim_key(lease.name)),
-            (str(ms(receipt)) if receipt else "", task_id if withdraw_claim else ""),
-            wait,
+            space.receipt_key(lease.name, task_id),
+            space.claim_key(lease.name),
+            str(ms(receipt)) if receipt else "",
+            task_id if withdraw_claim else "",
         )
+        self.release_everywhere(lease.key, lease.owner, wait, op)
 
     def release_owned_by(self, name: str, task_id: str, limit: int = 1) -> int:
         """Free ``name`` if its holder is the task ``task_id``, whatever its random part.
@@ -356,10 +348,10 @@ class Leases:
         space = self.keyspace
         keys = space.permit_keys(name, limit) if limit > 1 else [space.keys(name)[0]]
         try:
-            replies = self.quorum.run(scripts.RELEASE_PREFIX, keys, (task_id + OWNER_SEP,))
+            replies = self.quorum.run(ReleasePrefix(tuple(keys), task_id + OWNER_SEP))
         except Exception:  # pragma: no cover - rounds return errors, never raise them
             return 0
-        return sum(r for r in replies if isinstance(r, int))
+        return sum(r.n for r in replies if isinstance(r, Count))
 
     def release_prefix(
         self, keys: Sequence[str], owner: str, granted: Sequence[int] | None = None
@@ -367,19 +359,19 @@ class Leases:
         """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises.
 
         ``granted``: see :meth:`release_everywhere`."""
-        replies = self.quorum.run(scripts.RELEASE_PREFIX, keys, (owner,))
+        replies = self.quorum.run(ReleasePrefix(tuple(keys), owner))
         log_missed(self.quorum.nodes, keys[0], replies, granted)
 
     def release_everywhere(
         self,
         key: str,
         owner: str,
-        more_keys: tuple[str, ...] = (),
-        more_args: tuple = (),
         wait: bool = True,
+        op: Release | None = None,
         granted: Sequence[int] | None = None,
     ) -> None:
-        """Delete ``key`` where it holds ``owner`` (with RELEASE's extras). Never raises.
+        """Delete ``key`` where it holds ``owner`` (``op``: a :class:`.ops.Release` with
+        its extras). Never raises.
 
         ``wait=False``: see :meth:`release`. ``granted``: for the clean-up of an
         attempt that did not stand, the indexes of the nodes that granted it: a
@@ -387,14 +379,14 @@ class Leases:
         that it knows of (a node that never answered the attempt is an outage,
         logged as one, and its TTL frees whatever it wrote)."""
         q = self.quorum
-        keys, args = (key, *more_keys), (owner, *more_args)
+        op = op or Release(key, owner)
         at = None  # the indexes of the nodes of the round: all of them
         try:
             if not wait:
-                at = q.send(scripts.RELEASE, keys, args)
+                at = q.send(op)
                 if not at:
                     return
-            replies = q.run(scripts.RELEASE, keys, args, at and [q.nodes[i] for i in at])
+            replies = q.run(op, at and [q.nodes[i] for i in at])
         except Exception as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return

@@ -75,12 +75,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import scripts, settings
+from . import settings
 from .fencing import candidate
-from .lease import Lease, Leases, gate_flags, granted_on
+from .lease import Lease, Leases, granted_on
 from .nodes import check_together
+from .ops import AcquirePermit, Gates, Granted, GrantedPermit, ReleasePrefix
 from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
 from .values import checked, ms
 
@@ -138,48 +140,42 @@ class Permits:
         if also:
             check_together(q.nodes, [n for n, _ in names])
         key = groups[0][0]
-        flags = "a" if also else ""
-        receipt_key = claim_key = throttle_key = key  # stand-ins, never read without their flag
+        gates = None
         if task_id is not None:
-            flags += gate_flags(receipts, claim, own_claim)
-            if receipts:
-                receipt_key = space.receipt_key(name, task_id)
-            if claim:
-                claim_key = space.claim_key(name)
-            if throttle:
-                flags += "t"
-                throttle_key = space.coalesce_key(name, "throttle")
-        keys = [key, fences[0], receipt_key, claim_key, throttle_key, *groups[0][1:]]
-        for fence_key, group in zip(fences[1:], groups[1:]):
-            keys += [fence_key, *group]
-        prefer = [""] * len(names)
+            gates = Gates(
+                task_id,
+                space.receipt_key(name, task_id) if receipts else key,
+                space.claim_key(name) if claim else key,
+                receipts,
+                claim,
+                own_claim,
+                ms(throttle) if throttle else None,
+                space.coalesce_key(name, "throttle") if throttle else key,
+                0,
+                slot or "",
+            )
+        prefer = ("",) * len(names)
         for round_ in range(count):
-            args = [
+            if gates is not None and throttle:  # the throttle's clock, per round
+                gates = replace(gates, now_ms=time.time_ns() // 1_000_000)
+            op = AcquirePermit(
+                tuple(map(tuple, groups)),
+                tuple(fences),
                 owner,
                 ms(ttl),
                 self.fencing.arg,
                 time.time_ns() // 1000,
-                task_id or "",
-                flags,
-                ms(throttle) if "t" in flags and throttle else "",
-                time.time_ns() // 1_000_000 if "t" in flags else "",
-                slot or "",
-                prefer[0],
-            ]
-            if also:
-                args.append(limit)
-                for (_, k), p in zip(names[1:], prefer[1:]):
-                    args += (k, p)
+                task_id,
+                gates,
+                prefer,
+            )
             start = q.clock()
-            if rated is None:
-                replies = q.run(scripts.ACQUIRE_PERMIT, keys, args)
-            else:
-                replies = rated.run(scripts.ACQUIRE_PERMIT_RATED, keys, args, owner, every)
+            replies = q.run(op) if rated is None else rated.run(op, every)
             stop = stopped_early(replies, task_id, q.needed)
             if stop is not None:
                 self._let_go(every, owner, rated, replies)
                 return stop
-            ok = [r if isinstance(r, list) and r[0] == 1 else None for r in replies]
+            ok = [r if isinstance(r, Granted) else None for r in replies]
             chosen = [_most_granted(ok, g) for g in range(len(names))]
             expires = q.expires(start, ttl)
             if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
@@ -202,7 +198,7 @@ class Permits:
             # Split: free permits exist, but the nodes picked different indexes
             # (concurrent acquirers seen in different orders). Ask for the
             # index most of them picked, after a short jittered pause.
-            prefer = [str(index) for index, _ in chosen]
+            prefer = tuple(str(index) for index, _ in chosen)
             q.sleep(q.rng() * pause)
         q.check(replies)
         return in_the_way(replies, task_id)
@@ -244,13 +240,13 @@ class Permits:
             ]
             others = [n for i, n in enumerate(q.nodes) if i not in granted_all]
             if strays:
-                q.run(scripts.RELEASE_PREFIX, strays, (owner,), others)
+                q.run(ReleasePrefix(tuple(strays), owner), others)
         leases = []
         for g, ((name, _), group, fence_key, (index, at)) in enumerate(
             zip(names, groups, fences, chosen)
         ):
-            view = [None if r is None else (1, r[1 + 2 * g], r[2 + 2 * g]) for r in ok]
-            lease = self._lease(name, group[index], fence_key, owner, ttl, expires, at, view)
+            fences_seen = [None if r is None else _pick(r, g)[0] for r in ok]
+            lease = self._lease(name, group[index], fence_key, owner, ttl, expires, at, fences_seen)
             if lease is None:
                 return None
             lease.permit = index
@@ -267,14 +263,14 @@ class Permits:
         ttl: float,
         expires: float,
         granted: list[int],
-        replies: list[Any],
+        fences: list[Any],
     ) -> Lease | None:
         """The lease of a permit granted on a quorum, its token issued eagerly; None if
         the token could not be written on a quorum within validity."""
         redlock = self.leases.redlock
         if not self.fencing.fencing:
             return Lease(redlock, name, key, fence_key, owner, ttl, None, expires)
-        token, agreed = candidate(granted, replies)
+        token, agreed = candidate([fences[i] for i in granted])
         if agreed >= self.quorum.needed:
             return Lease(redlock, name, key, fence_key, owner, ttl, token, expires)
         # A fresh value, written only where it is larger than the node's: two
@@ -288,8 +284,15 @@ class Permits:
         return Lease(redlock, name, key, fence_key, owner, ttl, token, expires)
 
 
+def _pick(granted: Granted, g: int) -> tuple[str | None, int]:
+    """The g-th name's (fence value, permit index) in a grant."""
+    if not isinstance(granted, GrantedPermit):  # not a permit's reply: the lock key
+        return granted.fence, 0
+    return (granted.fence, granted.index) if g == 0 else granted.also[g - 1]
+
+
 def _most_granted(ok: list[Any], g: int) -> tuple[int, list[int]]:
     """For the g-th name: the index most nodes granted (the lowest of equals), and where."""
-    picks = Counter(int(r[2 + 2 * g]) for r in ok if r is not None)
+    picks = Counter(_pick(r, g)[1] for r in ok if r is not None)
     index, _ = min(picks.items(), key=lambda kv: (-kv[1], kv[0]), default=(0, 0))
-    return index, [i for i, r in enumerate(ok) if r is not None and int(r[2 + 2 * g]) == index]
+    return index, [i for i, r in enumerate(ok) if r is not None and _pick(r, g)[1] == index]

@@ -25,13 +25,27 @@ kept ``retention`` seconds after its last change.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import NamedTuple
 
-from . import scripts
 from .keyspace import KeySpace
+from .ops import (
+    AllHeld,
+    Empty,
+    Handed,
+    HandPending,
+    InQueue,
+    QueueFull,
+    QueueHead,
+    QueueNext,
+    QueuePark,
+    QueuePeek,
+    QueueStep,
+    Release,
+)
 from .quorum import Quorum
 from .records import agree
-from .values import ms, positive, text
+from .values import ms, positive
 
 __all__ = ["HandOver", "Parked", "QueueView", "Queues"]
 
@@ -123,28 +137,26 @@ class Queues:
         """
         positive("retention", retention)
         q = self.quorum
-        keys = self.queue_keys(name)
-        args = [id, call, str(max(0, most)), str(ms(retention)), "", "1" if supersede else ""]
-        replies = q.run(scripts.QUEUE_PARK, keys, args)
-        parked = [r for r in replies if isinstance(r, list) and r[0] == 1]
-        taken = tuple(sorted({text(i) or "" for r in parked for i in r[3:]}))
+        op = QueuePark(*self.queue_keys(name), id, call, most, ms(retention), "", supersede)
+        replies = q.run(op)
+        parked = [r for r in replies if isinstance(r, InQueue)]
+        taken = tuple(sorted({i for r in parked for i in r.superseded}))
         if q.has_quorum(len(parked)):
-            ticket = max(int(text(r[2]) or 0) for r in parked)
-            if sum(1 for r in parked if int(text(r[2]) or 0) == ticket) < q.needed:
+            ticket = max(r.ticket for r in parked)
+            if sum(1 for r in parked if r.ticket == ticket) < q.needed:
                 # write the largest back: one order on a quorum (taking out nobody
                 # now: a call parked since is newer, and stays)
-                args[4], args[5] = str(ticket), ""
-                replies = q.run(scripts.QUEUE_PARK, keys, args)
-                parked = [r for r in replies if isinstance(r, list) and r[0] == 1]
-                agreed = [r for r in parked if int(text(r[2]) or 0) == ticket]
+                replies = q.run(replace(op, ticket=str(ticket), supersede=False))
+                parked = [r for r in replies if isinstance(r, InQueue)]
+                agreed = [r for r in parked if r.ticket == ticket]
                 if not q.has_quorum(len(agreed)):
                     q.check(replies)
-            return Parked(True, max(int(r[1]) for r in parked), ticket, superseded=taken)
-        wrote = [n for n, r in zip(q.nodes, replies) if isinstance(r, list) and r[0] == 1]
+            return Parked(True, max(r.position for r in parked), ticket, superseded=taken)
+        wrote = [n for n, r in zip(q.nodes, replies) if isinstance(r, InQueue)]
         if wrote:
-            q.run(scripts.QUEUE_NEXT, (*self._next_keys(name, 1),), (id, "", "", "1"), wrote)
+            q.run(self._next(name, 1, id, "", "", 1), wrote)  # kept 1 ms more
         q.check(replies)
-        full = [int(r[1]) for r in replies if isinstance(r, list) and r[0] == 0]
+        full = [r.waiting for r in replies if isinstance(r, QueueFull)]
         return Parked(False, waiting=max(full, default=0))
 
     def next(
@@ -171,35 +183,36 @@ class Queues:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        keys = self._next_keys(name, limit)
         claim = "" if claim_ttl is None else str(ms(claim_ttl))
-        args = [drop, owner, claim, str(ms(retention))]
+        op = self._next(name, limit, drop, owner, claim, ms(retention))
         removed = 0
         for attempt in range(NEXT_ROUNDS):
-            replies = q.run(scripts.QUEUE_NEXT, keys, args)
+            replies = q.run(op)
             q.check(replies)
-            answers = [r for r in replies if isinstance(r, list)]
-            removed = max(removed, sum(1 for r in answers if r[0] == 1))
-            args[0] = ""  # taken out: a second round only hands over
-            handed = [(node, r) for node, r in zip(q.nodes, replies) if _code(r) == 3]
-            ids = Counter(text(r[2]) for _, r in handed)
+            answers = [r for r in replies if isinstance(r, QueueStep)]
+            removed = max(removed, sum(1 for r in answers if r.removed))
+            op = replace(op, drop="")  # taken out: a second round only hands over
+            handed = [(node, r) for node, r in zip(q.nodes, replies) if isinstance(r, Handed)]
+            ids = Counter(r.id for _, r in handed)
             chosen, votes = ids.most_common(1)[0] if ids else (None, 0)
-            stray = [n for n, r in handed if votes < q.needed or text(r[2]) != chosen]
+            stray = [n for n, r in handed if votes < q.needed or r.id != chosen]
             for node, r in handed:
                 if node in stray:
-                    q.run(scripts.RELEASE, (keys[0],), (text(r[2]),), [node])
+                    q.run(Release(op.claim_key, r.id or ""), [node])
             if votes >= q.needed:
-                mine = [r for _, r in handed if text(r[2]) == chosen]
-                call = next((text(r[3]) for r in mine if text(r[3])), None)
-                waiting = max(int(r[5]) for r in mine)
+                mine = [r for _, r in handed if r.id == chosen]
+                call = next((r.call for r in mine if r.call), None)
+                waiting = max(r.waiting for r in mine)
                 return HandOver(chosen, call, waiting, removed=removed, state="handed")
             if not handed:
                 break
             q.sleep(q.rng() * 0.005 * (attempt + 1))
-        pending = agree([(text(r[2]), int(r[3])) for r in replies if _code(r) == 0], q.needed)
-        codes = Counter(_code(r) for r in replies if _code(r) in (0, 1, 2))
-        code, votes = codes.most_common(1)[0] if codes else (None, 0)
-        state = {0: "pending", 1: "held", 2: "empty"}.get(code, "") if votes >= q.needed else ""
+        pending = agree(
+            [(r.claimant, r.pttl_ms) for r in replies if isinstance(r, HandPending)], q.needed
+        )
+        codes = Counter(_STATES[type(r)] for r in replies if type(r) in _STATES)
+        state, votes = codes.most_common(1)[0] if codes else ("", 0)
+        state = state if votes >= q.needed else ""
         return HandOver(
             pending=pending.owner, pending_for=pending.remaining, removed=removed, state=state
         )
@@ -211,24 +224,30 @@ class Queues:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(scripts.QUEUE_PEEK, self.queue_keys(name), ())
+        replies = q.run(QueuePeek(*self.queue_keys(name)))
         q.check(replies)
-        answers = [r for r in replies if isinstance(r, list)]
-        heads = Counter(text(r[1]) for r in answers if r[1])
+        answers = [r for r in replies if isinstance(r, QueueHead)]
+        heads = Counter(r.first for r in answers if r.first)
         first, votes = heads.most_common(1)[0] if heads else (None, 0)
         if votes < q.needed:
             first = None
-        call = next((text(r[2]) for r in answers if r[1] and text(r[1]) == first), None)
-        waiting = max((int(r[0]) for r in answers), default=0)
+        call = next((r.call for r in answers if r.first and r.first == first), None)
+        waiting = max((r.waiting for r in answers), default=0)
         return QueueView(waiting, first, call, len(answers))
 
-    def _next_keys(self, name: str, limit: int) -> list[str]:
-        return [
+    def _next(
+        self, name: str, limit: int, drop: str, owner: str, claim: str, retention_ms: int
+    ) -> QueueNext:
+        return QueueNext(
             self.keyspace.claim_key(name),
             *self.queue_keys(name),
-            *self.keyspace.permit_keys(name, limit),
-        ]
+            tuple(self.keyspace.permit_keys(name, limit)),
+            drop,
+            owner,
+            claim,
+            retention_ms,
+        )
 
 
-def _code(reply: object) -> int | None:
-    return int(reply[1]) if isinstance(reply, list) and len(reply) > 1 else None
+#: What a quorum of nodes answering a hand-over that did not hand over may agree on.
+_STATES = {HandPending: "pending", AllHeld: "held", Empty: "empty"}

@@ -7,11 +7,12 @@ round that granted it: the drift allowance covers clocks that advance at
 slightly different rates on the client and the nodes.
 
 Every operation of the core reaches the nodes through :meth:`Quorum.run` (an
-operation) or :meth:`Quorum.gather` (a plain read): one round, sent to every
-node at once, with one reply (or the node's error) per node, whatever the
-nodes' kind (:mod:`celery_redlock.core.nodes`). A round of every node ends
-once a quorum answered: a node still connecting or unanswered then is "not
-answering", as a node down is, so a dead minority never holds a round.
+operation value of :mod:`.ops`) or :meth:`Quorum.gather` (a plain read): one
+round, sent to every node at once, with one typed result (or the node's
+error) per node, whatever the nodes' kind (:mod:`celery_redlock.core.nodes`).
+A round of every node ends once a quorum answered: a node still connecting or
+unanswered then is "not answering", as a node down is, so a dead minority
+never holds a round.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 
 from . import nodes as kinds
 from .exceptions import ConfigurationError, QuorumUnavailable
-from .scripts import Script
+from .ops import Op
 
 __all__ = ["DRIFT_FLOOR", "Quorum"]
 
 #: Fixed part of the drift allowance, in seconds (redis.io distlock).
 DRIFT_FLOOR = 0.002
+
+_OURS = object()
 
 
 class Quorum:
@@ -54,7 +57,6 @@ class Quorum:
         "connect_timeout",
         "drift_factor",
         "min_replicas",
-        "plain",
         "kind",
         "clock",
         "sleep",
@@ -97,11 +99,6 @@ class Quorum:
         self.connect_timeout = max(float(node.connect_timeout) for node in self.nodes)
         self.drift_factor = float(drift_factor)
         self.min_replicas = min_replicas
-        #: Plain masters with no replica to confirm a write: a bare command's
-        #: round needs no routing and no ``WAIT`` behind it.
-        self.plain = not min_replicas and all(
-            node.kind == "redis" and not node.cluster for node in self.nodes
-        )
         #: The nodes' kind when they are all of one (:mod:`.nodes`), else None.
         one = len({n.kind for n in self.nodes}) == 1
         self.kind = kinds.kind_of(self.nodes[0]) if one else None
@@ -111,46 +108,27 @@ class Quorum:
 
     def run(
         self,
-        script: Script,
-        keys: Sequence[str],
-        args: Sequence[Any],
+        op: Op,
         nodes: Sequence[Any] | None = None,
         timeout: float | None = None,
+        kind: Any = _OURS,
     ) -> list[Any]:
-        """Run ``script`` on every node (or on ``nodes``) at once: one reply or error
-        per node, each node within its timeout (no longer than ``timeout``, if given).
-        A round of every node ends once a quorum answered (:attr:`needed`); one of
-        some nodes waits for each of them."""
+        """Run the operation ``op`` on every node (or on ``nodes``: of the nodes'
+        kind, or with ``kind=None`` any servers, a cluster's shard masters too) at
+        once: one typed result (:mod:`.ops`) or error per node, each node within its
+        timeout (no longer than ``timeout``, if given). A round of every node ends
+        once a quorum answered (:attr:`needed`); one of some nodes waits for each."""
         needed = self.needed if nodes is None else None
         nodes = self.nodes if nodes is None else nodes
-        if self.kind is not None:  # one kind: its own round, nothing in between
-            limit = self.node_timeout if timeout is None else min(timeout, self.node_timeout)
-            return self.kind.run(script, nodes, keys, args, limit, needed)
-        return kinds.scatter(script, nodes, keys, args, timeout, needed)
+        kind = self.kind if kind is _OURS else kind  # one kind: its own round, nothing between
+        limit = self.node_timeout if timeout is None else min(timeout, self.node_timeout)
+        return kinds.perform(op, nodes, limit if kind is not None else timeout, kind, needed)
 
-    def set_first(
-        self, script: Script, keys: Sequence[str], args: Sequence[Any], won: Any
-    ) -> list[Any]:
-        """:meth:`run` for a script whose first step, on a free key, is ``SET KEYS[1]
-        ARGV[1] NX PX ARGV[2]`` and whose reply then is ``won``: on :attr:`plain`
-        nodes that step goes as the bare command, without the script's cost on
-        the node, and only a node that refuses it (the key is taken, or already
-        holds ``ARGV[1]``: a re-sent call) runs the script, in a second round,
-        to say by whom or to treat it as its own."""
-        if not self.plain:
-            return self.run(script, keys, args)
-        first = self.gather(("SET", keys[0], args[0], "NX", "PX", args[1]), needed=self.needed)
-        replies = [r if r is None or isinstance(r, Exception) else won for r in first]
-        refused = [i for i, r in enumerate(replies) if r is None]
-        if refused:
-            again = self.run(script, keys, args, [self.nodes[i] for i in refused])
-            for i, reply in zip(refused, again):
-                replies[i] = reply
-        return replies
-
-    def send(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
-        """Write ``script`` to every node without waiting for the replies (deletions only);
+    def send(self, op: Op) -> list[int]:
+        """Write ``op`` to every node without waiting for the replies (deletions only);
         the indexes of the nodes it was not sent to (see :func:`.nodes.send`)."""
+        script, keys, args = kinds.codec.encode(op)
+        assert script is not None, "a plain read is never sent unwaited"
         return kinds.send(script, self.nodes, keys, args)
 
     def gather(

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .ops import Fields, ReadHash, ReadScores, Scores
 from .records import RateView
 from .windows import RateKey, Window, checked_rate, paced
 
@@ -29,15 +30,15 @@ def peek_rate(
     windows = checked_rate(rate)
     q, keyspace = redlock._rates.quorum, redlock._rates.keyspace
     full_key = key or keyspace.coalesce_key(name, "rate")
-    replies = q.gather(("HGETALL", full_key))
+    replies = q.run(ReadHash(full_key))
     q.check(replies)
     starts = keyspace.coalesce_key(name, "starts") if key is None else _starts_key(key)
-    recorded = q.gather(("ZRANGE", starts, 0, -1, "WITHSCORES"))
+    recorded = q.run(ReadScores(starts))
     pace = paced(windows)
     logs: list[tuple[float, ...]] = [()] * len(replies)
     if len(windows) > 1:
         log = RateKey(full_key, windows).log
-        logs = [_scores(r) for r in q.gather(("ZRANGE", log, 0, -1, "WITHSCORES"))]
+        logs = [_scores(r) for r in q.run(ReadScores(log))]
     rows = []
     nxt = time.time() if now is None else now
     for w in windows:
@@ -63,15 +64,11 @@ def _starts_key(rate_key: str) -> str:
 
 def _union(replies: Sequence[Any]) -> tuple[float, ...]:
     """The starts every answering node recorded, each once (its earliest score)."""
-    seen: dict[Any, float] = {}
+    seen: dict[str, float] = {}
     for reply in replies:
-        if isinstance(reply, BaseException) or not reply:
-            continue
-        # RESP2 answers member, score, member, ...; RESP3 [member, score] pairs
-        pairs = reply if isinstance(reply[0], list) else zip(reply[::2], reply[1::2])
-        for member, score in pairs:
-            value = float(score)
-            seen[member] = min(value, seen.get(member, value))
+        if isinstance(reply, Scores):
+            for member, score in reply.items:
+                seen[member] = min(score, seen.get(member, score))
     return tuple(sorted(score / 1000.0 for score in seen.values()))
 
 
@@ -84,29 +81,17 @@ def _admits(reply: Any, log: Sequence[float], window: Window, counted: bool) -> 
         if len(log) < window.starts:
             return None
         return (log[-window.starts] + _ms(window.period)) / 1000.0
-    if isinstance(reply, dict):
-        pairs = list(reply.items())
-    elif isinstance(reply, list):
-        pairs = list(zip(reply[::2], reply[1::2]))
-    else:
+    if not isinstance(reply, Fields):
         return None
-    for k, v in pairs:
-        if _text(k) == window.field:
-            return int(v) / 1000.0
+    for field, value in reply.items:
+        if field == window.field:
+            return int(value) / 1000.0
     return None
 
 
 def _scores(reply: Any) -> tuple[float, ...]:
-    """A ZRANGE ... WITHSCORES reply's scores, in order (none for a node that failed)."""
-    if isinstance(reply, BaseException) or not reply:
-        return ()
-    # RESP2 answers member, score, member, ...; RESP3 [member, score] pairs
-    pairs = reply if isinstance(reply[0], list) else zip(reply[::2], reply[1::2])
-    return tuple(float(score) for _, score in pairs)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A sorted set's scores, in order (none for a node that failed)."""
+    return tuple(score for _, score in reply.items) if isinstance(reply, Scores) else ()
 
 
 def _ms(seconds: float) -> int:

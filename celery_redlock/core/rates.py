@@ -96,10 +96,23 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from . import scripts
 from .exceptions import ConfigurationError, QuorumUnavailable
 from .keyspace import KeySpace
 from .nodes import NotReplicated, check_together
+from .ops import (
+    Acquire,
+    AcquirePermit,
+    Booked,
+    Done,
+    Granted,
+    GrantedRated,
+    Later,
+    Ping,
+    Rate,
+    Rated,
+    Sooner,
+    Unstart,
+)
 from .quorum import Quorum
 from .records import NEAR, RateSlot
 from .windows import RateKey, checked_burst, checked_rate
@@ -110,8 +123,6 @@ logger = logging.getLogger("celery_redlock.redlock")
 
 #: Rounds a reservation spends while concurrent callers split the nodes between them.
 ROUNDS = 5
-#: The reply of a rated acquire whose grant was booked for later and let go.
-LATER = 7
 #: The most starts a key's sorted set of recorded starts keeps.
 MAX_STARTS = 10_000
 #: Longest pause, in seconds, before a reservation asks again after a split.
@@ -145,52 +156,39 @@ class RatedRound:
         #: The start was booked before (a delivery at its instant): record it only.
         self.booked = booked
         self.now = 0
-        self.answers: list[tuple[int, Any]] = []
-        self.unconfirmed: list[tuple[int, Any]] = []
+        self.answers: list[tuple[int, Booked]] = []
+        self.unconfirmed: list[tuple[int, Booked]] = []
 
-    def run(
-        self,
-        script: scripts.Script,
-        keys: Sequence[str],
-        args: Sequence[Any],
-        owner: str,
-        held: Sequence[str],
-    ) -> list[Any]:
-        """The rated ``script`` around an acquire's own keys and args (``held``: those
-        of its keys a grant sets to ``owner``), on every node: the acquire's replies,
-        {7} where the grant was booked for later and let go, each grant's booking
-        popped off into :attr:`answers`."""
+    def run(self, acquire: Acquire | AcquirePermit, held: Sequence[str]) -> list[Any]:
+        """The rated ``acquire`` (``held``: those of its keys a grant sets to its owner),
+        on every node: the acquire's results, :class:`.ops.Later` where the grant was
+        booked for later and let go, each grant's booking kept in :attr:`answers`."""
         self.now = now = _epoch_ms()
         rated = self.keys
         longest = max(w.period for k in rated for w in k.windows)
         most = max(w.starts for k in rated for w in k.windows) + max(k.burst for k in rated)
-        keep = [
-            "r" if self.booked else "b",
-            str(now),
-            str(now + _ms(NEAR)),
-            str(_ms(longest)),
-            str(min(MAX_STARTS, 2 * most)),
-            owner,
-            " ".join(str(i + 1) for i, key in enumerate(keys) if key in held),
-            str(len(rated)),
-        ]
-        if not self.booked:
-            keep += _args(rated, now)
-        all_keys = [*keys, *_booking_keys(rated), *(k.starts for k in rated)]
-        replies = self.rates.quorum.run(script, all_keys, [len(keys), len(args), *args, *keep])
+        op = Rated(
+            acquire,
+            rated,
+            self.booked,
+            now,
+            now + _ms(NEAR),
+            _ms(longest),
+            min(MAX_STARTS, 2 * most),
+            tuple(held),
+        )
+        replies = self.rates.quorum.run(op)
         for i, reply in enumerate(replies):
             into = self.answers
             if isinstance(reply, NotReplicated):
                 reply, into = reply.reply, self.unconfirmed
-            if isinstance(reply, list) and reply and reply[0] in (1, LATER):
-                booking = reply.pop()
-                if booking:
-                    into.append((i, booking))
+            if isinstance(reply, (GrantedRated, Later)) and reply.booking:
+                into.append((i, reply.booking))
         return replies
 
     def free(self, replies: Sequence[Any]) -> int:
         """How many nodes found the keys free: granted, or booked for later."""
-        return sum(1 for r in replies if isinstance(r, list) and r and r[0] in (1, LATER))
+        return sum(1 for r in replies if isinstance(r, (Granted, Later)))
 
     def settle(self) -> RateSlot:
         """The start's slot once the keys were found free on a quorum."""
@@ -205,11 +203,11 @@ class RatedRound:
         it recorded, on every node (a start booked for later, or an attempt that did
         not stand). With the round's ``replies``, only where a node granted: a start
         booked for later that every node let go of costs no round more. Never raises."""
-        if replies is not None and not any(_code(r) == 1 for r in replies):
+        if replies is not None and not any(isinstance(_result(r), Granted) for r in replies):
             return
-        keys = [*lock_keys, *(k.starts for k in self.keys)]
+        op = Unstart(tuple(lock_keys), tuple(k.starts for k in self.keys), owner)
         try:
-            self.rates.quorum.run(scripts.UNSTART, keys, (owner, len(lock_keys)))
+            self.rates.quorum.run(op)
         except Exception as exc:  # pragma: no cover - defensive, as a release
             logger.warning("release of %r failed: %s", lock_keys[0], exc)
 
@@ -229,28 +227,9 @@ class RatedRound:
 # -- reserving ----------------------------------------------------------------
 
 
-def _args(
-    keys: Sequence[RateKey], now_ms: int, phase: str = "1", third: str = "", versions=()
-) -> list[Any]:
-    args: list[Any] = [phase, str(now_ms), third]
-    for i, key in enumerate(keys):
-        args += [_text(versions[i]) if versions else "", str(len(key.windows))]
-        pace = key.pace
-        for w in key.windows:
-            interval = _ms(w.interval)
-            tau = (key.burst - 1) * interval
-            counted = 0 if w == pace else w.starts
-            args += [w.field, str(interval), str(tau), str(_ms(w.period)), str(counted)]
-    return args
-
-
 def _booking_keys(keys: Sequence[RateKey]) -> list[str]:
-    """:data:`.scripts.rates.RATE`'s keys: the rate hashes, then their logs."""
+    """The keys a reservation books: the rate hashes, then their logs."""
     return [*(k.key for k in keys), *(k.log for k in keys)]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _epoch_ms() -> int:
@@ -347,15 +326,15 @@ class Rates:
             # Every round during an outage would book on the minority that answers,
             # and an undo can lose to a concurrent booking: until a quorum answers a
             # read, book nothing (one round more, only after a round fell short).
-            q.check(q.gather(("PING",)))
+            q.check(q.run(Ping()))
             self.unsure = False
         best = 0
         for attempt in range(rounds or self.ROUNDS):
             now = _epoch_ms() if now_ms is None else int(now_ms)
             floor = "" if after is None else str(now + _ms(after))
-            replies = q.run(scripts.RATE, names, _args(keys, now, third=floor))
-            answers = [(i, r) for i, r in enumerate(replies) if _answer(r)]
-            sooner = sum(1 for r in replies if _code(r) == 2)
+            replies = q.run(Rate(tuple(keys), "1", now, floor))
+            answers = [(i, r) for i, r in enumerate(replies) if isinstance(r, Booked)]
+            sooner = sum(1 for r in replies if isinstance(_result(r), Sooner))
             if sooner and not q.has_quorum(len(answers)) and q.has_quorum(len(answers) + sooner):
                 self._undo(keys, now, answers + _unconfirmed(replies))
                 return None
@@ -364,7 +343,7 @@ class Rates:
                 errors = {
                     q.nodes[i].name: r if isinstance(r, BaseException) else f"answered {r!r}"
                     for i, r in enumerate(replies)
-                    if not _answer(r)
+                    if not isinstance(r, Booked)
                 }
                 raise QuorumUnavailable(errors, q.needed, len(q.nodes))
             slot = self.settle(keys, now, answers)
@@ -377,7 +356,7 @@ class Rates:
         return RateSlot(best / 1000.0, max(0, best - now) / 1000.0, reserved=False)
 
     def settle(
-        self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]
+        self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Booked]]
     ) -> RateSlot:
         """The instant phase 1's answers (a quorum of them) agree on, booked on a quorum.
 
@@ -386,17 +365,17 @@ class Rates:
         needed and keep their own booking; the others move to s* (phase 2, one
         call per such node). Not ``reserved`` when s* did not land on a quorum.
         """
-        q, names = self.quorum, _booking_keys(keys)
-        best = sorted(int(r[1]) for _, r in answers)[q.needed - 1]
-        booked: list[tuple[int, Any]] = []
-        missed: list[tuple[int, Any]] = []
+        q = self.quorum
+        best = sorted(r.at_ms for _, r in answers)[q.needed - 1]
+        booked: list[tuple[int, Booked]] = []
+        missed: list[tuple[int, Booked]] = []
         for i, r in answers:
-            if int(r[1]) < best:  # move this node's booking to s*: phase 2
-                args = _args(keys, now, "2", str(best), r[2 : 2 + len(keys)])
-                moved = _answer(q.run(scripts.RATE, names, args, nodes=[q.nodes[i]])[0])
+            if r.at_ms < best:  # move this node's booking to s*: phase 2
+                op = Rate(tuple(keys), "2", now, str(best), r.versions)
+                moved = q.run(op, nodes=[q.nodes[i]])[0] == Done(True)
                 (booked if moved else missed).append((i, r))
             else:
-                (booked if int(r[1]) == best else missed).append((i, r))
+                (booked if r.at_ms == best else missed).append((i, r))
         wait = max(0, best - now) / 1000.0
         if q.has_quorum(len(booked)):
             # The nodes that did not book s* (ahead of it: bookings they alone hold)
@@ -410,7 +389,7 @@ class Rates:
         return RateSlot(best / 1000.0, wait, reserved=False)
 
     def fell_short(
-        self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Any]]
+        self, keys: Sequence[RateKey], now: int, answers: Sequence[tuple[int, Booked]]
     ) -> None:
         """A round whose bookings did not stand: take them back (a minority's, or
         ones the replicas did not confirm), and book nothing more until a quorum
@@ -422,15 +401,15 @@ class Rates:
         self,
         keys: Sequence[RateKey],
         now: int,
-        answers: Sequence[tuple[int, Any]],
+        answers: Sequence[tuple[int, Booked]],
         at: int | None = None,
     ) -> None:
         """Take phase 1's bookings back where nothing was booked after them; in the
         logs, out, or (``at``: the reservation stood there) moved to ``at``."""
-        q, k, names = self.quorum, len(keys), _booking_keys(keys)
+        q = self.quorum
         for i, r in answers:
-            before = " ".join(["-" if at is None else str(at), *(_text(t) for t in r[2 + k :])])
-            q.run(scripts.RATE, names, _args(keys, now, "0", before, r[2 : 2 + k]), [q.nodes[i]])
+            before = " ".join(["-" if at is None else str(at), *r.tats])
+            q.run(Rate(tuple(keys), "0", now, before, r.versions), [q.nodes[i]])
 
 
 def reserve_rates(redlock: Any, keys: Sequence[RateKey], *, now_ms: int | None = None) -> RateSlot:
@@ -443,25 +422,18 @@ def reserve_place(redlock: Any, keys: Sequence[RateKey], after: float = NEAR) ->
     return redlock._rates.reserve_after(keys, after)
 
 
-def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Any]]:
-    """(index, reply) of the nodes that booked but whose replicas did not confirm it."""
+def _unconfirmed(replies: Sequence[Any]) -> list[tuple[int, Booked]]:
+    """(index, booking) of the nodes that booked but whose replicas did not confirm it."""
     return [
         (i, r.reply)
         for i, r in enumerate(replies)
-        if isinstance(r, NotReplicated) and _answer(r.reply)
+        if isinstance(r, NotReplicated) and isinstance(r.reply, Booked)
     ]
 
 
-def _code(reply: Any) -> int | None:
-    """A node's reply code, its replicas confirmed or not: 1 granted (or booked), 2 a
-    start admitted sooner than asked (nothing booked), 7 booked for later."""
-    if isinstance(reply, NotReplicated):
-        reply = reply.reply
-    return int(reply[0]) if isinstance(reply, list) and reply else None
-
-
-def _answer(reply: Any) -> bool:
-    return isinstance(reply, list) and bool(reply) and int(reply[0]) == 1
+def _result(reply: Any) -> Any:
+    """A node's result, its replicas confirmed or not."""
+    return reply.reply if isinstance(reply, NotReplicated) else reply
 
 
 def _ms(seconds: float) -> int:

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from . import ops
 from .values import text
 from .windows import Window
 
@@ -158,7 +159,7 @@ class Finished(NamedTuple):
     id: str
 
 
-def agree(seen: list[tuple[str | None, int]], quorum: int = 1) -> Holder:
+def agree(seen: Sequence[tuple[str | None, int]], quorum: int = 1) -> Holder:
     """The most common value among node answers (value, pttl_ms), if at least
     ``quorum`` agree; ``remaining`` is the smallest TTL among them."""
     if not seen:
@@ -180,18 +181,18 @@ def in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
     """What stopped an acquire: the holder a node reported (with the claimant it saw
     beside it), the holder of another name held together (``also=``), or the claim
     naming another id."""
-    held = [r for r in replies if isinstance(r, list) and r[0] == 0]
-    full = [r for r in replies if isinstance(r, list) and r[0] == 5]
+    held = [r for r in replies if isinstance(r, ops.Held)]
+    full = [r for r in replies if isinstance(r, ops.Full)]
     if held or (task_id is None and not full):
-        holder = agree([(text(r[1]), int(r[2])) for r in held])
-        claimants = [claimant_of(r[3]) for r in held if len(r) > 3 and r[3]]
+        holder = agree([(r.holder, r.pttl_ms) for r in held])
+        claimants = [claimant_of(r.claim) for r in held if r.claim]
         if claimants:
             holder = holder._replace(claimant=Counter(claimants).most_common(1)[0][0])
         return holder
     if full:  # my name had a permit, another name held together had none
-        return agree([(text(r[2]), int(r[3])) for r in full])
+        return agree([(r.holder, r.pttl_ms) for r in full])
     claimed = agree(
-        [(claimant_of(r[1]), int(r[2])) for r in replies if isinstance(r, list) and r[0] == 3]
+        [(claimant_of(r.claimant), r.pttl_ms) for r in replies if isinstance(r, ops.Claimed)]
     )
     return Claim(claimed.owner, claimed.remaining)
 
@@ -199,7 +200,7 @@ def in_the_way(replies: Sequence[Any], task_id: str | None) -> Holder | Claim:
 def split(replies: Sequence[Any], needed: int) -> bool:
     """A failed attempt that met other owners, none of them on ``needed`` nodes:
     contenders split the nodes (and each let go). Nobody holds the name."""
-    held = Counter(r[1] for r in replies if isinstance(r, list) and r[0] == 0)
+    held = Counter(r.holder for r in replies if isinstance(r, ops.Held))
     return bool(held) and max(held.values()) < needed
 
 
@@ -208,9 +209,9 @@ def stopped_early(
 ) -> Finished | TooEarly | None:
     """A receipt (one node is proof: it is only written after the fact), or a grant less
     than a throttle period ago on a quorum: the attempt is over, nothing is held."""
-    if task_id is not None and any(isinstance(r, list) and r[0] == 2 for r in replies):
+    if task_id is not None and any(isinstance(r, ops.Finished) for r in replies):
         return Finished(task_id)
-    early = [int(r[1]) for r in replies if isinstance(r, list) and r[0] == 4]
+    early = [r.wait_ms for r in replies if isinstance(r, ops.TooEarly)]
     if len(early) >= needed:
         return TooEarly(max(early) / 1000.0)
     return None

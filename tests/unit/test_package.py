@@ -171,7 +171,7 @@ def test_the_import_walk_sees_relative_and_function_imports():
     graph = _package_graph()
     assert "plan" in graph["task"] and "signals" in graph["task"]
     assert "core.heartbeat" in graph["task"] and "core" in graph["task"]
-    assert "core.scripts" in graph["core.lease"] and "core.settings" in graph["core.values"]
+    assert "core.ops" in graph["core.lease"] and "core.settings" in graph["core.values"]
     assert (
         "core.nodes" in graph["core.quorum"]
         and "core.nodes.redis.rounds" in graph["core.nodes.redis"]
@@ -308,6 +308,17 @@ def test_the_core_above_the_seam_imports_no_kind_of_node():
         kinds = sorted(dep for dep in deps if dep.startswith("core.nodes."))
         clients = {d.split(".")[0] for d in _imports(name, modules[name])} & {"redis", "psycopg"}
         assert not kinds and not clients, (name, kinds, clients)
+
+
+def test_the_primitives_name_operations_not_scripts():
+    """Above ``core.nodes`` the core builds operation values (``core.ops``) and reads
+    results' fields: no module but the scripts themselves imports them (their KEYS,
+    ARGV and reply slots are the codec's, under the seam)."""
+    graph = _package_graph()
+    for name, deps in graph.items():
+        if not name.startswith("core") or name.startswith(("core.nodes", "core.scripts")):
+            continue
+        assert not {d for d in deps if d.startswith("core.scripts")}, name
 
 
 def test_redis_internals_live_in_one_module():

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
+from . import codec
 
 if TYPE_CHECKING:
     from .kind import Kind
@@ -89,6 +90,7 @@ __all__ = [
     "kind_timeouts",
     "mask_url",
     "node_for",
+    "perform",
     "ping_latency",
     "scatter",
     "send",
@@ -424,6 +426,28 @@ def scatter(
     return _spread(
         nodes, timeout, needed, lambda kind, some, t, n: kind.run(op, some, keys, args, t, n)
     )
+
+
+def perform(
+    op: Any,
+    nodes: Sequence[Any],
+    timeout: float | None,
+    kind: Any = None,
+    needed: int | None = None,
+) -> list[Any]:
+    """Run the operation value ``op`` (:mod:`..ops`) on ``nodes`` at once (as one round of
+    ``kind`` when given): one typed result, or the node's error, per node; a
+    :class:`NotReplicated` error carries the typed result of its node. ``timeout``
+    None: each node's own; ``needed``: the answers that decide the round."""
+    script, keys, args = codec.ENCODERS[type(op)](op)
+    if script is None:  # a plain read: ``keys`` is its command
+        replies = command(nodes, tuple(keys), timeout, needed)
+    elif kind is not None:
+        limit = timeout if timeout is not None else max(node.timeout for node in nodes)
+        replies = kind.run(script, nodes, keys, args, limit, needed)
+    else:
+        replies = scatter(script, nodes, keys, args, timeout, needed)
+    return codec.decode_all(op, replies, NotReplicated)
 
 
 def command(

@@ -26,6 +26,7 @@ from celery_redlock.core import (
     scripts,
 )
 from celery_redlock.core.nodes import redis as redis_kind
+from celery_redlock.core.nodes.redis import first as redis_first
 from celery_redlock.exceptions import LockLost, QuorumUnavailable
 
 TTL = 10.0
@@ -415,8 +416,9 @@ def test_full_jitter_is_uniform_up_to_the_capped_exponential():
 
 
 def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
-    """Record the name of every script the Redlock runs (optionally slowing ISSUE down)."""
-    real = redis_kind.run
+    """Record the name of every script the Redlock runs (optionally slowing ISSUE down):
+    under the Redis kind's one-SET-NX fast path, which runs no script."""
+    real = redis_first.run_script
     calls: list[str] = []
 
     def spy(script, *args, **kwargs):
@@ -425,7 +427,7 @@ def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
             time.sleep(delay)
         return real(script, *args, **kwargs)
 
-    monkeypatch.setattr(redis_kind, "run", spy)
+    monkeypatch.setattr(redis_first, "run_script", spy)
     return calls
 
 

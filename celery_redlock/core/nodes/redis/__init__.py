@@ -4,7 +4,8 @@
 
 Operations run as the Lua scripts of :mod:`celery_redlock.core.scripts` (by
 ``EVALSHA``, one round for every node at once: :mod:`.rounds`, bytes on the
-wire by :mod:`.wire`); a cluster routes by hash slot (:mod:`.cluster`);
+wire by :mod:`.wire`; on plain masters an acquire goes as one ``SET NX``
+first, :mod:`.first`); a cluster routes by hash slot (:mod:`.cluster`);
 ``redlock_min_replicas`` pipelines a ``WAIT`` behind a write (:mod:`.replicas`).
 """
 
@@ -19,8 +20,8 @@ from ...records import NodeInfo
 from ..kind import Ask, Kind
 from . import rounds
 from .cluster import CLUSTER_SCHEMES, check_together, node_for
+from .first import run
 from .info import node_info
-from .rounds import run_script
 from .unwaited import send_script
 from .urls import SCHEMES as _MASTER_SCHEMES
 
@@ -50,7 +51,6 @@ NODE_TIMEOUT = 0.05
 CONNECT_TIMEOUT = 1.0
 
 make = node_for
-run = run_script
 send = send_script
 
 
