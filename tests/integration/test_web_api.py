@@ -29,7 +29,11 @@ TOKEN = "s3cret-token-for-tests"
 
 
 #: The kinds whose servers the session starts: emptied here, not stopped.
-SESSION_SERVERS = {"3postgres": "postgres_servers_session", "3etcd": "etcd_nodes3_session"}
+SESSION_SERVERS = {
+    "3postgres": "postgres_servers_session",
+    "3etcd": "etcd_nodes3_session",
+    "3zookeeper": "zookeeper_nodes3_session",
+}
 
 
 @pytest.fixture(scope="module", params=[s.id for s in NODE_SETS if s.count == 3 and not s.local])
@@ -58,7 +62,11 @@ def node_timeout(nodes: Any) -> float:
     """A PostgreSQL node's call is a commit, an etcd node's a raft commit: 3x the
     500 ms their pages advise (a loaded host's healthy node took longer, and no
     test here is about the timeout; a node down refuses at once); Redis's default."""
-    return 1.5 if is_postgres(nodes) or is_etcd(nodes) else 0.05
+    return 1.5 if is_postgres(nodes) or is_etcd(nodes) or is_zookeeper(nodes) else 0.05
+
+
+def is_zookeeper(nodes: Any) -> bool:
+    return nodes.urls[0].startswith("zookeeper://")
 
 
 def is_postgres(nodes: Any) -> bool:

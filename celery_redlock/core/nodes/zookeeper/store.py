@@ -14,9 +14,9 @@ again and the run goes again on them.
 session or ephemeral znode holds a lock: a key with a TTL stores when it
 expires (``e``), stamped on the ensemble's clock as its leader gave it in the
 last commit's ``mtime`` (plus the time since, on this process's monotonic
-clock, plus that commit's round trip: never before the ensemble's time), and
+clock, plus that commit's round trip: never behind the ensemble's time), and
 a key is taken as absent once this process's view of that clock (the same,
-without the round trip: never after it) has passed it. So a lock is free
+without the round trip: never ahead of it) has passed it. So a lock is free
 within its TTL plus two round trips of the ensemble's time, whatever became
 of its holder's process or session. What is left to assume: the ensemble's
 members' wall clocks agree (the leader stamps ``mtime``; a leader change
@@ -74,13 +74,18 @@ class ZookeeperStore:
     # -- the ensemble's clock -------------------------------------------------------------
 
     def clock(self) -> float:
-        """The ensemble's time, never ahead of it (seconds)."""
+        """The ensemble's time, never behind it (seconds): what a write stamps
+        its deadline with, and what ``TIME`` (a fence's floor) reads."""
+        return self._past() + self._rtt
+
+    def _past(self) -> float:
+        """The ensemble's time, never ahead of it: what expiry is judged by."""
         return self._mtime + (time.monotonic() - self._at)
 
     def _learn_time(self, mtime_ms: int, sent: float) -> None:
         got = time.monotonic()
         with self._clock_lock:
-            if mtime_ms / 1000 >= self.clock() or not self._at:
+            if mtime_ms / 1000 >= self._past() or not self._at:
                 self._mtime, self._at = mtime_ms / 1000, got
             self._rtt = got - sent
 
@@ -91,16 +96,16 @@ class ZookeeperStore:
         self._learn_time(stat.mtime, sent)
 
     def expire(self, entry: Entry, deadline: float) -> None:
-        """Stamp the key's deadline on the ensemble's clock, never before its time."""
-        entry.expire = int((self.clock() + self._rtt) * 1000) + (entry.px or 0)
-        entry.lease = 1  # stamped: a write that keeps the TTL keeps it
+        """Nothing to put it on: the key's deadline, as the view stamped it on
+        :meth:`clock`, is its expiry (marked, so a write that keeps the TTL keeps it)."""
+        entry.lease = 1
 
     # -- reads and commits ----------------------------------------------------------------
 
     def _live(self, version: Version) -> Version:
         rev, entry = version
         if entry is not None and entry.px is not None:
-            if (entry.expire or 0) <= self.clock() * 1000:
+            if (entry.expire or 0) <= self._past() * 1000:
                 return rev, None  # expired on the ensemble's clock: absent, at its version
         return rev, entry
 
@@ -177,12 +182,17 @@ class ZookeeperStore:
     def scan(
         self, pattern: str, cursor: int, count: int, deadline: float
     ) -> tuple[int, list[bytes]]:
-        """``count`` keys from the ``cursor``-th (in name order), the live ones matching
-        ``pattern``; an expired key met is deleted (on its version)."""
+        """``count`` keys from the cursor's name on (in name order), the live ones
+        matching ``pattern``; an expired key met is deleted (on its version). The
+        cursor is the name to go on from, as a number (0: from the start), so keys
+        deleted or added meanwhile move no other key out of the scan."""
         client = self.node.client(deadline)
         names = sorted(self.node.wait(client.get_children_async(self.node.root), deadline))
-        page = [_key(n) for n in names[cursor : cursor + count]]
-        following = cursor + count if cursor + count < len(names) else 0
+        start = cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:].decode()
+        names = [n for n in names if n >= start]
+        page = [_key(n) for n in names[:count]]
+        after = names[count:]
+        following = int.from_bytes(b"\x01" + after[0].encode(), "big") if after else 0
         match = re.compile(glob_regex(pattern), re.DOTALL)
         wanted = [k for k in page if match.fullmatch(k.decode(errors="replace"))]
         out = []
