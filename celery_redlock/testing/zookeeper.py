@@ -24,9 +24,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .memory import MemoryKeys
 from .nodes import HOST, free_port
 
-__all__ = ["ZookeeperEnsemble", "ZookeeperEnsembles", "ZookeeperMember", "zookeeper_missing"]
+__all__ = [
+    "ZookeeperEnsemble",
+    "ZookeeperEnsembles",
+    "ZookeeperKeys",
+    "ZookeeperMember",
+    "zookeeper_missing",
+]
 
 START_TIMEOUT = 30.0
 _JAR = "/usr/share/java/zookeeper.jar"
@@ -63,6 +70,38 @@ def four_letters(endpoint: str, word: bytes = b"srvr", timeout: float = 0.5) -> 
         while chunk := sock.recv(4096):
             chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+class ZookeeperKeys(MemoryKeys):
+    """An ensemble's keys with the calls of a decoded redis-py client that tests use,
+    sent as the kind's plain commands (see :class:`~.memory.MemoryKeys`)."""
+
+    def __init__(self, url: str) -> None:
+        from ..core.nodes.zookeeper import KIND
+
+        self.kind = KIND
+        self.node = KIND.make(url, 5.0)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.node.close()
+
+    def _cmd(self, *cmd: Any) -> Any:
+        reply = self.kind.command([self.node], cmd, self.node.timeout)[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        names, cursor = [], 0
+        while True:
+            cursor, page = self._cmd("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+            names += [n.decode() for n in page]
+            if not int(cursor):
+                return sorted(names)
+
+    def time(self) -> tuple[int, int]:
+        self._cmd("GET", "-")  # a commit: the ensemble's clock as it answered
+        return super().time()
 
 
 class ZookeeperMember:
@@ -255,20 +294,14 @@ class ZookeeperEnsemble:
         client.start(timeout=10)
         return client
 
+    def client(self) -> ZookeeperKeys:
+        """The lock node's keys, read and written as a test reads a Redis node's."""
+        return ZookeeperKeys(self.url)
+
     def keys(self, pattern: str = "*") -> list[str]:
         """The lock node's live keys matching ``pattern``, sorted."""
-        from celery_redlock.core.nodes.zookeeper import KIND
-
-        node = KIND.make(self.url, 5.0)
-        try:
-            names, cursor = [], 0
-            while True:
-                cursor, page = node.store.scan(pattern, cursor, 1000, time.monotonic() + 5.0)
-                names += [n.decode() for n in page]
-                if not cursor:
-                    return sorted(names)
-        finally:
-            node.close()
+        with self.client() as keys:
+            return keys.keys(pattern)
 
     def kill(self, index: int) -> None:
         self.members[index].kill()

@@ -159,7 +159,10 @@ class ZookeeperStore:
             return None
         _refusal(self.node, failed)
         self.conflicts += 1
+        root = client.exists_async(self.node.root)  # gone (a flush)? sent beside the reads
         fresh = self._fetch(list(reads), deadline)
+        if self.node.wait(root, deadline) is None:
+            self.node.wait(client.ensure_path_async(self.node.root), deadline)
         self.cache.learn(fresh)
         return {key: self._live(v) for key, v in fresh.items()}
 
@@ -212,7 +215,10 @@ def _refusal(node: ZookeeperNode, failed: list[Exception]) -> None:
     """Raise a failed multi's error unless it is a stale version (a conflict)."""
     from kazoo import exceptions as ke
 
-    stale = (ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError)
+    stale = (
+        ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
+        ke.RuntimeInconsistency,
+    )  # fmt: skip
     for exc in failed:
         if not isinstance(exc, stale):
             if isinstance(exc, ke.NoAuthError):
