@@ -39,7 +39,7 @@ START_TIMEOUT = 30.0
 _JAR = "/usr/share/java/zookeeper.jar"
 _MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 #: A small, quickly started JVM: the tests' ensembles hold a few keys.
-_JVM = ["-Xmx96m", "-Xss512k", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"]
+_JVM = ["-Xmx128m", "-XX:+UseSerialGC", "-Xshare:auto"]
 
 
 def zookeeper_jar() -> str | None:
@@ -80,10 +80,10 @@ class ZookeeperKeys(MemoryKeys):
         from ..core.nodes.zookeeper import KIND
 
         self.kind = KIND
-        self.node = KIND.make(url, 5.0)
+        self.node: Any = KIND.make(url, 5.0)
 
     def __exit__(self, *exc_info: object) -> None:
-        self.node.close()
+        pass  # the process's session on the ensemble stays for its other nodes
 
     def _cmd(self, *cmd: Any) -> Any:
         reply = self.kind.command([self.node], cmd, self.node.timeout)[0]

@@ -28,7 +28,6 @@ from ..kind import Ask
 from ..virtual import Call, VirtualKind
 from ..virtual.scripting import warm
 from .node import NodeError, ZookeeperNode
-from .store import ZookeeperStore
 
 __all__ = ["KIND", "NodeError", "ZookeeperKind", "ZookeeperNode", "four_letters"]
 
@@ -58,7 +57,6 @@ class ZookeeperKind(VirtualKind):
     ) -> ZookeeperNode:
         node = ZookeeperNode(spec, timeout, min_replicas, connect_timeout)
         warm("zookeeper")
-        node.store = ZookeeperStore(node)
         return node
 
     def round(self, nodes: Sequence[Any], call: Call, timeout: float) -> list[Any]:
@@ -68,8 +66,16 @@ class ZookeeperKind(VirtualKind):
         return super().round(nodes, call, timeout + max(opening, default=0.0))
 
     def on_node(self, node: Any, call: Call, deadline: float) -> Any:
-        node.client(deadline)  # the session first, within the connect budget
-        return call(node, min(deadline, time.monotonic() + node.timeout))
+        """The node's call in its session's turn, once the session is open (within
+        the connect budget), within the node's timeout from then."""
+        node.client(deadline)
+        turn = node.session.turn
+        if not turn.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise TimeoutError(f"{node.name}: no reply in time (the process's calls queued)")
+        try:
+            return call(node, min(deadline, time.monotonic() + node.timeout))
+        finally:
+            turn.release()
 
     def node_info(self, node: ZookeeperNode, ask: Ask) -> list[NodeInfo]:
         """How ``node`` is: PING latency, and each member's mode (leader,

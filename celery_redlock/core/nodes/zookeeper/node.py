@@ -1,7 +1,8 @@
 """One ZooKeeper ensemble as a lock node: its URL, its kazoo client, its calls.
 
-One kazoo client per node and process (a forked child opens its own), started
-at the first call within the node's connect budget; a call that finds no
+One kazoo client per ensemble and process (a forked child opens its own),
+shared by the process's nodes of that URL with one cache and one view of the
+ensemble's clock, started at the first call within the node's connect budget; a call that finds no
 session within that budget (none yet, or SUSPENDED while kazoo reconnects in
 the background) fails as "not answering", and the node is skipped for a
 second after a call timed out. Every request is kazoo's async form,
@@ -21,7 +22,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import mask_url
-from ..virtual.store import Store
 
 __all__ = ["NodeError", "ZookeeperNode", "kazoo_client"]
 
@@ -67,8 +67,6 @@ class ZookeeperNode:
 
     kind = "zookeeper"
     cluster = False
-    #: Its keys as the store verbs see them (set by the kind's ``make``).
-    store: Store
 
     def __init__(
         self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
@@ -127,11 +125,7 @@ class ZookeeperNode:
             self._args["auth_data"] = [("digest", f"{self.user}:{password}")]
             self._args["default_acl"] = [make_digest_acl(self.user, password, all=True)]
         self._KazooClient = KazooClient
-        self._client: Any = None
-        self._pid = 0
-        self._ready = False
-        self._skip_until = 0.0
-        self._lock = threading.Lock()
+        self._key = (self.identity, repr(sorted(self._args.items())))
 
     def __repr__(self) -> str:
         return f"<ZookeeperNode {self.name}>"
@@ -140,17 +134,36 @@ class ZookeeperNode:
         """The servers a scan visits: this ensemble."""
         return [self]
 
+    @property
+    def session(self) -> Session:
+        """This process's session on the ensemble, shared by its nodes of one URL."""
+        with _sessions_lock:
+            got = _sessions.get(self._key)
+            if got is None:
+                got = _sessions[self._key] = Session()
+            return got
+
+    @property
+    def store(self) -> Any:
+        """The keys as the store verbs see them: one cache and clock per session."""
+        session = self.session
+        if session.store is None:
+            from .store import ZookeeperStore
+
+            session.store = ZookeeperStore(self)
+        return session.store
+
     def close(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None and self._pid == os.getpid():
-            client.stop()
-            client.close()
+        with _sessions_lock:
+            session = _sessions.pop(self._key, None)
+        if session is not None and session.client is not None:
+            session.client.stop()
+            session.client.close()
 
     def has_session(self) -> bool:
         """Whether this process's client is connected now."""
-        client = self._client
-        return client is not None and self._pid == os.getpid() and client.connected
+        client = self.session.client
+        return client is not None and client.connected
 
     def client(self, deadline: float) -> Any:
         """This process's connected client, started within the connect budget.
@@ -158,23 +171,22 @@ class ZookeeperNode:
         Raises:
             TimeoutError: no session in time, or the session is away (SUSPENDED).
         """
-        if time.monotonic() < self._skip_until:
+        session = self.session
+        if time.monotonic() < session.skip_until:
             raise TimeoutError(f"{self.name}: skipped for a while after a call timed out")
-        with self._lock:
-            if self._client is None or self._pid != os.getpid():
-                # a forked child has its parent's client without its threads: its own
-                self._client = self._KazooClient(**self._args)
-                self._pid, self._ready = os.getpid(), False
-                self._client.start_async()
-            client = self._client
+        with session.lock:
+            if session.client is None:
+                session.client = self._KazooClient(**self._args)
+                session.client.start_async()
+            client = session.client
         if not client.connected:
             budget = min(deadline - time.monotonic(), self.connect_timeout or self.timeout)
             if not _connected(client, budget):
-                self._skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
+                session.skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
                 raise TimeoutError(f"{self.name}: no session in time ({client.state})")
-        if not self._ready:
+        if not session.ready:
             self.wait(client.ensure_path_async(self.root), deadline)
-            self._ready = True
+            session.ready = True
         return client
 
     def wait(self, result: Any, deadline: float) -> Any:
@@ -190,7 +202,7 @@ class ZookeeperNode:
         try:
             return result.get(timeout=max(deadline - time.monotonic(), 0.001))
         except KazooTimeoutError:
-            self._skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
+            self.session.skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
             raise TimeoutError(f"{self.name}: no reply in time") from None
         except ke.NoNodeError:
             raise
@@ -207,6 +219,35 @@ class ZookeeperNode:
             raise NodeError(f"{self.name}: session lost ({type(exc).__name__})") from None
         except ke.KazooException as exc:
             raise NodeError(f"{self.name}: {type(exc).__name__} {exc}") from None
+
+
+class Session:
+    """A process's kazoo client on one ensemble, its store (cache and clock), and
+    its turn: the calls of a process on one ensemble go one at a time, so its
+    threads never conflict with one another on a commit (a conflict costs two
+    round trips more than the wait)."""
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.ready = False
+        self.skip_until = 0.0
+        self.store: Any = None
+        self.lock = threading.Lock()
+        self.turn = threading.Lock()
+
+
+_sessions: dict[tuple, Session] = {}
+_sessions_lock = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked child has its parent's clients without their threads: its own."""
+    global _sessions_lock
+    _sessions.clear()
+    _sessions_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _connected(client: Any, budget: float) -> bool:
