@@ -90,9 +90,16 @@ class ZookeeperStore:
             self._rtt = got - sent
 
     def _sync(self, deadline: float) -> None:
+        from kazoo.exceptions import NoNodeError
+
         client = self.node.client(deadline)
         sent = time.monotonic()
-        stat = self.node.wait(client.set_async(self.node.root, b""), deadline)
+        try:
+            stat = self.node.wait(client.set_async(self.node.root, b""), deadline)
+        except NoNodeError:  # flushed away: made again
+            self.node.wait(client.ensure_path_async(self.node.root), deadline)
+            sent = time.monotonic()
+            stat = self.node.wait(client.set_async(self.node.root, b""), deadline)
         self._learn_time(stat.mtime, sent)
 
     def expire(self, entry: Entry, deadline: float) -> None:
@@ -189,8 +196,13 @@ class ZookeeperStore:
         matching ``pattern``; an expired key met is deleted (on its version). The
         cursor is the name to go on from, as a number (0: from the start), so keys
         deleted or added meanwhile move no other key out of the scan."""
+        from kazoo.exceptions import NoNodeError
+
         client = self.node.client(deadline)
-        names = sorted(self.node.wait(client.get_children_async(self.node.root), deadline))
+        try:
+            names = sorted(self.node.wait(client.get_children_async(self.node.root), deadline))
+        except NoNodeError:
+            return 0, []  # no root: no key yet
         start = cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:].decode()
         names = [n for n in names if n >= start]
         page = [_key(n) for n in names[:count]]
