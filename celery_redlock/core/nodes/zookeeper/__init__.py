@@ -1,17 +1,10 @@
 """The ZooKeeper kind of lock node: ``zookeeper://host:port[,host:port...][/chroot]``.
 
-One ZooKeeper ensemble is one lock node: its members agree among themselves
-(a write answers once a majority logged it), so one ensemble alone is the
-deployment most users want; several ensembles make a quorum as several Redis
-masters do, and a quorum may mix kinds. kazoo is the client
-(``pip install 'celery_redlock[zookeeper]'``).
-
-ZooKeeper is a virtual kind (:mod:`..virtual`): the operations' semantics run
-in this process over the store verbs of :mod:`.store`, a commit as one
-``multi`` on the keys' versions. A key's expiry is a deadline on the
-ensemble's own clock (a commit's ``mtime``), not a session: a holder whose
-process dies, pauses or loses its session leaves its lock free within the TTL
-plus two round trips (see :mod:`.store` and the ZooKeeper page of the docs).
+One ensemble is one lock node (its members agree among themselves); several
+ensembles make a quorum, and a quorum may mix kinds. A virtual kind
+(:mod:`..virtual`) over kazoo: the store verbs of :mod:`.store`, a commit one
+``multi`` on the keys' versions, a key's expiry a deadline on the ensemble's
+clock, never a session (see the ZooKeeper page of the docs).
 """
 
 from __future__ import annotations
@@ -29,27 +22,24 @@ from ..virtual import Call, VirtualKind
 from ..virtual.scripting import warm
 from .node import NodeError, ZookeeperNode
 
-__all__ = ["KIND", "NodeError", "ZookeeperKind", "ZookeeperNode", "four_letters"]
+__all__ = ["KIND", "NodeError", "ZookeeperKind", "ZookeeperNode"]
 
 
-def four_letters(hostport: str, word: bytes, timeout: float) -> str:
-    """A member's answer to a four-letter word (``srvr``, ``mntr``): its text."""
+def _srvr(hostport: str, timeout: float) -> dict[str, str]:
+    """A member's answer to the ``srvr`` four-letter word, as fields."""
     host, _, port = hostport.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(word)
-        chunks = []
-        while chunk := sock.recv(4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
+        sock.sendall(b"srvr")
+        text = b"".join(iter(lambda: sock.recv(4096), b"")).decode(errors="replace")
+    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
 
 
 class ZookeeperKind(VirtualKind):
     """ZooKeeper ensembles as lock nodes (see the module's docstring)."""
 
     schemes = ("zookeeper",)
-    #: Seconds a call to a ZooKeeper node gets by default: a ``multi`` waits for a
-    #: majority's log write, and a leader election with the default tickTime takes
-    #: a few seconds, in which calls are "not answering".
+    #: Seconds a call gets by default: a multi waits for a majority's log write,
+    #: and an election takes a second or more, when calls are "not answering".
     default_timeout = 2.0
 
     def make(
@@ -60,14 +50,12 @@ class ZookeeperKind(VirtualKind):
         return node
 
     def round(self, nodes: Sequence[Any], call: Call, timeout: float) -> list[Any]:
-        """A round whose nodes without a session yet get their connect budget first,
-        then ``timeout`` for the reply, as a new connection does on every kind."""
+        """A node without a session yet gets its connect budget, then ``timeout``."""
         opening = [n.connect_timeout or timeout for n in nodes if not n.has_session()]
         return super().round(nodes, call, timeout + max(opening, default=0.0))
 
     def on_node(self, node: Any, call: Call, deadline: float) -> Any:
-        """The node's call in its session's turn, once the session is open (within
-        the connect budget), within the node's timeout from then."""
+        """The call in its session's turn, within the node's timeout from then."""
         node.client(deadline)
         turn = node.session.turn
         if not turn.acquire(timeout=max(deadline - time.monotonic(), 0)):
@@ -78,44 +66,27 @@ class ZookeeperKind(VirtualKind):
             turn.release()
 
     def node_info(self, node: ZookeeperNode, ask: Ask) -> list[NodeInfo]:
-        """How ``node`` is: PING latency, and each member's mode (leader,
-        follower, standalone) and version from its ``srvr`` four-letter word
-        (where the members allow it: ``4lw.commands.whitelist``)."""
+        """PING latency, and each member's mode and version from ``srvr`` (where
+        ``4lw.commands.whitelist`` allows it; else ``?``)."""
         latency, down = ping_latency(node, ask)
         if down is not None:
             return [NodeInfo(node.name, error_text(down), latency, kind="zookeeper")]
-        modes: dict[str, str] = {}
-        version = "?"
+        modes, version = {}, "?"
         for hostport in node.hosts:
             try:
-                text = four_letters(hostport, b"srvr", min(node.timeout, 1.0))
+                fields = _srvr(hostport, min(node.timeout, 1.0))
             except OSError:
                 modes[hostport] = "down"
                 continue
-            fields = dict(
-                line.split(": ", 1) for line in text.splitlines() if ": " in line
-            )  # fmt: skip
             modes[hostport] = fields.get("Mode", "?")
             version = fields.get("Zookeeper version", version).split("-", 1)[0]
         leader = next((h for h, m in modes.items() if m in ("leader", "standalone")), None)
-        if all(m == "?" for m in modes.values()):
-            leader = None  # the members refuse srvr: nothing known of their roles
+        answering = sum(m not in ("down", "?") for m in modes.values())
+        specific = ZookeeperInfo(len(node.hosts), answering, leader, tuple(sorted(modes.items())))
         return [
-            NodeInfo(
-                node.name,
-                None,
-                latency,
-                f"zookeeper {version}",
-                "ensemble",
-                kind="zookeeper",
-                specific=ZookeeperInfo(
-                    len(node.hosts),
-                    sum(m not in ("down", "?") for m in modes.values()),
-                    leader,
-                    tuple(sorted(modes.items())),
-                ),
-            )
-        ]
+            NodeInfo(node.name, None, latency, f"zookeeper {version}", "ensemble",
+                     kind="zookeeper", specific=specific)
+        ]  # fmt: skip
 
 
 #: The ZooKeeper kind.

@@ -1,28 +1,18 @@
 """The store verbs (:mod:`..virtual.store`) over kazoo: one znode per key.
 
-A key is a child of the node's root znode (its name percent-encoded), its
-data the entry as :func:`~..virtual.keyspace.encode` writes it; its version
-for the shared layer is the znode's data version plus one (0: absent).
-``read`` is the node's cache, as etcd's; ``commit`` is one ``multi``: per
-key read, a ``check`` of its version (a key read as absent: a create and a
-delete, which fail if it exists), or the write on that version (create, set,
-delete), and last a set of the root's data, whose ``mtime`` is the ensemble's
-clock at the commit. A failed ``multi`` wrote nothing; the keys read are read
-again and the run goes again on them.
+A key is a child of the node's root znode (its name percent-encoded), its data
+the entry as :func:`~..virtual.keyspace.encode` writes it, its version the
+znode's data version plus one (0: absent). ``read`` is the cache, as etcd's;
+``commit`` is one ``multi``: per key read, a ``check`` of its version or the
+write on it (a key read as absent: a create, and a delete where it is only
+read), and last a write of the root, whose ``mtime`` is the ensemble's clock.
 
-**Expiry is a deadline stored in the key, on the ensemble's clock.** No
-session or ephemeral znode holds a lock: a key with a TTL stores when it
-expires (``e``), stamped on the ensemble's clock as its leader gave it in the
-last commit's ``mtime`` (plus the time since, on this process's monotonic
-clock, plus that commit's round trip: never behind the ensemble's time), and
-a key is taken as absent once this process's view of that clock (the same,
-without the round trip: never ahead of it) has passed it. So a lock is free
-within its TTL plus two round trips of the ensemble's time, whatever became
-of its holder's process or session. What is left to assume: the ensemble's
-members' wall clocks agree (the leader stamps ``mtime``; a leader change
-reads another member's clock), and run at the rate of this process's
-monotonic clock. An expired znode stays until it is written again or a scan
-meets it (which deletes it on its version).
+Expiry is a deadline in the key on the ensemble's clock, never a session: a
+write stamps it on the clock's later end (the last commit's ``mtime``, plus the
+time since on this process's monotonic clock, plus that commit's round trip),
+and a key is taken as absent once the earlier end (without the round trip) has
+passed it. So no key expires before its TTL, and a dead or paused holder's lock
+is free within its TTL plus two round trips (the ZooKeeper page of the docs).
 """
 
 from __future__ import annotations
@@ -40,8 +30,7 @@ from .node import NodeError, ZookeeperNode
 
 __all__ = ["ZookeeperStore", "znode_name"]
 
-#: The keys one commit may touch: a ``multi`` is one request, bounded by the
-#: servers' ``jute.maxbuffer`` (1 MB by default).
+#: The keys one commit may touch (a multi is one request, under ``jute.maxbuffer``).
 MAX_KEYS = 1000
 
 
@@ -51,31 +40,20 @@ def znode_name(key: bytes) -> str:
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
-def _key(name: str) -> bytes:
-    return unquote_to_bytes(name)
-
-
 class ZookeeperStore:
-    """One ensemble's keys under its root znode: a cache, the clock, and its multis."""
+    """One ensemble's keys under its root znode: a cache, the clock, its multis."""
 
     max_keys: int | None = MAX_KEYS
 
     def __init__(self, node: ZookeeperNode) -> None:
-        self.node = node
-        self.name = node.name
-        self.cache = Cache()
-        #: The last ensemble time seen (s, an mtime), when its reply came
-        #: (monotonic s) and its round trip (s).
+        self.node, self.name, self.cache = node, node.name, Cache()
+        # the last mtime seen (s), when its reply came (monotonic s), its round trip
         self._mtime, self._at, self._rtt = 0.0, 0.0, 0.0
         self._clock_lock = threading.Lock()
-        #: Commits that found a key changed since it was read, and ran again.
-        self.conflicts = 0
-
-    # -- the ensemble's clock -------------------------------------------------------------
+        self.conflicts = 0  # commits that found a key changed, and ran again
 
     def clock(self) -> float:
-        """The ensemble's time, never behind it (seconds): what a write stamps
-        its deadline with, and what ``TIME`` (a fence's floor) reads."""
+        """The ensemble's time, never behind it: what a deadline and ``TIME`` take."""
         return self._past() + self._rtt
 
     def _past(self) -> float:
@@ -92,28 +70,26 @@ class ZookeeperStore:
     def _sync(self, deadline: float) -> None:
         from kazoo.exceptions import NoNodeError
 
-        client = self.node.client(deadline)
+        client, root = self.node.client(deadline), self.node.root
         sent = time.monotonic()
         try:
-            stat = self.node.wait(client.set_async(self.node.root, b""), deadline)
+            stat = self.node.wait(client.set_async(root, b""), deadline)
         except NoNodeError:  # flushed away: made again
-            self.node.wait(client.ensure_path_async(self.node.root), deadline)
+            self.node.wait(client.ensure_path_async(root), deadline)
             sent = time.monotonic()
-            stat = self.node.wait(client.set_async(self.node.root, b""), deadline)
+            stat = self.node.wait(client.set_async(root, b""), deadline)
         self._learn_time(stat.mtime, sent)
 
     def expire(self, entry: Entry, deadline: float) -> None:
-        """Nothing to put it on: the key's deadline, as the view stamped it on
-        :meth:`clock`, is its expiry (marked, so a write that keeps the TTL keeps it)."""
+        """The deadline the view stamped on :meth:`clock` is the expiry; marked, so
+        a write that keeps the TTL keeps it."""
         entry.lease = 1
-
-    # -- reads and commits ----------------------------------------------------------------
 
     def _live(self, version: Version) -> Version:
         rev, entry = version
         if entry is not None and entry.px is not None:
             if (entry.expire or 0) <= self._past() * 1000:
-                return rev, None  # expired on the ensemble's clock: absent, at its version
+                return rev, None  # expired: absent, at its version
         return rev, entry
 
     def read(self, keys: Sequence[bytes], deadline: float) -> dict[bytes, Version]:
@@ -131,31 +107,23 @@ class ZookeeperStore:
         txn = client.transaction()
         learned: dict[bytes, Version] = {}
         for key, rev in reads.items():
-            path = self._path(key)
-            entry = writes.get(key)
-            if key not in writes:
+            path, entry = self._path(key), writes.get(key)
+            if entry is None:  # read only, or deleted
                 if rev:
-                    txn.check(path, rev - 1)
+                    (txn.delete if key in writes else txn.check)(path, rev - 1)
                 else:
                     txn.create(path, b"")
-                    txn.delete(path)
-                continue
-            if entry is None:
-                if rev:
-                    txn.delete(path, rev - 1)
-                else:
-                    txn.create(path, b"")
-                    txn.delete(path)
-                learned[key] = (0, None)
+                    txn.delete(path)  # still absent: the create fails if it exists
+                if key in writes:
+                    learned[key] = (0, None)
                 continue
             stored = entry.copy()
-            stored.lease = 1 if stored.px is not None else 0
+            stored.lease = int(stored.px is not None)
             if rev:
                 txn.set_data(path, encode(entry), rev - 1)
-                learned[key] = (rev + 1, stored)
             else:
                 txn.create(path, encode(entry))
-                learned[key] = (1, stored)
+            learned[key] = (rev + 1, stored)
         txn.set_data(self.node.root, b"")
         sent = time.monotonic()
         results = self.node.wait(txn.commit_async(), deadline)
@@ -166,7 +134,7 @@ class ZookeeperStore:
             return None
         _refusal(self.node, failed)
         self.conflicts += 1
-        root = client.exists_async(self.node.root)  # gone (a flush)? sent beside the reads
+        root = client.exists_async(self.node.root)  # flushed away? asked beside the reads
         fresh = self._fetch(list(reads), deadline)
         if self.node.wait(root, deadline) is None:
             self.node.wait(client.ensure_path_async(self.node.root), deadline)
@@ -174,7 +142,7 @@ class ZookeeperStore:
         return {key: self._live(v) for key, v in fresh.items()}
 
     def _fetch(self, keys: Sequence[bytes], deadline: float) -> dict[bytes, Version]:
-        """The keys as the ensemble has them now."""
+        """The keys as the ensemble has them now (one round trip, pipelined)."""
         from kazoo.exceptions import NoNodeError
 
         client = self.node.client(deadline)
@@ -186,65 +154,57 @@ class ZookeeperStore:
             except NoNodeError:
                 out[key] = (0, None)
                 continue
-            out[key] = (stat.version + 1, _decode(self.node, key, data))
+            try:
+                entry = decode(data, 0)
+            except (ValueError, KeyError):
+                raise NodeError(f"{self.name}: {key!r} is not a lock key") from None
+            entry.lease = int(entry.px is not None)
+            out[key] = (stat.version + 1, entry)
         return out
 
     def scan(
         self, pattern: str, cursor: int, count: int, deadline: float
     ) -> tuple[int, list[bytes]]:
-        """``count`` keys from the cursor's name on (in name order), the live ones
-        matching ``pattern``; an expired key met is deleted (on its version). The
-        cursor is the name to go on from, as a number (0: from the start), so keys
-        deleted or added meanwhile move no other key out of the scan."""
+        """``count`` keys from the cursor's name on (the name as a number, 0: from
+        the start, so keys deleted meanwhile move no other out of the scan), the
+        live ones matching ``pattern``; an expired key met is deleted."""
         from kazoo.exceptions import NoNodeError
 
         client = self.node.client(deadline)
         try:
             names = sorted(self.node.wait(client.get_children_async(self.node.root), deadline))
         except NoNodeError:
-            return 0, []  # no root: no key yet
+            return 0, []
         start = cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:].decode()
         names = [n for n in names if n >= start]
-        page = [_key(n) for n in names[:count]]
         after = names[count:]
         following = int.from_bytes(b"\x01" + after[0].encode(), "big") if after else 0
         match = re.compile(glob_regex(pattern), re.DOTALL)
+        page = [unquote_to_bytes(n) for n in names[:count]]
         wanted = [k for k in page if match.fullmatch(k.decode(errors="replace"))]
         out = []
         for key, (rev, entry) in self._fetch(wanted, deadline).items():
             if rev and self._live((rev, entry))[1] is None:
-                client.delete_async(self._path(key), rev - 1)  # garbage; a race just fails
+                client.delete_async(self._path(key), rev - 1)  # a race just fails
             elif rev:
                 out.append(key)
         return following, out
 
     def ping(self, deadline: float) -> None:
-        client = self.node.client(deadline)
-        self.node.wait(client.exists_async(self.node.root), deadline)
+        self.node.wait(self.node.client(deadline).exists_async(self.node.root), deadline)
 
 
 def _refusal(node: ZookeeperNode, failed: list[Exception]) -> None:
-    """Raise a failed multi's error unless it is a stale version (a conflict)."""
+    """Raise a failed multi's error unless it is a conflict (a stale version)."""
     from kazoo import exceptions as ke
 
-    stale = (
-        ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
-        ke.RuntimeInconsistency,
-    )  # fmt: skip
+    stale = (ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
+             ke.RuntimeInconsistency)  # fmt: skip
     for exc in failed:
+        if isinstance(exc, ke.NoAuthError):
+            raise NodeError(f"{node.name}: not allowed (the keys' ACL)", node.name, heals=False)
         if not isinstance(exc, stale):
-            if isinstance(exc, ke.NoAuthError):
-                raise NodeError(f"{node.name}: not allowed (the keys' ACL)", node.name, heals=False)
             raise NodeError(f"{node.name}: {type(exc).__name__} {exc}")
-
-
-def _decode(node: ZookeeperNode, key: bytes, data: bytes) -> Entry:
-    try:
-        entry = decode(data, 0)
-    except (ValueError, KeyError):
-        raise NodeError(f"{node.name}: {key!r} is not a lock key (foreign data)") from None
-    entry.lease = 1 if entry.px is not None else 0
-    return entry
 
 
 def _verbs(store: ZookeeperStore) -> Store:
