@@ -103,6 +103,19 @@ class ZookeeperKeys(MemoryKeys):
         self._cmd("GET", "-")  # a commit: the ensemble's clock as it answered
         return super().time()
 
+    def set_many(self, values: dict[str, Any], px: int) -> None:
+        """Absent keys set with a TTL, 500 a multi (a test's thousands of keys)."""
+        from ..core.nodes.virtual.keyspace import Entry
+
+        store = self.node.store
+        items = list(values.items())
+        for i in range(0, len(items), 500):
+            deadline = time.monotonic() + 10.0
+            now = int(store.clock() * 1000) if store.read([], deadline) is not None else 0
+            part = {k.encode(): Entry("s", str(v).encode(), now + px, px, 1)
+                    for k, v in items[i : i + 500]}  # fmt: skip
+            assert store.commit(dict.fromkeys(part, 0), part, deadline) is None
+
 
 class ZookeeperMember:
     """One ``QuorumPeerMain`` of an ensemble, on 127.0.0.1."""
@@ -316,6 +329,11 @@ class ZookeeperEnsemble:
         """Resume paused members and start stopped ones (their data kept)."""
         if any(not m.is_running or m.is_paused for m in self.members):
             self.start()
+
+    def stop(self) -> None:
+        """Kill every member (the lock node is down; :meth:`start` brings it back)."""
+        for member in self.members:
+            member.kill()
 
     def flushall(self) -> None:
         """Delete every key (the root znode and all below it)."""

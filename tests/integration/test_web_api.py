@@ -62,11 +62,7 @@ def node_timeout(nodes: Any) -> float:
     """A PostgreSQL node's call is a commit, an etcd node's a raft commit: 3x the
     500 ms their pages advise (a loaded host's healthy node took longer, and no
     test here is about the timeout; a node down refuses at once); Redis's default."""
-    return 1.5 if is_postgres(nodes) or is_etcd(nodes) or is_zookeeper(nodes) else 0.05
-
-
-def is_zookeeper(nodes: Any) -> bool:
-    return nodes.urls[0].startswith("zookeeper://")
+    return 1.5 if is_postgres(nodes) or is_etcd(nodes) else 0.05
 
 
 def is_postgres(nodes: Any) -> bool:
@@ -74,7 +70,9 @@ def is_postgres(nodes: Any) -> bool:
 
 
 def is_etcd(nodes: Any) -> bool:
-    return nodes.urls[0].startswith("etcd://")
+    """etcd's nodes, or ZooKeeper's (kinds of read-and-commit alike: their keys are
+    written through the kind, and a page costs a request per key)."""
+    return nodes.urls[0].startswith(("etcd://", "zookeeper://"))
 
 
 @pytest.fixture
