@@ -1,6 +1,6 @@
 """ZooKeeper lock nodes under the faults of their own kind, on a real ensemble of
-three members (one lock node): the leader killed while threads take turns, a
-majority killed, and a holder's process killed or paused past its TTL (the lock
+three members (one lock node): the leader killed while threads take turns, the
+session's follower paused, a majority killed, and a holder's process killed or paused past its TTL (the lock
 is free within its TTL plus 2 s, and the paused holder knows it lost it)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 from celery_redlock.core import Lease, Redlock
 from celery_redlock.exceptions import QuorumUnavailable
+from celery_redlock.testing.zookeeper import four_letters
 from tests.support.section import Section
 
 pytestmark = pytest.mark.integration
@@ -183,3 +184,33 @@ def test_a_holder_paused_past_its_ttl_loses_it_and_knows(zookeeper_ensemble3):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_paused_follower_delays_calls_at_most_until_kazoo_leaves_it(zookeeper_ensemble3):
+    """The follower the session is on SIGSTOPped: the session hangs until kazoo's
+    read timeout (2/3 of the 4 s session) moves it to the other follower; calls
+    meanwhile are "not answering", never "free", and a held lock stays held."""
+    leader = zookeeper_ensemble3.leader()
+    followers = [m for i, m in enumerate(zookeeper_ensemble3) if i != leader]
+    rl = Redlock(["zookeeper://" + ",".join(m.endpoint for m in followers)], node_timeout=1.0)
+    held = rl.acquire("kept", ttl=30)
+    assert held is not None
+    (on,) = [m for m in followers if _clients(m) > 0]  # the member the session is on
+    on.pause()
+    began = time.monotonic()
+    lease = _once_answered(rl, NAME)
+    took = time.monotonic() - began
+    print(f"granted {took:.2f} s after the session's follower was paused")
+    assert isinstance(lease, Lease)
+    assert 2.0 < took < 2 * (2.7 + 1.0), took
+    still = _once_answered(rl, "kept")
+    assert not isinstance(still, Lease) and still.owner == held.owner
+    rl.release(lease)
+    rl.release(held)
+
+
+def _clients(member) -> int:
+    """How many client connections ``member`` has (its ``mntr``), this one's aside."""
+    text = four_letters(member.endpoint, b"mntr")
+    alive = next(line for line in text.splitlines() if "num_alive_connections" in line)
+    return int(alive.split()[-1]) - 1
