@@ -24,13 +24,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .memory import MemoryKeys
 from .nodes import HOST, free_port
+from .zookeeper_keys import Keys
 
 __all__ = [
+    "Keys",
     "ZookeeperEnsemble",
     "ZookeeperEnsembles",
-    "ZookeeperKeys",
     "ZookeeperMember",
     "zookeeper_missing",
 ]
@@ -70,51 +70,6 @@ def four_letters(endpoint: str, word: bytes = b"srvr", timeout: float = 0.5) -> 
         while chunk := sock.recv(4096):
             chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
-
-
-class ZookeeperKeys(MemoryKeys):
-    """An ensemble's keys with the calls of a decoded redis-py client that tests use,
-    sent as the kind's plain commands (see :class:`~.memory.MemoryKeys`)."""
-
-    def __init__(self, url: str) -> None:
-        from ..core.nodes.zookeeper import KIND
-
-        self.kind = KIND
-        self.node: Any = KIND.make(url, 5.0)
-
-    def __exit__(self, *exc_info: object) -> None:
-        pass  # the process's session on the ensemble stays for its other nodes
-
-    def _cmd(self, *cmd: Any) -> Any:
-        reply = self.kind.command([self.node], cmd, self.node.timeout)[0]
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    def keys(self, pattern: str = "*") -> list[str]:
-        names, cursor = [], 0
-        while True:
-            cursor, page = self._cmd("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-            names += [n.decode() for n in page]
-            if not int(cursor):
-                return sorted(names)
-
-    def time(self) -> tuple[int, int]:
-        self._cmd("GET", "-")  # a commit: the ensemble's clock as it answered
-        return super().time()
-
-    def set_many(self, values: dict[str, Any], px: int) -> None:
-        """Absent keys set with a TTL, 500 a multi (a test's thousands of keys)."""
-        from ..core.nodes.virtual.keyspace import Entry
-
-        store = self.node.store
-        items = list(values.items())
-        for i in range(0, len(items), 500):
-            deadline = time.monotonic() + 10.0
-            now = int(store.clock() * 1000) if store.read([], deadline) is not None else 0
-            part = {k.encode(): Entry("s", str(v).encode(), now + px, px, 1)
-                    for k, v in items[i : i + 500]}  # fmt: skip
-            assert store.commit(dict.fromkeys(part, 0), part, deadline) is None
 
 
 class ZookeeperMember:
@@ -307,9 +262,10 @@ class ZookeeperEnsemble:
         client.start(timeout=10)
         return client
 
-    def client(self) -> ZookeeperKeys:
+    def client(self) -> Keys:
         """The lock node's keys, read and written as a test reads a Redis node's."""
-        return ZookeeperKeys(self.url)
+        hosts = [m.endpoint for m in self.members if m.is_running and not m.is_paused]
+        return Keys(",".join(hosts or [self.members[0].endpoint]))
 
     def keys(self, pattern: str = "*") -> list[str]:
         """The lock node's live keys matching ``pattern``, sorted."""

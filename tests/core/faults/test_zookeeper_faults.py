@@ -1,7 +1,8 @@
 """ZooKeeper lock nodes under the faults of their own kind, on a real ensemble of
 three members (one lock node): the leader killed while threads take turns, the
-session's follower paused, a majority killed, and a holder's process killed or paused past its TTL (the lock
-is free within its TTL plus 2 s, and the paused holder knows it lost it)."""
+session's follower paused, a majority killed, and a holder's process killed or
+paused past its TTL (the lock is free within its TTL plus 2 s, and the paused
+holder knows it lost it)."""
 
 from __future__ import annotations
 

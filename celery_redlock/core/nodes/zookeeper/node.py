@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...exceptions import ConfigurationError
-from ...exceptions import NodeError as _NodeError
 from .. import mask_url
+from .store import NodeError, ZookeeperStore
 
 __all__ = ["NodeError", "ZookeeperNode"]
 
@@ -30,10 +30,6 @@ SESSION = 4.0
 #: Seconds a node whose call timed out is skipped (its calls fail at once).
 SKIP_AFTER_TIMEOUT = 1.0
 _OPTIONS = ("ca", "cert", "key", "prefix", "tls", "verify")
-
-
-class NodeError(_NodeError):
-    """A ZooKeeper node's error (refused, misconfigured, an error reply), naming the node."""
 
 
 class Session:
@@ -147,8 +143,6 @@ class ZookeeperNode:
         """The keys as the store verbs see them (one store per session)."""
         session = self.session
         if session.store is None:
-            from .store import ZookeeperStore
-
             session.store = ZookeeperStore(self)
         return session.store
 

@@ -21,17 +21,22 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
+from ...exceptions import NodeError as _NodeError
 from .. import glob_regex
 from ..virtual.keyspace import Entry, decode, encode
 from ..virtual.store import Cache, Store, Version
-from .node import NodeError, ZookeeperNode
 
-__all__ = ["ZookeeperStore", "znode_name"]
+__all__ = ["NodeError", "ZookeeperStore", "znode_name"]
 
 #: The keys one commit may touch (a multi is one request, under ``jute.maxbuffer``).
 MAX_KEYS = 1000
+
+
+class NodeError(_NodeError):
+    """A ZooKeeper node's error (refused, misconfigured, an error reply), naming the node."""
 
 
 def znode_name(key: bytes) -> str:
@@ -45,7 +50,7 @@ class ZookeeperStore:
 
     max_keys: int | None = MAX_KEYS
 
-    def __init__(self, node: ZookeeperNode) -> None:
+    def __init__(self, node: Any) -> None:  # its ZookeeperNode
         self.node, self.name, self.cache = node, node.name, Cache()
         # the last mtime seen (s), when its reply came (monotonic s), its round trip
         self._mtime, self._at, self._rtt = 0.0, 0.0, 0.0
@@ -194,7 +199,7 @@ class ZookeeperStore:
         self.node.wait(self.node.client(deadline).exists_async(self.node.root), deadline)
 
 
-def _refusal(node: ZookeeperNode, failed: list[Exception]) -> None:
+def _refusal(node: Any, failed: list[Exception]) -> None:
     """Raise a failed multi's error unless it is a conflict (a stale version)."""
     from kazoo import exceptions as ke
 
