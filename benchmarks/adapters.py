@@ -414,3 +414,46 @@ def etcd_adapters(url: str) -> list[Any]:
     node.key = "celery_redlock-1etcd"
     node.label = "celery_redlock (1 etcd node, fencing on)"
     return [node, EtcdLockServiceAdapter(url)]
+
+
+class KazooLockAdapter:
+    """kazoo's own ``Lock`` recipe (an ephemeral sequential contender node, then
+    the children listed; release deletes it) on one session, one Lock object
+    per key reused, on the same ensemble as celery_redlock's ZooKeeper node.
+    It has no per-lock TTL to renew (its lock lives as long as the session):
+    extend is one read of the lock's znode, the least a check of it costs."""
+
+    key = "kazoo-lock"
+    label = "kazoo Lock recipe (ephemeral sequential node)"
+    n_nodes = 1
+    fencing = False  # the sequence suffix restarts with its parent: no token
+
+    def __init__(self, url: str) -> None:
+        from kazoo.client import KazooClient
+
+        self.client = KazooClient(hosts=url.split("://", 1)[1], timeout=10.0)
+        self.client.start(timeout=10)
+
+    def new(self, key: str) -> Any:
+        return self.client.Lock(f"/bench/{key.replace(':', '_')}", "bench")
+
+    def acquire(self, h: Any, timeout: float | None = None) -> bool:
+        return bool(h.acquire(timeout=timeout))
+
+    def release(self, h: Any) -> None:
+        h.release()
+
+    def extend(self, h: Any) -> None:
+        self.client.exists(h.path)
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
+
+
+def zookeeper_adapters(url: str) -> list[Any]:
+    """celery_redlock on one ZooKeeper node, and kazoo's Lock recipe beside it."""
+    node = CeleryRedlockAdapter([url], fencing=True)
+    node.key = "celery_redlock-1zk"
+    node.label = "celery_redlock (1 ZooKeeper node, fencing on)"
+    return [node, KazooLockAdapter(url)]

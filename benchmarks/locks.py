@@ -23,7 +23,10 @@ extend to the full TTL again and again):
   PostgreSQL is missing);
 * celery_redlock on one etcd node (a one-member cluster), beside etcd's own
   lock service (``/v3/lock/lock`` + ``unlock`` on one lease) through the same
-  gateway (``--no-etcd`` leaves them out; skipped where etcd is missing).
+  gateway (``--no-etcd`` leaves them out; skipped where etcd is missing);
+* celery_redlock on one ZooKeeper node (a one-member ensemble), beside
+  kazoo's own ``Lock`` recipe on the same ensemble (``--no-zookeeper``
+  leaves them out; skipped where ZooKeeper is missing).
 
 It starts its own redis-server nodes on free loopback ports
 (``celery_redlock.testing.RedisNodes``) and stops them at the end. Inside each
@@ -96,6 +99,10 @@ TARGETS = [
      "cycle", "celery_redlock-1etcd", "etcd-lock", ("max", 1.0)),
     ("cycle-1etcd-vs-3", "1 etcd node against 3 Redis masters: cycle ratio (reported)",
      "cycle", "celery_redlock-1etcd", "celery_redlock-3", ("max", 20.0)),
+    ("cycle-1zk-recipe", "1 ZooKeeper node: cycle <= kazoo's Lock recipe (same ensemble)",
+     "cycle", "celery_redlock-1zk", "kazoo-lock", ("max", 1.0)),
+    ("cycle-1zk-vs-3", "1 ZooKeeper node against 3 Redis masters: cycle ratio (reported)",
+     "cycle", "celery_redlock-1zk", "celery_redlock-3", ("max", 20.0)),
 ]  # fmt: skip
 
 
@@ -238,6 +245,7 @@ def bench(
     clusters: list[str] | None = None,
     postgres: list[str] | None = None,
     etcd: str | None = None,
+    zookeeper: str | None = None,
 ) -> dict[str, Any]:
     """reps x n cycles and n extends per lock, interleaved in blocks of ``block``.
 
@@ -258,6 +266,8 @@ def bench(
         ads += _adapters.postgres_adapters(postgres[1], durable=False)
     if etcd:
         ads += _adapters.etcd_adapters(etcd)
+    if zookeeper:
+        ads += _adapters.zookeeper_adapters(zookeeper)
     ping_client = redis.Redis(host=nodes[0][0], port=nodes[0][1])
     # Same key and one lock object for every cycle of a lock, but no key shared
     # between locks: pottery's release returns at quorum, and its calls to the
@@ -503,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-etcd", action="store_true", help="leave out the etcd node and etcd's lock service"
     )
+    ap.add_argument(
+        "--no-zookeeper", action="store_true",
+        help="leave out the ZooKeeper node and kazoo's Lock recipe",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     if a.quick:
         a.reps, a.n, a.block = 3, 200, 50
@@ -520,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     from celery_redlock.testing import RedisClusters
     from celery_redlock.testing.etcd import EtcdClusters, etcd_missing
     from celery_redlock.testing.postgres import PostgresServers, postgres_missing
+    from celery_redlock.testing.zookeeper import ZookeeperEnsembles, zookeeper_missing
 
     missing = None if a.no_postgres else postgres_missing()
     if missing:
@@ -527,12 +542,16 @@ def main(argv: list[str] | None = None) -> int:
     no_etcd = None if a.no_etcd else etcd_missing()
     if no_etcd:
         log(f"no etcd node: {no_etcd}")
+    no_zk = None if a.no_zookeeper else zookeeper_missing()
+    if no_zk:
+        log(f"no ZooKeeper node: {no_zk}")
     log(f"starting {N_NODES} redis-server nodes on loopback ...")
     with (
         start_nodes(N_NODES) as nodes,
         RedisClusters(0 if a.no_clusters else 3) as clusters,
         PostgresServers(servers=durable_and_not(0 if a.no_postgres or missing else 2)) as pg,
         EtcdClusters(0 if a.no_etcd or no_etcd else 1) as etcd,
+        ZookeeperEnsembles(0 if a.no_zookeeper or no_zk else 1) as zk,
     ):
         addrs = [(HOST, node.port) for node in nodes]
         with nodes[0].client() as c:
@@ -542,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = bench(
             addrs, a.reps, a.n, a.block, clusters.urls,
             pg.urls or None, etcd.urls[0] if etcd.urls else None,
+            zk.urls[0] if zk.urls else None,
         )  # fmt: skip
     meta["loadavg_end"] = loadavg()
     meta["duration_s"] = time.monotonic() - t0

@@ -210,9 +210,10 @@ def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
         else "the only node of redlock_nodes"
     )
     kind = SCHEMES.get(urlsplit(names[0]).scheme, "redis")
-    if kind == "etcd":  # its members agree among themselves
+    if kind in ("etcd", "zookeeper"):  # its members agree among themselves
+        what = "an etcd cluster" if kind == "etcd" else "a ZooKeeper ensemble"
         return (
-            f"lock node: {names[0]} ({source}): ONE node, an etcd cluster: the locks are "
+            f"lock node: {names[0]} ({source}): ONE node, {what}: the locks are "
             "as safe as its members' quorum (a minority of members down changes nothing)"
         )
     if kind == "postgres":

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ._format import ms_text, plural
-from .core import EtcdInfo, NodeInfo, PostgresInfo, RedisInfo
+from .core import EtcdInfo, NodeInfo, PostgresInfo, RedisInfo, ZookeeperInfo
 from .core.nodes import kind_timeouts
 
 __all__ = ["HEADER", "SAFE_POLICIES", "Check", "checks", "findings", "node_row"]
@@ -58,6 +58,13 @@ def checks(info: NodeInfo) -> list[Check]:
             Check("members", f"{p.members} (quorum {p.quorum})", p.members < 2),
             Check("leader", p.leader or "none", p.leader is None),
         ]
+    if isinstance(p, ZookeeperInfo):
+        known = p.answering > 0
+        return [
+            Check("members", f"{p.members} (quorum {p.quorum})", p.members < 2),
+            Check("leader", p.leader or ("none" if known else "? (srvr refused)"),
+                  known and p.leader is None),
+        ]  # fmt: skip
     return []
 
 
@@ -90,6 +97,8 @@ def findings(
             _postgres(p, p.specific, add)
         elif isinstance(p.specific, EtcdInfo):
             _etcd(p, p.specific, add)
+        elif isinstance(p.specific, ZookeeperInfo):
+            _zookeeper(p, p.specific, add)
         if p.replicas is not None and p.role in ("master", "primary"):
             _replicas(p, min_replicas, add)
         if p.server_id:
@@ -206,6 +215,35 @@ def _etcd(p: NodeInfo, e: EtcdInfo, add: Add) -> None:
             "WARNING",
             p.node,
             "no leader: the cluster takes no write until its members elect one.",
+        )
+
+
+def _zookeeper(p: NodeInfo, z: ZookeeperInfo, add: Add) -> None:
+    if z.members < 2:
+        add(
+            "WARNING",
+            p.node,
+            "1 member: the ensemble is one server, so the locks are only as safe as it "
+            "(no member may fail); run 3 or 5 members.",
+        )
+    down = [h for h, mode in z.modes if mode == "down"]
+    if down and z.members - len(down) < z.quorum:
+        add("WARNING", p.node, f"{len(down)} of {z.members} members down: no quorum, no write.")
+    elif down:
+        add(
+            "note",
+            p.node,
+            f"member(s) {', '.join(down)} down: {z.members - len(down)} left for a quorum "
+            f"of {z.quorum}.",
+        )
+    if z.answering and z.leader is None:
+        add("WARNING", p.node, "no leader: the ensemble takes no write until it elects one.")
+    elif not z.answering and not down:
+        add(
+            "note",
+            p.node,
+            "the members refuse the srvr four-letter word (4lw.commands.whitelist): "
+            "their modes are unknown.",
         )
 
 

@@ -41,6 +41,7 @@ from .records import (
     RedisInfo,
     Schedule,
     TooEarly,
+    ZookeeperInfo,
     full_jitter,
     make_owner,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigurationError",
     "Deletion",
     "EtcdInfo",
+    "ZookeeperInfo",
     "Finished",
     "HandOver",
     "Holder",

@@ -297,11 +297,31 @@ class EtcdInfo(NamedTuple):
         return self.members // 2 + 1
 
 
+class ZookeeperInfo(NamedTuple):
+    """What only a ZooKeeper ensemble reports of itself (:attr:`NodeInfo.specific`),
+    from its members' ``srvr`` four-letter word."""
+
+    #: The ensemble's members in the node's URL (the node is the whole ensemble).
+    members: int = 0
+    #: The members that told their mode (the others are down or refuse ``srvr``).
+    answering: int = 0
+    #: The member that leads (host:port; ``standalone`` counts), None when unknown.
+    leader: str | None = None
+    #: Each member's mode: ``leader``, ``follower``, ``standalone``, ``down``, ``?``.
+    modes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def quorum(self) -> int:
+        """How many members must agree for a write: a majority."""
+        return self.members // 2 + 1
+
+
 class NodeInfo(NamedTuple):
     """How one node is (:meth:`Redlock.node_info`); "-" or None where unknown.
 
     The fields are every kind's; :attr:`specific` holds what only its kind has
-    (:class:`RedisInfo`, :class:`PostgresInfo`, :class:`EtcdInfo`)."""
+    (:class:`RedisInfo`, :class:`PostgresInfo`, :class:`EtcdInfo`,
+    :class:`ZookeeperInfo`)."""
 
     node: str
     #: Why the node could not be asked, or None.
@@ -311,7 +331,7 @@ class NodeInfo(NamedTuple):
     #: ``7.2.4`` on Redis (``valkey X`` on Valkey), ``postgresql X``, ``etcd X``.
     version: str = "-"
     #: ``master`` or ``slave`` on Redis, ``primary`` or ``standby`` on PostgreSQL,
-    #: ``cluster`` on etcd (its members elect a leader among themselves).
+    #: ``cluster`` on etcd, ``ensemble`` on ZooKeeper (their members elect a leader).
     role: str = "-"
     #: The replicas (standbys) attached to a primary, None where the kind has none.
     replicas: int | None = None
@@ -323,7 +343,7 @@ class NodeInfo(NamedTuple):
     #: etcd's cluster id): two nodes with one are one server counted twice.
     server_id: str | None = None
     #: What only this kind reports, or None when the node did not answer.
-    specific: RedisInfo | PostgresInfo | EtcdInfo | None = None
+    specific: RedisInfo | PostgresInfo | EtcdInfo | ZookeeperInfo | None = None
 
     @property
     def lock_node(self) -> str:

@@ -90,6 +90,12 @@ lock node), ``etcd_nodes3`` (three one-member clusters, three lock nodes) and
 ``etcd_cluster3`` (a fresh three-member cluster for a fault
 test), from :mod:`celery_redlock.testing.etcd` and Debian's ``etcd-server``.
 
+ZooKeeper lock nodes likewise: ``zookeeper_node1`` (the session's ensemble of
+three members, one lock node), ``zookeeper_nodes3`` (three one-member
+ensembles, three lock nodes) and ``zookeeper_ensemble3`` (a fresh ensemble of
+three for a fault test), from :mod:`celery_redlock.testing.zookeeper` and
+Debian's ``zookeeper``.
+
 Memory lock nodes (``memory://NAME``, this process only) need no server:
 ``memory_nodes3`` hands out three of fresh names, with the same verbs and
 fault hooks of their own (``[i].slow(s)``, ``[i].lose_replies()``,
@@ -120,6 +126,11 @@ from .plugin import (  # noqa: F401
     redis_nodes3,
     redis_nodes5,
     redis_nodes_session,
+    zookeeper_ensemble3,
+    zookeeper_node1,
+    zookeeper_nodes3,
+    zookeeper_nodes3_session,
+    zookeeper_servers_session,
 )
 
 __all__ = [

@@ -31,6 +31,11 @@ __all__ = [
     "redis_nodes3",
     "redis_nodes5",
     "redis_nodes_session",
+    "zookeeper_ensemble3",
+    "zookeeper_node1",
+    "zookeeper_nodes3",
+    "zookeeper_nodes3_session",
+    "zookeeper_servers_session",
 ]
 
 
@@ -53,7 +58,8 @@ class _SessionGuard:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         close_all()
-        for module in ("celery_redlock.testing.postgres", "celery_redlock.testing.etcd"):
+        for kind in ("postgres", "etcd", "zookeeper"):
+            module = f"celery_redlock.testing.{kind}"
             if module in sys.modules:
                 sys.modules[module].close_all()
 
@@ -196,7 +202,10 @@ def _etcd_or_skip() -> None:
     is a failure instead (a missing install step)."""
     from .etcd import etcd_missing
 
-    why = etcd_missing()
+    _skip(etcd_missing())
+
+
+def _skip(why: str | None) -> None:
     if why is None:
         return
     if os.environ.get("CI") == "true":
@@ -266,3 +275,62 @@ def memory_nodes3() -> Iterator[Any]:
 
     with MemoryNodes(3) as nodes:
         yield nodes
+
+
+def _zookeeper_or_skip() -> None:
+    """Skip a ZooKeeper fixture where no ensemble can be started (fail under ``CI=true``)."""
+    from .zookeeper import zookeeper_missing
+
+    _skip(zookeeper_missing())
+
+
+@pytest.fixture(scope="session")
+def zookeeper_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """One ZooKeeper ensemble of three members, started once per session (one lock node)."""
+    _zookeeper_or_skip()
+    from .zookeeper import ZookeeperEnsembles
+
+    _guard(pytestconfig)
+    with ZookeeperEnsembles(1, size=3) as ensembles:
+        yield ensembles
+
+
+@pytest.fixture
+def zookeeper_node1(zookeeper_servers_session: Any) -> Iterator[Any]:
+    """The session's ensemble of three members, one lock node alone, empty; healed after."""
+    zookeeper_servers_session.heal()
+    zookeeper_servers_session.flushall()
+    yield zookeeper_servers_session
+    zookeeper_servers_session.heal()
+
+
+@pytest.fixture
+def zookeeper_ensemble3(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """A fresh ZooKeeper ensemble of three members (one lock node), for the fault
+    tests that kill, pause and restart its members; stopped after the test."""
+    _zookeeper_or_skip()
+    from .zookeeper import ZookeeperEnsemble
+
+    _guard(pytestconfig)
+    with ZookeeperEnsemble(3) as ensemble:
+        yield ensemble
+
+
+@pytest.fixture(scope="session")
+def zookeeper_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """Three independent single-member ensembles, started once per session (three lock nodes)."""
+    _zookeeper_or_skip()
+    from .zookeeper import ZookeeperEnsembles
+
+    _guard(pytestconfig)
+    with ZookeeperEnsembles(3, size=1) as ensembles:
+        yield ensembles
+
+
+@pytest.fixture
+def zookeeper_nodes3(zookeeper_nodes3_session: Any) -> Iterator[Any]:
+    """The session's three single-member ensembles (three lock nodes), empty; healed after."""
+    zookeeper_nodes3_session.heal()
+    zookeeper_nodes3_session.flushall()
+    yield zookeeper_nodes3_session
+    zookeeper_nodes3_session.heal()

@@ -97,6 +97,17 @@ def test_an_etcd_cluster_shows_its_members_quorum_and_leader(etcd_cluster3):
     assert not [w for w in REDIS_WORDS if w in out], out
 
 
+def test_a_zookeeper_ensemble_shows_its_members_quorum_and_leader(zookeeper_node1):
+    result = invoke(cli_app.make_app(zookeeper_node1.urls), "nodes")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "ONE node, a ZooKeeper ensemble: the locks are as safe as its members' quorum" in out
+    assert "zookeeper 3." in out and "ensemble" in out
+    assert "members 3 (quorum 2), leader 127.0.0.1:" in out
+    assert "UNSAFE" not in out and "WARNING" not in out, out
+    assert not [w for w in REDIS_WORDS if w in out], out
+
+
 def test_two_urls_of_one_postgres_server_are_one_server(durable_pg):
     other = durable_pg.url + "?schema=redlock_other"  # another node, on the same server
     result = invoke(cli_app.make_app([durable_pg.url, other]), "nodes")

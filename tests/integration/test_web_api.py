@@ -29,7 +29,11 @@ TOKEN = "s3cret-token-for-tests"
 
 
 #: The kinds whose servers the session starts: emptied here, not stopped.
-SESSION_SERVERS = {"3postgres": "postgres_servers_session", "3etcd": "etcd_nodes3_session"}
+SESSION_SERVERS = {
+    "3postgres": "postgres_servers_session",
+    "3etcd": "etcd_nodes3_session",
+    "3zookeeper": "zookeeper_nodes3_session",
+}
 
 
 @pytest.fixture(scope="module", params=[s.id for s in NODE_SETS if s.count == 3 and not s.local])
@@ -66,7 +70,9 @@ def is_postgres(nodes: Any) -> bool:
 
 
 def is_etcd(nodes: Any) -> bool:
-    return nodes.urls[0].startswith("etcd://")
+    """etcd's nodes, or ZooKeeper's (kinds of read-and-commit alike: their keys are
+    written through the kind, and a page costs a request per key)."""
+    return nodes.urls[0].startswith(("etcd://", "zookeeper://"))
 
 
 @pytest.fixture

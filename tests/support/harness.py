@@ -369,17 +369,26 @@ class Topology:
 
 
 def make_topology(
-    prefix: str, clusters: bool = False, postgres: bool = False, etcd: bool = False
+    prefix: str,
+    clusters: bool = False,
+    postgres: bool = False,
+    etcd: bool = False,
+    zookeeper: bool = False,
 ) -> Topology:
     """The hub and the lock nodes: three masters, three Redis Clusters of three
-    masters each, (``postgres``) one PostgreSQL server alone, or (``etcd``) one
-    etcd cluster of one member alone."""
+    masters each, (``postgres``) one PostgreSQL server alone, (``etcd``) one
+    etcd cluster of one member alone, or (``zookeeper``) one ZooKeeper ensemble
+    of three members."""
     hub = RedisNode()
     try:
-        if etcd:
+        if zookeeper:
+            from celery_redlock.testing.zookeeper import ZookeeperEnsembles
+
+            quorum: Any = ZookeeperEnsembles(1, size=3)
+        elif etcd:
             from celery_redlock.testing.etcd import EtcdClusters
 
-            quorum: Any = EtcdClusters(1, size=1)
+            quorum = EtcdClusters(1, size=1)
         elif postgres:
             from celery_redlock.core.nodes import node_for
             from celery_redlock.core.nodes import postgres as kind
@@ -403,7 +412,7 @@ def make_topology(
         hub,
         quorum,
         prefix,
-        node_timeout=0.5 if postgres or etcd else 0.15 if clusters else None,
+        node_timeout=0.5 if postgres or etcd or zookeeper else 0.15 if clusters else None,
         min_ttl=2.0 if etcd else None,
     )
 

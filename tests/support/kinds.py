@@ -42,6 +42,8 @@ NODE_SETS = [
     NodeSet("1postgres", "postgres_node1", "postgres", 1),
     NodeSet("3etcd", "etcd_nodes3", "etcd", 3, core=False),
     NodeSet("1etcd", "etcd_node1", "etcd", 1),
+    NodeSet("1zookeeper", "zookeeper_node1", "zookeeper", 1),
+    NodeSet("3zookeeper", "zookeeper_nodes3", "zookeeper", 3),
     NodeSet("3memory", "memory_nodes3", "memory", 3, local=True, quick=True),
 ]
 

@@ -17,7 +17,7 @@ go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
 WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
 
 **A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`,
-:mod:`.memory`) whose ``KIND`` is an instance of a subclass of
+:mod:`.zookeeper`, :mod:`.memory`) whose ``KIND`` is an instance of a subclass of
 :class:`~.kind.Kind`, the protocol mypy checks every kind against: ``schemes``
 (the URL schemes it takes, which :data:`KINDS` maps to it, as kombu maps URL
 schemes to transports), ``make``, ``accepts``, ``run``, ``command``, ``send``
@@ -27,7 +27,7 @@ nodes cannot honour: etcd's minimum lease TTL) and ``check_together`` (refuse
 names held together that its nodes cannot take in one call: a Redis Cluster's
 hash slots). A kind is imported at its first node, so a kind's client library
 is needed only where its nodes are used. Kinds that can only read and
-conditionally write (etcd, memory) share the primitives' semantics in
+conditionally write (etcd, ZooKeeper, memory) share the primitives' semantics in
 :mod:`.virtual`. A kind's ``node_timeout`` and ``connect_timeout`` are its
 defaults, in seconds, where ``redlock_node_timeout`` / ``redlock_connect_timeout``
 are not set: what one call costs there (:func:`default_timeouts`).
@@ -119,6 +119,13 @@ def _etcd() -> Kind:
 
 
 @functools.cache
+def _zookeeper() -> Kind:
+    from .zookeeper import KIND
+
+    return KIND
+
+
+@functools.cache
 def _memory() -> Kind:
     from .memory import KIND
 
@@ -137,12 +144,14 @@ SCHEMES: dict[str, str] = {
     "postgres": "postgres",
     "etcd": "etcd",
     "etcds": "etcd",
+    "zookeeper": "zookeeper",
     "memory": "memory",
 }
 _LOADERS: dict[str, Callable[[], Kind]] = {
     "redis": _redis,
     "postgres": _postgres,
     "etcd": _etcd,
+    "zookeeper": _zookeeper,
     "memory": _memory,
 }
 #: URL scheme (and a node's ``kind``) -> its kind, imported at first use.

@@ -37,11 +37,16 @@ OTHER_KINDS = list(dict.fromkeys(s.kind for s in NODE_SETS if s.kind != "redis")
 @pytest.fixture(scope="module", params=OTHER_KINDS, ids=[f"1{kind}" for kind in OTHER_KINDS])
 def other_url(request):
     """The node of the other kind: a throwaway PostgreSQL database, the session's
-    etcd cluster, or a memory node of a fresh name."""
+    etcd cluster, the session's ZooKeeper ensemble, or a memory node of a fresh name."""
     if request.param == "etcd":
         clusters = request.getfixturevalue("etcd_servers_session")
         clusters.flushall()
         yield clusters.urls[0]
+        return
+    if request.param == "zookeeper":
+        ensembles = request.getfixturevalue("zookeeper_servers_session")
+        ensembles.flushall()
+        yield ensembles.urls[0]
         return
     if request.param == "memory":
         with MemoryNodes(1) as nodes:

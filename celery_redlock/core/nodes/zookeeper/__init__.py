@@ -1,0 +1,97 @@
+"""The ZooKeeper kind of lock node: ``zookeeper://host:port[,host:port...][/chroot]``.
+
+One ensemble is one lock node (its members agree among themselves); several
+ensembles make a quorum, and a quorum may mix kinds. A virtual kind
+(:mod:`..virtual`) over kazoo: the store verbs of :mod:`.store`, a commit one
+``multi`` on the keys' versions, a key's expiry a deadline on the ensemble's
+clock, never a session (see the ZooKeeper page of the docs).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ...records import NodeInfo, ZookeeperInfo
+from ...values import error_text
+from .. import ping_latency
+from ..kind import Ask
+from ..virtual import Call, VirtualKind
+from ..virtual.scripting import warm
+from .node import NodeError, ZookeeperNode
+
+__all__ = ["KIND", "NodeError", "ZookeeperKind", "ZookeeperNode"]
+
+
+def _srvr(hostport: str, timeout: float) -> dict[str, str]:
+    """A member's answer to the ``srvr`` four-letter word, as fields."""
+    host, _, port = hostport.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(b"srvr")
+        text = b"".join(iter(lambda: sock.recv(4096), b"")).decode(errors="replace")
+    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+
+
+class ZookeeperKind(VirtualKind):
+    """ZooKeeper ensembles as lock nodes (see the module's docstring)."""
+
+    schemes = ("zookeeper",)
+    #: Seconds a call gets by default: a multi waits for a majority's log write,
+    #: and an election takes a second or more, when calls are "not answering".
+    node_timeout = 2.0
+    #: Seconds a new session gets to open by default (a handshake with a member).
+    connect_timeout = 2.0
+
+    def make(
+        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
+    ) -> ZookeeperNode:
+        node = ZookeeperNode(spec, timeout, min_replicas, connect_timeout)
+        warm("zookeeper")
+        return node
+
+    def round(
+        self, nodes: Sequence[Any], call: Call, timeout: float, needed: int | None = None
+    ) -> list[Any]:
+        """A node without a session yet gets its connect budget, then ``timeout``."""
+        opening = [n.connect_timeout or timeout for n in nodes if not n.has_session()]
+        return super().round(nodes, call, timeout + max(opening, default=0.0), needed)
+
+    def on_node(self, node: Any, call: Call, deadline: float) -> Any:
+        """The call in its session's turn, within the node's timeout from then."""
+        node.client(deadline)
+        turn = node.session.turn
+        if not turn.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise TimeoutError(f"{node.name}: no reply in time (the process's calls queued)")
+        try:
+            return call(node, min(deadline, time.monotonic() + node.timeout))
+        finally:
+            turn.release()
+
+    def node_info(self, node: ZookeeperNode, ask: Ask) -> list[NodeInfo]:
+        """PING latency, and each member's mode and version from ``srvr`` (where
+        ``4lw.commands.whitelist`` allows it; else ``?``)."""
+        latency, down = ping_latency(node, ask)
+        if down is not None:
+            return [NodeInfo(node.name, error_text(down), latency, kind="zookeeper")]
+        modes, version = {}, "?"
+        for hostport in node.hosts:
+            try:
+                fields = _srvr(hostport, min(node.timeout, 1.0))
+            except OSError:
+                modes[hostport] = "down"
+                continue
+            modes[hostport] = fields.get("Mode", "?")
+            version = fields.get("Zookeeper version", version).split("-", 1)[0]
+        leader = next((h for h, m in modes.items() if m in ("leader", "standalone")), None)
+        answering = sum(m not in ("down", "?") for m in modes.values())
+        specific = ZookeeperInfo(len(node.hosts), answering, leader, tuple(sorted(modes.items())))
+        return [
+            NodeInfo(node.name, None, latency, f"zookeeper {version}", "ensemble",
+                     kind="zookeeper", specific=specific)
+        ]  # fmt: skip
+
+
+#: The ZooKeeper kind.
+KIND = ZookeeperKind()

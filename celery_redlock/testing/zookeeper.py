@@ -1,0 +1,412 @@
+"""Throwaway ZooKeeper ensembles for tests, owned by this process: the ZooKeeper
+twin of :mod:`celery_redlock.testing.etcd`.
+
+An ensemble is one lock node: one member (standalone) or three (the fault
+tests kill, pause and restart members). Each member is a ``QuorumPeerMain``
+JVM from Debian's ``zookeeper`` package (``$CRL_ZOOKEEPER_JAR`` if set, else
+``/usr/share/java/zookeeper.jar``, with ``java`` on ``PATH``) on free ports
+of 127.0.0.1, ``tickTime=500`` so that an election takes about a second, its
+data directory in a temporary directory, stopped by its pid.
+
+Imports neither pytest nor Celery.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .nodes import HOST, free_port
+from .zookeeper_keys import Keys
+
+__all__ = [
+    "Keys",
+    "ZookeeperEnsemble",
+    "ZookeeperEnsembles",
+    "ZookeeperMember",
+    "zookeeper_missing",
+]
+
+START_TIMEOUT = 30.0
+_JAR = "/usr/share/java/zookeeper.jar"
+_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+#: A small, quickly started JVM: the tests' ensembles hold a few keys.
+_JVM = ["-Xmx128m", "-XX:+UseSerialGC", "-Xshare:auto"]
+
+
+def zookeeper_jar() -> str | None:
+    jar = os.environ.get("CRL_ZOOKEEPER_JAR") or _JAR
+    return jar if os.path.isfile(jar) else None
+
+
+def zookeeper_missing() -> str | None:
+    """Why no ZooKeeper ensemble can be started here, or None."""
+    if zookeeper_jar() is None or shutil.which("java") is None:
+        return (
+            "ZooKeeper's server is not installed (Debian: apt-get install zookeeper, "
+            "which brings a JRE; or set CRL_ZOOKEEPER_JAR)"
+        )
+    for module, extra in (("kazoo", "zookeeper"), ("lupa", "zookeeper")):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed (pip install 'celery_redlock[{extra}]')"
+    return None
+
+
+def four_letters(endpoint: str, word: bytes = b"srvr", timeout: float = 0.5) -> str:
+    host, _, port = endpoint.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(word)
+        chunks = []
+        while chunk := sock.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+class ZookeeperMember:
+    """One ``QuorumPeerMain`` of an ensemble, on 127.0.0.1."""
+
+    def __init__(self, myid: int, root: str) -> None:
+        self.myid = myid
+        self.host = HOST
+        self.port = free_port()
+        self.peer_port, self.election_port = free_port(), free_port()
+        self.dir = os.path.join(root, f"m{myid}")
+        self.logfile = os.path.join(root, f"m{myid}.log")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
+        self._paused = False
+
+    def __repr__(self) -> str:
+        return f"<ZookeeperMember {self.myid} {self.endpoint} pid={self.pid}>"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused and self.is_running
+
+    def launch(self, servers: list[str]) -> None:
+        if self.is_running:
+            return
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, "myid"), "w") as f:
+            f.write(f"{self.myid}\n")
+        cfg = os.path.join(self.dir, "zoo.cfg")
+        with open(cfg, "w") as f:
+            f.write(
+                f"tickTime=500\ninitLimit=20\nsyncLimit=4\ndataDir={self.dir}\n"
+                f"clientPort={self.port}\nclientPortAddress={self.host}\n"
+                "admin.enableServer=false\n4lw.commands.whitelist=srvr,mntr,ruok\n"
+                "maxClientCnxns=0\n" + "".join(f"{s}\n" for s in servers)
+            )
+        log = open(self.logfile, "ab")  # noqa: SIM115 - the server writes it while it runs
+        self._proc = subprocess.Popen(
+            ["java", *_JVM, "-Dzookeeper.log.dir=" + self.dir,
+             "-cp", zookeeper_jar() or _JAR, _MAIN, cfg],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+        self._owner = os.getpid()
+        self._paused = False
+
+    def mode(self, timeout: float = 0.5) -> str | None:
+        """``leader``, ``follower`` or ``standalone`` while it serves; else None."""
+        try:
+            text = four_letters(self.endpoint, b"srvr", timeout)
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+        return None
+
+    def _signal(self, signum: int) -> None:
+        if os.getpid() != self._owner:
+            raise RuntimeError(f"{self!r} belongs to process {self._owner}")
+        if self._proc is not None:
+            try:
+                os.kill(self._proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def pause(self) -> None:
+        """SIGSTOP the member: its connections hang."""
+        if self.is_running and not self._paused:
+            self._signal(signal.SIGSTOP)
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._signal(signal.SIGCONT)
+        self._paused = False
+
+    def kill(self) -> None:
+        """SIGKILL the member; its data stays (:meth:`ZookeeperEnsemble.start` brings it back)."""
+        if self.is_running:
+            self.resume()
+            self._signal(signal.SIGKILL)
+            assert self._proc is not None
+            self._proc.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.logfile, "rb") as log:
+                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class ZookeeperEnsemble:
+    """One ZooKeeper ensemble of ``size`` members on 127.0.0.1: one lock node (``.url``)."""
+
+    def __init__(self, size: int = 1, *, start: bool = True):
+        self.dir = tempfile.mkdtemp(prefix="celery-redlock-zk-", dir=_tmp_root())
+        self.members = [ZookeeperMember(i + 1, self.dir) for i in range(size)]
+        _live.add(self)
+        _arm()
+        if start:
+            try:
+                self.start()
+            except BaseException:
+                self.close()
+                raise
+
+    def __repr__(self) -> str:
+        return f"<ZookeeperEnsemble {self.url}>"
+
+    def __enter__(self) -> ZookeeperEnsemble:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __getitem__(self, index: int) -> ZookeeperMember:
+        return self.members[index]
+
+    def __iter__(self) -> Iterator[ZookeeperMember]:
+        return iter(self.members)
+
+    @property
+    def url(self) -> str:
+        return "zookeeper://" + ",".join(m.endpoint for m in self.members)
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url]
+
+    def start(self, timeout: float = START_TIMEOUT) -> ZookeeperEnsemble:
+        """Start every member that is not running (data kept) and wait for a leader."""
+        servers = []
+        if len(self.members) > 1:
+            servers = [
+                f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in self.members
+            ]
+        for member in self.members:
+            member.resume()
+            member.launch(servers)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            up = [m for m in self.members if m.is_running and not m.is_paused]
+            modes = [m.mode() for m in up]
+            if any(mode in ("leader", "standalone") for mode in modes) and (
+                sum(mode is not None for mode in modes) > len(self.members) // 2
+            ):
+                return
+            dead = [m for m in self.members if m._proc is not None and not m.is_running]
+            if time.monotonic() > deadline or len(dead) == len(self.members):
+                tails = "\n".join(f"{m!r}:\n{m.log_tail()}" for m in self.members)
+                raise RuntimeError(f"ZooKeeper ensemble did not become ready:\n{tails}")
+            time.sleep(0.05)
+
+    def leader(self) -> int:
+        """The index of the member that leads now."""
+        for i, member in enumerate(self.members):
+            if member.is_running and not member.is_paused and member.mode() in (
+                "leader", "standalone",
+            ):  # fmt: skip
+                return i
+        raise RuntimeError(f"{self!r} has no leader now")
+
+    def _client(self) -> Any:
+        from kazoo.client import KazooClient
+
+        hosts = [m.endpoint for m in self.members if m.is_running and not m.is_paused]
+        client = KazooClient(hosts=",".join(hosts or [self.members[0].endpoint]), timeout=4.0)
+        client.start(timeout=10)
+        return client
+
+    def client(self) -> Keys:
+        """The lock node's keys, read and written as a test reads a Redis node's."""
+        hosts = [m.endpoint for m in self.members if m.is_running and not m.is_paused]
+        return Keys(",".join(hosts or [self.members[0].endpoint]))
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        """The lock node's live keys matching ``pattern``, sorted."""
+        with self.client() as keys:
+            return keys.keys(pattern)
+
+    def kill(self, index: int) -> None:
+        self.members[index].kill()
+
+    def pause(self, index: int) -> None:
+        self.members[index].pause()
+
+    def resume(self, index: int) -> None:
+        self.members[index].resume()
+
+    def heal(self) -> None:
+        """Resume paused members and start stopped ones (their data kept)."""
+        if any(not m.is_running or m.is_paused for m in self.members):
+            self.start()
+
+    def stop(self) -> None:
+        """Kill every member (the lock node is down; :meth:`start` brings it back)."""
+        for member in self.members:
+            member.kill()
+
+    def flushall(self) -> None:
+        """Delete every key (the root znode and all below it)."""
+        client = self._client()
+        try:
+            client.delete("/redlock", recursive=True)
+        except Exception as exc:  # noqa: BLE001 - none yet
+            if type(exc).__name__ != "NoNodeError":
+                raise
+        finally:
+            client.stop()
+            client.close()
+
+    def close(self) -> None:
+        """Stop every member and delete the data directories."""
+        for member in self.members:
+            member.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _live.discard(self)
+
+
+class ZookeeperEnsembles:
+    """N independent ensembles of ``size`` members, each one lock node (``.urls``),
+    with the verbs of :class:`~celery_redlock.testing.RedisNodes` on a whole ensemble."""
+
+    def __init__(self, n: int = 1, size: int = 1):
+        self.ensembles: list[ZookeeperEnsemble] = []
+        try:
+            for _ in range(n):
+                self.ensembles.append(ZookeeperEnsemble(size, start=False))
+            for e in self.ensembles:  # their JVMs start side by side
+                for member in e:
+                    member.launch(
+                        [f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in e]
+                        if size > 1 else []
+                    )  # fmt: skip
+            for e in self.ensembles:
+                e.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.ensembles)
+
+    def __getitem__(self, index: int) -> ZookeeperEnsemble:
+        return self.ensembles[index]
+
+    def __iter__(self) -> Iterator[ZookeeperEnsemble]:
+        return iter(self.ensembles)
+
+    def __enter__(self) -> ZookeeperEnsembles:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.url for e in self.ensembles]
+
+    def heal(self) -> None:
+        for ensemble in self.ensembles:
+            ensemble.heal()
+
+    def kill(self, index: int) -> None:
+        """Kill every member of ensemble ``index`` (the lock node is down)."""
+        for member in self.ensembles[index]:
+            member.kill()
+
+    def pause(self, index: int) -> None:
+        for member in self.ensembles[index]:
+            member.pause()
+
+    def resume(self, index: int) -> None:
+        for member in self.ensembles[index]:
+            member.resume()
+
+    def restart(self, index: int) -> None:
+        self.kill(index)
+        self.ensembles[index].start()
+
+    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
+        """Each answering ensemble's index -> its sorted live keys matching ``pattern``."""
+        return {
+            i: e.keys(pattern)
+            for i, e in enumerate(self.ensembles)
+            if any(m.is_running and not m.is_paused for m in e)
+        }
+
+    def flushall(self) -> None:
+        for ensemble in self.ensembles:
+            ensemble.flushall()
+
+    def close(self) -> None:
+        for ensemble in self.ensembles:
+            ensemble.close()
+
+
+def _tmp_root() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+_live: set[ZookeeperEnsemble] = set()
+_armed = False
+
+
+def _arm() -> None:
+    global _armed
+    if not _armed:
+        _armed = True
+        atexit.register(close_all)
+        os.register_at_fork(after_in_child=_live.clear)
+
+
+def close_all() -> None:
+    """Stop every ZooKeeper ensemble this process started."""
+    for ensemble in list(_live):
+        if all(m._owner == os.getpid() for m in ensemble.members):
+            ensemble.close()
