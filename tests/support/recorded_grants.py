@@ -34,6 +34,7 @@ def grant_loop(
     retry_delay: float = 0.002,
     retry_delay_max: float = 0.02,
     hold: float = 0.0,
+    processes: int = 0,
 ) -> None:
     """Take ``name`` until the recorder holds ``target`` tokens, or has a ``stop``
     key, or ``seconds`` pass.
@@ -42,11 +43,17 @@ def grant_loop(
     ``occupancy`` / ``overlaps`` (another holder was inside), ``late`` (the
     lease had lapsed by the end of the critical section, so the order of that
     append is not guaranteed), ``quorum_errors``. ``hold`` widens each critical
-    section by that many seconds.
+    section by that many seconds. ``processes``: the target counts once that
+    many processes have held ``name`` too (``pids``), so a slow process on a
+    busy host is waited for, not missed.
     """
     rl = Redlock(urls, node_timeout=node_timeout)
     rec = redis.Redis.from_url(recorder_url, socket_timeout=5, retry=None)
     who = f"{os.getpid()}:{threading.get_ident()}"
+
+    def enough(count: int) -> bool:
+        return count >= target and (not processes or rec.scard("pids") >= processes)
+
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
@@ -62,13 +69,13 @@ def grant_loop(
             rec.incr("quorum_errors")
             continue
         if lease is None:
-            if rec.llen("tokens") >= target or rec.exists("stop"):
+            if enough(rec.llen("tokens")) or rec.exists("stop"):
                 return
             continue
         try:
             pipe = rec.pipeline(transaction=False)
             pipe.incr("occupancy").rpush("tokens", lease.fencing_token).rpush("who", who)
-            inside, count, _, stop = pipe.exists("stop").execute()
+            inside, count, _, stop = pipe.exists("stop").sadd("pids", os.getpid()).execute()[:4]
             if inside != 1:
                 rec.incr("overlaps")
             if hold:
@@ -78,5 +85,5 @@ def grant_loop(
             rec.decr("occupancy")
         finally:
             rl.release(lease)
-        if count >= target or stop:
+        if enough(count) or stop:
             return

@@ -60,7 +60,17 @@ def node_values(nodes, key: str) -> list:
 # -- mutual exclusion -------------------------------------------------------------
 
 
-def contend(urls, recorder_url, name, target, seconds, start=None, per_worker_names=False, index=0):
+def contend(
+    urls,
+    recorder_url,
+    name,
+    target,
+    seconds,
+    start=None,
+    per_worker_names=False,
+    index=0,
+    processes=0,
+):
     """The shared grant loop, with every worker starting together (``start``) and,
     for the control run, each locking its own name."""
     if start is not None:
@@ -68,7 +78,14 @@ def contend(urls, recorder_url, name, target, seconds, start=None, per_worker_na
     if per_worker_names:
         name = f"{name}-{index}"
     grant_loop(
-        urls, recorder_url, name, target, seconds, hold=0.0005, node_timeout=HEALTHY_NODE_TIMEOUT
+        urls,
+        recorder_url,
+        name,
+        target,
+        seconds,
+        hold=0.0005,
+        node_timeout=HEALTHY_NODE_TIMEOUT,
+        processes=processes,
     )
 
 
@@ -93,14 +110,16 @@ def results(recorder):
 
 def test_mutual_exclusion_across_threads_and_processes(nodes, recorder):
     needs_shared(nodes)
-    target, seconds = 150, 4.0  # stop at 150 grants; on a loaded machine, after 4 s
+    # stop at 150 grants once every process held the lock (a process a busy host
+    # starves is waited for); after 20 s at the latest
+    target, seconds = 150, 20.0
     procs, threads_per_proc = 2, 3
     ctx = multiprocessing.get_context("fork")  # the parent has no thread running yet
     start = ctx.Barrier(procs + 1)
     children = [
         ctx.Process(
             target=_process_main,
-            args=(threads_per_proc, nodes.urls, recorder.url, NAME, target, seconds, start),
+            args=(threads_per_proc, nodes.urls, recorder.url, NAME, target, seconds, start, 3),
         )
         for _ in range(procs)
     ]
@@ -109,11 +128,11 @@ def test_mutual_exclusion_across_threads_and_processes(nodes, recorder):
     try:
         start.wait(30)
         t0 = time.monotonic()
-        threads = run_threads(3, nodes.urls, recorder.url, NAME, target, seconds)
+        threads = run_threads(3, nodes.urls, recorder.url, NAME, target, seconds, processes=3)
         for thread in threads:
-            thread.join(10)
+            thread.join(30)
         for child in children:
-            child.join(10)
+            child.join(30)
         elapsed = time.monotonic() - t0
     finally:
         for child in children:
@@ -131,10 +150,11 @@ def test_mutual_exclusion_across_threads_and_processes(nodes, recorder):
     assert lock_keys(nodes, healthy(nodes.urls))[0] == [healthy(nodes.urls).keys(NAME)[1]]
 
 
-def _process_main(n_threads, urls, recorder_url, name, target, seconds, start):
+def _process_main(n_threads, urls, recorder_url, name, target, seconds, start, processes=0):
     start.wait(30)
-    for thread in run_threads(n_threads, urls, recorder_url, name, target, seconds):
-        thread.join(10)
+    threads = run_threads(n_threads, urls, recorder_url, name, target, seconds, processes=processes)
+    for thread in threads:
+        thread.join(30)
 
 
 def test_the_overlap_detector_sees_overlaps_without_a_common_lock(redis_nodes3, recorder):
