@@ -68,6 +68,11 @@ def any_app(nodes3):
     return cli_app.make_app(nodes3.urls)
 
 
+def n_members(nodes: Any) -> int:
+    """The members of the first ZooKeeper ensemble among ``nodes`` (hosts in its URL)."""
+    return len(nodes.urls[0].split("://", 1)[1].split("/", 1)[0].split(","))
+
+
 def test_nodes_all_up(any_app, nodes3):
     result = invoke(any_app, "nodes")
     assert result.exit_code == 0, result.output
@@ -85,11 +90,16 @@ def test_nodes_all_up(any_app, nodes3):
         assert f"WARNING {nodes3.urls[0]}: 1 member: the cluster is one server" in result.output
     elif nodes3.urls[0].startswith("memory"):  # a memory node: how many keys it keeps
         assert "memory, 0 keys" in result.output and "primary" in result.output
+    elif nodes3.urls[0].startswith("zookeeper"):  # an ensemble: its version and members
+        assert "zookeeper 3." in result.output and "ensemble" in result.output
     else:  # a PostgreSQL server: its version, that it is the primary, its durability
         assert "postgresql 1" in result.output and "primary" in result.output
         assert "synchronous_commit on, full_page_writes on" in result.output
-    # the test servers of PostgreSQL run with fsync off, and the etcd ones with one member
-    flagged = nodes3.urls[0].startswith(("postgres", "etcd"))
+    # the test servers of PostgreSQL run with fsync off, the etcd ones with one member,
+    # and so do the three ZooKeeper ensembles (one ensemble has three)
+    flagged = nodes3.urls[0].startswith(("postgres", "etcd")) or (
+        nodes3.urls[0].startswith("zookeeper") and n_members(nodes3) < 2
+    )
     assert ("UNSAFE" in result.output) == flagged
     assert "maxmemory" not in result.output or is_redis(nodes3)
     n = len(nodes3.urls)
