@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .etcd_keys import Keys, api
+from .fleet import EnsembleFleet
 from .nodes import HOST, free_port
 
 __all__ = [
@@ -295,7 +296,7 @@ class EtcdCluster:
         _live.discard(self)
 
 
-class EtcdClusters:
+class EtcdClusters(EnsembleFleet[EtcdCluster]):
     """N independent etcd clusters, each one lock node (``.urls``), with the verbs
     of :class:`~celery_redlock.testing.RedisNodes` on the whole cluster."""
 
@@ -303,67 +304,13 @@ class EtcdClusters:
         self, n: int = 1, size: int = 1, *, etcd_clusters: list[EtcdCluster] | None = None
     ):
         if etcd_clusters is not None:
-            self.etcd_clusters = etcd_clusters
+            self.members = etcd_clusters
             return
-        self.etcd_clusters = []
-        try:
-            for _ in range(n):
-                self.etcd_clusters.append(EtcdCluster(size))
-        except BaseException:
-            self.close()
-            raise
-
-    def __len__(self) -> int:
-        return len(self.etcd_clusters)
-
-    def __getitem__(self, index: int) -> EtcdCluster:
-        return self.etcd_clusters[index]
-
-    def __iter__(self) -> Iterator[EtcdCluster]:
-        return iter(self.etcd_clusters)
-
-    def __enter__(self) -> EtcdClusters:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._fill(n, lambda: EtcdCluster(size))
 
     @property
-    def urls(self) -> list[str]:
-        return [c.url for c in self.etcd_clusters]
-
-    def heal(self) -> None:
-        for cluster in self.etcd_clusters:
-            cluster.heal()
-
-    def kill(self, index: int) -> None:
-        """Kill every member of cluster ``index`` (the lock node is down)."""
-        for member in self.etcd_clusters[index]:
-            member.kill()
-
-    def pause(self, index: int) -> None:
-        for member in self.etcd_clusters[index]:
-            member.pause()
-
-    def resume(self, index: int) -> None:
-        for member in self.etcd_clusters[index]:
-            member.resume()
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Each answering cluster's index -> its sorted live keys matching ``pattern``."""
-        return {
-            i: c.keys(pattern)
-            for i, c in enumerate(self.etcd_clusters)
-            if any(m.is_running and not m.is_paused for m in c)
-        }
-
-    def flushall(self) -> None:
-        for cluster in self.etcd_clusters:
-            cluster.flushall()
-
-    def close(self) -> None:
-        for cluster in self.etcd_clusters:
-            cluster.close()
+    def etcd_clusters(self) -> list[EtcdCluster]:
+        return self.members
 
 
 def _tmp_root() -> str | None:

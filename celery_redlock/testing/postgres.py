@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .fleet import ServerFleet
 from .nodes import HOST, free_port
 
 __all__ = ["PostgresServer", "PostgresServers", "postgres_bin", "postgres_missing"]
@@ -292,6 +293,8 @@ class PostgresServer:
         if self.sql("SELECT to_regclass('redlock.kv') IS NOT NULL")[0][0]:
             self.sql("TRUNCATE redlock.kv")
 
+    flushall = flush  # the name a fleet calls on every kind's node
+
     def keys(self, pattern: str = "%") -> list[str]:
         """The live keys of the lock node (schema ``redlock``), sorted."""
         if not self.sql("SELECT to_regclass('redlock.kv') IS NOT NULL")[0][0]:
@@ -393,7 +396,7 @@ def _like(glob_pattern: str) -> str:
     return glob_pattern.replace("%", "\\%").replace("_", "\\_").replace("*", "%").replace("?", "_")
 
 
-class PostgresServers:
+class PostgresServers(ServerFleet[PostgresServer]):
     """N independent PostgreSQL servers, each one lock node (``.urls``), with the
     verbs of :class:`~celery_redlock.testing.RedisNodes` (``kill(i)``,
     ``pause(i)``, ``restart(i)``, ``heal()``, ``keys()``). ``[i].client()`` is
@@ -401,69 +404,17 @@ class PostgresServers:
 
     def __init__(self, n: int = 3, *, servers: list[PostgresServer] | None = None) -> None:
         if servers is not None:
-            self.servers = servers
+            self.members = servers
             return
-        self.servers = []
-        try:
-            for _ in range(n):
-                self.servers.append(PostgresServer())
-        except BaseException:
-            self.close()
-            raise
-
-    def __len__(self) -> int:
-        return len(self.servers)
-
-    def __getitem__(self, index: int) -> PostgresServer:
-        return self.servers[index]
-
-    def __iter__(self) -> Iterator[PostgresServer]:
-        return iter(self.servers)
-
-    def __enter__(self) -> PostgresServers:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._fill(n, PostgresServer)
 
     @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
-
-    def kill(self, index: int) -> None:
-        self.servers[index].kill()
-
-    def pause(self, index: int) -> None:
-        self.servers[index].pause()
-
-    def resume(self, index: int) -> None:
-        self.servers[index].resume()
-
-    def restart(self, index: int) -> None:
-        self.servers[index].restart()
-
-    def heal(self) -> None:
-        """Resume paused servers and start stopped ones (their data kept)."""
-        for server in self.servers:
-            server.resume()
-            server.start()
+    def servers(self) -> list[PostgresServer]:
+        return self.members
 
     def keys(self, pattern: str = "*") -> dict[int, list[str]]:
         """Each answering server's index -> its sorted live keys matching the glob ``pattern``."""
-        return {
-            i: s.keys(_like(pattern))
-            for i, s in enumerate(self.servers)
-            if s.is_running and not s.is_paused
-        }
-
-    def flushall(self) -> None:
-        for server in self.servers:
-            if server.is_running and not server.is_paused:
-                server.flush()
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
+        return super().keys(_like(pattern))
 
 
 _live: set[PostgresServer] = set()

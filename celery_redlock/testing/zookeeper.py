@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .fleet import EnsembleFleet
 from .nodes import HOST, free_port
 from .zookeeper_keys import Keys
 
@@ -311,82 +312,30 @@ class ZookeeperEnsemble:
         _live.discard(self)
 
 
-class ZookeeperEnsembles:
+class ZookeeperEnsembles(EnsembleFleet[ZookeeperEnsemble]):
     """N independent ensembles of ``size`` members, each one lock node (``.urls``),
     with the verbs of :class:`~celery_redlock.testing.RedisNodes` on a whole ensemble."""
 
     def __init__(self, n: int = 1, size: int = 1):
-        self.ensembles: list[ZookeeperEnsemble] = []
+        self.members = []
         try:
             for _ in range(n):
-                self.ensembles.append(ZookeeperEnsemble(size, start=False))
-            for e in self.ensembles:  # their JVMs start side by side
+                self.members.append(ZookeeperEnsemble(size, start=False))
+            for e in self.members:  # their JVMs start side by side
                 for member in e:
                     member.launch(
                         [f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in e]
                         if size > 1 else []
                     )  # fmt: skip
-            for e in self.ensembles:
+            for e in self.members:
                 e.wait_ready()
         except BaseException:
             self.close()
             raise
 
-    def __len__(self) -> int:
-        return len(self.ensembles)
-
-    def __getitem__(self, index: int) -> ZookeeperEnsemble:
-        return self.ensembles[index]
-
-    def __iter__(self) -> Iterator[ZookeeperEnsemble]:
-        return iter(self.ensembles)
-
-    def __enter__(self) -> ZookeeperEnsembles:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     @property
-    def urls(self) -> list[str]:
-        return [e.url for e in self.ensembles]
-
-    def heal(self) -> None:
-        for ensemble in self.ensembles:
-            ensemble.heal()
-
-    def kill(self, index: int) -> None:
-        """Kill every member of ensemble ``index`` (the lock node is down)."""
-        for member in self.ensembles[index]:
-            member.kill()
-
-    def pause(self, index: int) -> None:
-        for member in self.ensembles[index]:
-            member.pause()
-
-    def resume(self, index: int) -> None:
-        for member in self.ensembles[index]:
-            member.resume()
-
-    def restart(self, index: int) -> None:
-        self.kill(index)
-        self.ensembles[index].start()
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Each answering ensemble's index -> its sorted live keys matching ``pattern``."""
-        return {
-            i: e.keys(pattern)
-            for i, e in enumerate(self.ensembles)
-            if any(m.is_running and not m.is_paused for m in e)
-        }
-
-    def flushall(self) -> None:
-        for ensemble in self.ensembles:
-            ensemble.flushall()
-
-    def close(self) -> None:
-        for ensemble in self.ensembles:
-            ensemble.close()
+    def ensembles(self) -> list[ZookeeperEnsemble]:
+        return self.members
 
 
 def _tmp_root() -> str | None:
