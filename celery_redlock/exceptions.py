@@ -6,8 +6,8 @@ module keeps their documented import path.
 
 from __future__ import annotations
 
+from .core import exceptions as _core
 from .core.exceptions import *  # noqa: F403 - the errors, listed once in the core
-from .core.exceptions import __all__ as _core_names
 
 #: The error classes (the core's helpers stay there).
-__all__ = [name for name in _core_names if name[0].isupper()]
+__all__ = [name for name in _core.__all__ if name[0].isupper()]

@@ -1,23 +1,71 @@
-"""What every fleet of test lock nodes shares: a list of lock nodes a test indexes,
-iterates and closes, whose ``urls`` make one quorum, with the fault verbs by index.
+"""What the groups of test servers share: a list a test indexes, iterates and
+closes, with the fault verbs by index.
 
-:class:`~celery_redlock.testing.RedisNodes` set the verbs; the fleets of the other
-kinds answer to the same ones, so that one test body can drive any kind.
+A fleet is lock nodes whose ``urls`` make one quorum;
+:class:`~celery_redlock.testing.RedisNodes` set its verbs and the fleets of the
+other kinds answer to the same ones, so that one test body can drive any kind.
+An ensemble (etcd, ZooKeeper) is one lock node of several members.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 M = TypeVar("M")
-F = TypeVar("F", bound="Fleet[Any]")
+G = TypeVar("G", bound="Group[Any]")
 
 
-class Fleet(Generic[M]):
-    """Lock nodes ``members``, each with ``url``, ``keys()``, ``flushall()`` and ``close()``."""
+class Group(Generic[M]):
+    """``members``, with ``kill(i)``, ``pause(i)`` and ``resume(i)`` on the
+    process(es) of member ``i``; closed on leaving a ``with`` block."""
 
     members: list[M]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __getitem__(self, index: int) -> M:
+        return self.members[index]
+
+    def __iter__(self) -> Iterator[M]:
+        return iter(self.members)
+
+    def __enter__(self: G) -> G:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _all(self) -> list[Any]:
+        return self.members
+
+    def _processes(self, index: int) -> Iterable[Any]:
+        return [self._all()[index]]
+
+    def kill(self, index: int) -> None:
+        for process in self._processes(index):
+            process.kill()
+
+    def pause(self, index: int) -> None:
+        for process in self._processes(index):
+            process.pause()
+
+    def resume(self, index: int) -> None:
+        for process in self._processes(index):
+            process.resume()
+
+
+def _up(process: Any) -> bool:
+    return bool(process.is_running and not process.is_paused)
+
+
+class Fleet(Group[M]):
+    """Lock nodes, each with ``url``, ``keys()``, ``flushall()`` and ``close()``."""
 
     def _fill(self, n: int, make: Callable[[], M]) -> None:
         """Make ``n`` members; if one fails, close those made and raise."""
@@ -29,27 +77,9 @@ class Fleet(Generic[M]):
             self.close()
             raise
 
-    def __len__(self) -> int:
-        return len(self.members)
-
-    def __getitem__(self, index: int) -> M:
-        return self.members[index]
-
-    def __iter__(self) -> Iterator[M]:
-        return iter(self.members)
-
-    def __enter__(self: F) -> F:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     @property
     def urls(self) -> list[str]:
         return [node.url for node in self._all()]
-
-    def _all(self) -> list[Any]:
-        return self.members
 
     def _answers(self, node: Any) -> bool:
         return True
@@ -72,23 +102,8 @@ class ServerFleet(Fleet[M]):
     """A fleet whose lock nodes are one process each: ``kill(i)``, ``pause(i)``,
     ``resume(i)``, ``restart(i)`` act on that process, ``heal()`` on them all."""
 
-    def _processes(self, index: int) -> Iterable[Any]:
-        return [self.members[index]]
-
     def _answers(self, node: Any) -> bool:
-        return bool(node.is_running and not node.is_paused)
-
-    def kill(self, index: int) -> None:
-        for process in self._processes(index):
-            process.kill()
-
-    def pause(self, index: int) -> None:
-        for process in self._processes(index):
-            process.pause()
-
-    def resume(self, index: int) -> None:
-        for process in self._processes(index):
-            process.resume()
+        return _up(node)
 
     def restart(self, index: int) -> None:
         self._all()[index].restart()
@@ -101,14 +116,14 @@ class ServerFleet(Fleet[M]):
 
 
 class EnsembleFleet(ServerFleet[M]):
-    """A fleet whose lock nodes are ensembles of members (etcd, ZooKeeper): the
-    verbs act on every member of ensemble ``i``; it answers while one member does."""
+    """A fleet of ensembles (etcd, ZooKeeper): the verbs act on every member of
+    ensemble ``i``; it answers while one member does."""
 
     def _processes(self, index: int) -> Iterable[Any]:
         return list(self._all()[index])
 
     def _answers(self, node: Any) -> bool:
-        return any(super(EnsembleFleet, self)._answers(m) for m in node)
+        return any(_up(member) for member in node)
 
     def restart(self, index: int) -> None:
         self.kill(index)
@@ -121,3 +136,35 @@ class EnsembleFleet(ServerFleet[M]):
     def flushall(self) -> None:
         for ensemble in self._all():
             ensemble.flushall()  # it finds a member that answers
+
+
+class Ensemble(Group[M]):
+    """One lock node of several members, their data under ``dir``: a subclass
+    provides ``start()``, which starts the members not running."""
+
+    dir: str
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def _begin(self, start: bool) -> None:
+        if start:
+            try:
+                self.start()
+            except BaseException:
+                self.close()
+                raise
+
+    def started_here(self) -> bool:
+        return all(member.started_here() for member in self._all())
+
+    def heal(self) -> None:
+        """Resume paused members and start stopped ones (their data kept)."""
+        if not all(_up(member) for member in self._all()):
+            self.start()
+
+    def close(self) -> None:
+        """Stop every member and delete the data directories."""
+        for member in self._all():
+            member.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from .fleet import ServerFleet
+from .process import Process
 
 __all__ = [
     "HOST",
@@ -95,7 +96,7 @@ def free_port() -> int:
             return port
 
 
-class RedisNode:
+class RedisNode(Process):
     """One redis-server process on 127.0.0.1, owned by this process.
 
     Args:
@@ -141,19 +142,6 @@ class RedisNode:
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        """True while the process exists, paused or not."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused and self.is_running
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """Return a new client with short timeouts, no retries and decoded replies."""

@@ -13,7 +13,6 @@ committed write from the WAL the kernel holds.
 
 from __future__ import annotations
 
-import atexit
 import glob
 import os
 import shutil
@@ -27,6 +26,7 @@ from typing import Any
 
 from .fleet import ServerFleet
 from .nodes import HOST, free_port
+from .process import Live, Process
 
 __all__ = ["PostgresServer", "PostgresServers", "postgres_bin", "postgres_missing"]
 
@@ -106,7 +106,7 @@ def _template_dir() -> str:
         return _template
 
 
-class PostgresServer:
+class PostgresServer(Process):
     """One ``postgres`` server on 127.0.0.1, owned by this process.
 
     Args:
@@ -154,18 +154,6 @@ class PostgresServer:
     def url(self) -> str:
         return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return bool(self._paused) and self.is_running
-
     def connect(self, **kwargs: Any) -> Any:
         """A psycopg connection (autocommit) to the server, for a test's own SQL."""
         import psycopg
@@ -202,13 +190,12 @@ class PostgresServer:
         )  # fmt: skip
         log.close()
         self._owner = os.getpid()
-        _arm()
         _live.add(self)
         deadline = time.monotonic() + START_TIMEOUT
         while not self._answers():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"postgres did not start:\n{self._log_tail()}")
+                raise RuntimeError(f"postgres did not start:\n{self.log_tail()}")
             time.sleep(0.02)
         return self
 
@@ -335,13 +322,6 @@ class PostgresServer:
             self._proc.wait(timeout)
         self._paused = []
 
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.logfile, "rb") as log:
-                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
 
 class Keys:
     """A PostgreSQL lock node's keys with the calls of a decoded redis-py client
@@ -417,25 +397,13 @@ class PostgresServers(ServerFleet[PostgresServer]):
         return super().keys(_like(pattern))
 
 
-_live: set[PostgresServer] = set()
-_armed = False
-
-
-def _arm() -> None:
-    """At the first server: stop them all at exit; a forked child forgets its parent's."""
-    global _armed
-    if not _armed:
-        _armed = True
-        atexit.register(close_all)
-        os.register_at_fork(after_in_child=_live.clear)
+_live: Live[PostgresServer] = Live(lambda: close_all())
 
 
 def close_all() -> None:
     """Stop every PostgreSQL server this process started, and drop the template."""
     global _template
-    for server in list(_live):
-        if server._owner == os.getpid():
-            server.close()
+    _live.close_mine()
     with _template_lock:
         if _template is not None and _template_owner == os.getpid():
             shutil.rmtree(os.path.dirname(_template), ignore_errors=True)
