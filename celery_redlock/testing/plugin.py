@@ -198,45 +198,88 @@ def postgres_node1(postgres_servers_session: Any) -> Iterator[Any]:
     yield from _healed(pool, type(pool)(servers=pool.servers[:1]))
 
 
-def _etcd(n: int, size: int) -> Callable[[], Any]:
+#: Per ensemble kind: its one ensemble, its fleet of ensembles.
+_ENSEMBLES = {
+    "etcd": ("EtcdCluster", "EtcdClusters"),
+    "zookeeper": ("ZookeeperEnsemble", "ZookeeperEnsembles"),
+}
+
+
+def _ensembles(kind: str, n: int, size: int, doc: str, name: str) -> Any:
+    """A fixture that starts ``n`` ensembles of ``kind``, ``size`` members each
+    (``n=0``: one ensemble alone), skipped where ``kind`` cannot start: of the
+    session where ``n``, else of one test, for the fault tests that kill, pause
+    and restart its members."""
+
     def build() -> Any:
-        from .etcd import EtcdCluster, EtcdClusters
+        one, many = _ENSEMBLES[kind]
+        module = importlib.import_module(f"{__package__}.{kind}")
+        return getattr(module, many)(n, size=size) if n else getattr(module, one)(size)
 
-        return EtcdClusters(n, size=size) if n else EtcdCluster(size)
+    def fixture(pytestconfig: pytest.Config) -> Iterator[Any]:
+        yield from _started(pytestconfig, kind, build)
 
-    return build
-
-
-@pytest.fixture(scope="session")
-def etcd_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """One single-member etcd cluster, started once per session (one lock node)."""
-    yield from _started(pytestconfig, "etcd", _etcd(1, 1))
+    fixture.__doc__ = doc
+    return pytest.fixture(fixture, scope="session" if n else "function", name=name)
 
 
-@pytest.fixture
-def etcd_node1(etcd_servers_session: Any) -> Iterator[Any]:
-    """The session's etcd cluster of one member, one lock node alone, empty; healed after."""
-    yield from _healed(etcd_servers_session)
+def _view(session: str, doc: str, name: str) -> Any:
+    """A fixture that gives a test the fleet of the session fixture ``session``,
+    healed and empty, and heals it after."""
+
+    def fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
+        yield from _healed(request.getfixturevalue(session))
+
+    fixture.__doc__ = doc
+    return pytest.fixture(fixture, name=name)
 
 
-@pytest.fixture
-def etcd_cluster3(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """A fresh etcd cluster of three members (one lock node), for the fault tests
-    that kill, pause and restart its members; stopped after the test."""
-    yield from _started(pytestconfig, "etcd", _etcd(0, 3))
+def _kind(kind: str, label: str, one: str, shared_size: int) -> tuple[Any, ...]:
+    """The five fixtures of an ensemble kind (``one``: what an ensemble is called
+    there), whose shared one lock node has ``shared_size`` members."""
+    members = "one member" if shared_size == 1 else "three members"
+    return (
+        _ensembles(
+            kind, 1, shared_size,
+            f"One {label} {one} of {members}, started once per session (one lock node).",
+            f"{kind}_servers_session",
+        ),
+        _view(
+            f"{kind}_servers_session",
+            f"The session's {label} {one} of {members}, one lock node alone, empty; healed after.",
+            f"{kind}_node1",
+        ),
+        _ensembles(
+            kind, 0, 3,
+            f"A fresh {label} {one} of three members (one lock node), for the fault tests "
+            "that kill, pause and restart its members; stopped after the test.",
+            f"{kind}_{one}3",
+        ),
+        _ensembles(
+            kind, 3, 1,
+            f"Three independent single-member {label} {one}s, started once per session "
+            "(three lock nodes).",
+            f"{kind}_nodes3_session",
+        ),
+        _view(
+            f"{kind}_nodes3_session",
+            f"The session's three single-member {label} {one}s (three lock nodes), empty; "
+            "healed after.",
+            f"{kind}_nodes3",
+        ),
+    )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def etcd_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """Three independent single-member etcd clusters, started once per session
-    (three lock nodes)."""
-    yield from _started(pytestconfig, "etcd", _etcd(3, 1))
-
-
-@pytest.fixture
-def etcd_nodes3(etcd_nodes3_session: Any) -> Iterator[Any]:
-    """The session's three etcd clusters (three lock nodes), empty; healed after."""
-    yield from _healed(etcd_nodes3_session)
+etcd_servers_session, etcd_node1, etcd_cluster3, etcd_nodes3_session, etcd_nodes3 = _kind(
+    "etcd", "etcd", "cluster", 1
+)
+(
+    zookeeper_servers_session,
+    zookeeper_node1,
+    zookeeper_ensemble3,
+    zookeeper_nodes3_session,
+    zookeeper_nodes3,
+) = _kind("zookeeper", "ZooKeeper", "ensemble", 3)
 
 
 @pytest.fixture
@@ -248,43 +291,3 @@ def memory_nodes3() -> Iterator[Any]:
 
     with MemoryNodes(3) as nodes:
         yield nodes
-
-
-def _zookeeper(n: int, size: int) -> Callable[[], Any]:
-    def build() -> Any:
-        from .zookeeper import ZookeeperEnsemble, ZookeeperEnsembles
-
-        return ZookeeperEnsembles(n, size=size) if n else ZookeeperEnsemble(size)
-
-    return build
-
-
-@pytest.fixture(scope="session")
-def zookeeper_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """One ZooKeeper ensemble of three members, started once per session (one lock node)."""
-    yield from _started(pytestconfig, "zookeeper", _zookeeper(1, 3))
-
-
-@pytest.fixture
-def zookeeper_node1(zookeeper_servers_session: Any) -> Iterator[Any]:
-    """The session's ensemble of three members, one lock node alone, empty; healed after."""
-    yield from _healed(zookeeper_servers_session)
-
-
-@pytest.fixture
-def zookeeper_ensemble3(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """A fresh ZooKeeper ensemble of three members (one lock node), for the fault
-    tests that kill, pause and restart its members; stopped after the test."""
-    yield from _started(pytestconfig, "zookeeper", _zookeeper(0, 3))
-
-
-@pytest.fixture(scope="session")
-def zookeeper_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """Three independent single-member ensembles, started once per session (three lock nodes)."""
-    yield from _started(pytestconfig, "zookeeper", _zookeeper(3, 1))
-
-
-@pytest.fixture
-def zookeeper_nodes3(zookeeper_nodes3_session: Any) -> Iterator[Any]:
-    """The session's three single-member ensembles (three lock nodes), empty; healed after."""
-    yield from _healed(zookeeper_nodes3_session)
