@@ -217,20 +217,25 @@ def _also(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, int],
     for name, limit in pairs:
         if _is_rate(limit):
             continue  # a shared rate on that name (_also_rates), not a permit
-        if not isinstance(name, str) or not name or name == lock_name:
-            raise conf.ImproperlyConfigured(
-                f"{task_name}: lock_also names must be lock names other than the task's own "
-                f"({lock_name!r}), got {name!r}"
-            )
+        key = _also_key(name, lock_name, task_name)
         try:
             limit = settings.check_limit(limit)
         except ValueError as exc:
             raise conf.ImproperlyConfigured(
                 f"{task_name}: lock_also limit of {name!r} {exc}, got {limit!r}"
             ) from None
-        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
         out[key] = limit
     return tuple(sorted(out.items()))
+
+
+def _also_key(name: Any, lock_name: str, task_name: str) -> str:
+    """The key of a ``lock_also`` name; it must be a lock name other than the task's."""
+    if not isinstance(name, str) or not name or name == lock_name:
+        raise conf.ImproperlyConfigured(
+            f"{task_name}: lock_also names must be lock names other than the task's own "
+            f"({lock_name!r}), got {name!r}"
+        )
+    return KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
 
 
 def _is_rate(value: Any) -> bool:
@@ -246,18 +251,13 @@ def _also_rates(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str,
     for name, rate in option.items():
         if not _is_rate(rate):
             continue
-        if not isinstance(name, str) or not name or name == lock_name:
-            raise conf.ImproperlyConfigured(
-                f"{task_name}: lock_also names must be lock names other than the task's own "
-                f"({lock_name!r}), got {name!r}"
-            )
+        key = _also_key(name, lock_name, task_name)
         try:
             windows = parse_rate(rate)
         except ValueError as exc:
             raise conf.ImproperlyConfigured(
                 f"{task_name}: lock_also rate of {name!r} {exc}, got {rate!r}"
             ) from None
-        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
         out[key] = windows
     return tuple(sorted(out.items()))
 
