@@ -23,7 +23,7 @@ from typing import Any
 
 from .etcd_keys import Keys, api
 from .fleet import Ensemble, EnsembleFleet
-from .nodes import HOST, free_port
+from .nodes import free_port
 from .process import Live, Member, tmp_root
 
 __all__ = [
@@ -67,22 +67,13 @@ class EtcdMember(Member):
     """One ``etcd`` process of a cluster, on 127.0.0.1."""
 
     def __init__(self, name: str, root: str) -> None:
+        super().__init__(root, name)
         self.name = name
-        self.host = HOST
-        self.port = free_port()
         self.peer_port = free_port()
         self.data = os.path.join(root, name)
-        self.logfile = os.path.join(root, f"{name}.log")
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._owner = os.getpid()
-        self._paused = False
 
     def __repr__(self) -> str:
         return f"<EtcdMember {self.name} {self.endpoint} pid={self.pid}>"
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def peer_url(self) -> str:

@@ -78,8 +78,22 @@ class Process:
 
 
 class Member(Process):
-    """One member process of an ensemble, signalled only by the process that
-    started it."""
+    """One member process of an ensemble on 127.0.0.1, signalled only by the
+    process that started it; ``name`` names its log in ``root``."""
+
+    def __init__(self, root: str, name: str) -> None:
+        from .nodes import HOST, free_port  # nodes imports this module
+
+        self.host = HOST
+        self.port = free_port()
+        self.logfile = os.path.join(root, f"{name}.log")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
+        self._paused = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
 
     def _signal(self, signum: int) -> None:
         if os.getpid() != self._owner:

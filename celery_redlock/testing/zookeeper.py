@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from .fleet import Ensemble, EnsembleFleet
-from .nodes import HOST, free_port
+from .nodes import free_port
 from .process import Live, Member, tmp_root
 from .zookeeper_keys import Keys
 
@@ -75,22 +75,13 @@ class ZookeeperMember(Member):
     """One ``QuorumPeerMain`` of an ensemble, on 127.0.0.1."""
 
     def __init__(self, myid: int, root: str) -> None:
+        super().__init__(root, f"m{myid}")
         self.myid = myid
-        self.host = HOST
-        self.port = free_port()
         self.peer_port, self.election_port = free_port(), free_port()
         self.dir = os.path.join(root, f"m{myid}")
-        self.logfile = os.path.join(root, f"m{myid}.log")
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._owner = os.getpid()
-        self._paused = False
 
     def __repr__(self) -> str:
         return f"<ZookeeperMember {self.myid} {self.endpoint} pid={self.pid}>"
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
 
     def launch(self, servers: list[str]) -> None:
         if self.is_running:
