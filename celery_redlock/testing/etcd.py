@@ -23,7 +23,7 @@ from typing import Any
 
 from .etcd_keys import Keys, api
 from .fleet import Ensemble, EnsembleFleet
-from .nodes import free_port
+from .nodes import HOST, free_port
 from .process import Live, Member, tmp_root
 
 __all__ = [
@@ -67,7 +67,7 @@ class EtcdMember(Member):
     """One ``etcd`` process of a cluster, on 127.0.0.1."""
 
     def __init__(self, name: str, root: str) -> None:
-        super().__init__(root, name)
+        super().__init__(root, name, HOST, free_port())
         self.name = name
         self.peer_port = free_port()
         self.data = os.path.join(root, name)

@@ -78,14 +78,12 @@ class Process:
 
 
 class Member(Process):
-    """One member process of an ensemble on 127.0.0.1, signalled only by the
-    process that started it; ``name`` names its log in ``root``."""
+    """One member process of an ensemble, serving on ``host:port``, signalled
+    only by the process that started it; ``name`` names its log in ``root``."""
 
-    def __init__(self, root: str, name: str) -> None:
-        from .nodes import HOST, free_port  # nodes imports this module
-
-        self.host = HOST
-        self.port = free_port()
+    def __init__(self, root: str, name: str, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
         self.logfile = os.path.join(root, f"{name}.log")
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()

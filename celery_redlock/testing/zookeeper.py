@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from .fleet import Ensemble, EnsembleFleet
-from .nodes import free_port
+from .nodes import HOST, free_port
 from .process import Live, Member, tmp_root
 from .zookeeper_keys import Keys
 
@@ -75,7 +75,7 @@ class ZookeeperMember(Member):
     """One ``QuorumPeerMain`` of an ensemble, on 127.0.0.1."""
 
     def __init__(self, myid: int, root: str) -> None:
-        super().__init__(root, f"m{myid}")
+        super().__init__(root, f"m{myid}", HOST, free_port())
         self.myid = myid
         self.peer_port, self.election_port = free_port(), free_port()
         self.dir = os.path.join(root, f"m{myid}")
