@@ -11,8 +11,9 @@ imports neither celery nor kombu; the Celery layer (:class:`LockedTask`,
 
 import importlib as _importlib
 
-from .core import Claim, Finished, Holder, Lease, RateSlot, Redlock
-from .exceptions import (
+from . import exceptions as _exceptions
+from .core import Claim, Finished, Holder, Lease, RateSlot, Redlock  # noqa: F401 - in __all__
+from .exceptions import (  # noqa: F401 - in __all__, by exceptions.__all__
     AlreadyEnqueued,
     ConfigurationError,
     LockContended,
@@ -39,32 +40,9 @@ _LAZY = {
     "superseded_by": "enqueue",
 }
 
-__all__ = [
-    "AlreadyEnqueued",
-    "Claim",
-    "ConfigurationError",
-    "Finished",
-    "Holder",
-    "ImproperlyConfigured",
-    "Lease",
-    "LockContended",
-    "LockError",
-    "LockKeyError",
-    "LockLost",
-    "LockNotAcquired",
-    "LockPlan",
-    "LockSuperseded",
-    "LockedTask",
-    "NodeError",
-    "QuorumUnavailable",
-    "RateSlot",
-    "Redlock",
-    "RedlockError",
-    "current_lease",
-    "plan_of",
-    "result_of",
-    "superseded_by",
-]
+__all__ = sorted(
+    ["Claim", "Finished", "Holder", "Lease", "RateSlot", "Redlock", *_LAZY, *_exceptions.__all__]
+)
 
 
 def __getattr__(name: str) -> object:

@@ -195,15 +195,20 @@ def _postgres(p: NodeInfo, pg: PostgresInfo, add: Add) -> None:
         )
 
 
-def _etcd(p: NodeInfo, e: EtcdInfo, add: Add) -> None:
-    if e.members < 2:
+def _one_server(p: NodeInfo, members: int, group: str, add: Add) -> bool:
+    """Warn of a ``group`` (cluster, ensemble) of one member; whether it is one."""
+    if members < 2:
         add(
             "WARNING",
             p.node,
-            f"{plural(e.members, 'member')}: the cluster is one server, so the locks are only "
+            f"{plural(members, 'member')}: the {group} is one server, so the locks are only "
             "as safe as it (no member may fail); run 3 or 5 members.",
         )
-    elif e.members % 2 == 0:
+    return members < 2
+
+
+def _etcd(p: NodeInfo, e: EtcdInfo, add: Add) -> None:
+    if not _one_server(p, e.members, "cluster", add) and e.members % 2 == 0:
         add(
             "note",
             p.node,
@@ -219,13 +224,7 @@ def _etcd(p: NodeInfo, e: EtcdInfo, add: Add) -> None:
 
 
 def _zookeeper(p: NodeInfo, z: ZookeeperInfo, add: Add) -> None:
-    if z.members < 2:
-        add(
-            "WARNING",
-            p.node,
-            "1 member: the ensemble is one server, so the locks are only as safe as it "
-            "(no member may fail); run 3 or 5 members.",
-        )
+    _one_server(p, z.members, "ensemble", add)
     down = [h for h, mode in z.modes if mode == "down"]
     if down and z.members - len(down) < z.quorum:
         add("WARNING", p.node, f"{len(down)} of {z.members} members down: no quorum, no write.")

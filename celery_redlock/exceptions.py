@@ -6,30 +6,8 @@ module keeps their documented import path.
 
 from __future__ import annotations
 
-from .core.exceptions import (
-    AlreadyEnqueued,
-    ConfigurationError,
-    LockContended,
-    LockError,
-    LockKeyError,
-    LockLost,
-    LockNotAcquired,
-    LockSuperseded,
-    NodeError,
-    QuorumUnavailable,
-    RedlockError,
-)
+from .core import exceptions as _core
+from .core.exceptions import *  # noqa: F403 - the errors, listed once in the core
 
-__all__ = [
-    "AlreadyEnqueued",
-    "ConfigurationError",
-    "LockContended",
-    "LockError",
-    "LockKeyError",
-    "LockLost",
-    "LockNotAcquired",
-    "LockSuperseded",
-    "NodeError",
-    "QuorumUnavailable",
-    "RedlockError",
-]
+#: The error classes (the core's helpers stay there).
+__all__ = [name for name in _core.__all__ if name[0].isupper()]

@@ -137,43 +137,40 @@ if _prom is not None:
     _create_metrics()
 
 
+def _child(children: dict[Any, Any], labels: Any, metric: Any) -> Any:
+    """``metric``'s child of ``labels`` (a lock, or a tuple of label values), cached."""
+    child = children.get(labels)
+    if child is None:
+        values = labels if isinstance(labels, tuple) else (labels,)
+        child = children[labels] = metric.labels(*values)
+    return child
+
+
 def count(event: str, lock: str) -> None:
     """Count one ``event`` of ``lock``."""
     key = (event, lock)
     with _lock:
         _counts[key] += 1
     if _prom is not None:
-        child = _event_children.get(key)
-        if child is None:
-            child = _event_children[key] = _EVENTS.labels(event, lock)
-        child.inc()
+        _child(_event_children, key, _EVENTS).inc()
 
 
 def observe(seconds: float, lock: str) -> None:
     """Record how long one acquisition took."""
     if _prom is not None:
-        child = _acquire_children.get(lock)
-        if child is None:
-            child = _acquire_children[lock] = _ACQUIRE.labels(lock)
-        child.observe(seconds)
+        _child(_acquire_children, lock, _ACQUIRE).observe(seconds)
 
 
 def observe_rate_delay(seconds: float, lock: str) -> None:
     """Record how far a rate limit moved one start back."""
     if _prom is not None:
-        child = _rate_delay_children.get(lock)
-        if child is None:
-            child = _rate_delay_children[lock] = _RATE_DELAY.labels(lock)
-        child.observe(seconds)
+        _child(_rate_delay_children, lock, _RATE_DELAY).observe(seconds)
 
 
 def observe_queue_wait(seconds: float, lock: str) -> None:
     """Record how long one queued call waited, from its park to its start."""
     if _prom is not None:
-        child = _queue_wait_children.get(lock)
-        if child is None:
-            child = _queue_wait_children[lock] = _QUEUE_WAIT.labels(lock)
-        child.observe(seconds)
+        _child(_queue_wait_children, lock, _QUEUE_WAIT).observe(seconds)
 
 
 def snapshot() -> dict[str, dict[str, Any]]:

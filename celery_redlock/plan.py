@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,53 +213,48 @@ def _also(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, int],
     if isinstance(option, str):
         option = (option,)
     pairs = option.items() if isinstance(option, Mapping) else ((n, 1) for n in option)
-    out = {}
-    for name, limit in pairs:
-        if _is_rate(limit):
-            continue  # a shared rate on that name (_also_rates), not a permit
-        if not isinstance(name, str) or not name or name == lock_name:
-            raise conf.ImproperlyConfigured(
-                f"{task_name}: lock_also names must be lock names other than the task's own "
-                f"({lock_name!r}), got {name!r}"
-            )
-        try:
-            limit = settings.check_limit(limit)
-        except ValueError as exc:
-            raise conf.ImproperlyConfigured(
-                f"{task_name}: lock_also limit of {name!r} {exc}, got {limit!r}"
-            ) from None
-        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
-        out[key] = limit
-    return tuple(sorted(out.items()))
-
-
-def _is_rate(value: Any) -> bool:
-    """A ``lock_also`` value that is a rate: anything but a whole number (a limit)."""
-    return not isinstance(value, int) or isinstance(value, bool)
+    # a rate on a name is a shared rate (_also_rates), not a permit
+    limits = [(name, limit) for name, limit in pairs if not _is_rate(limit)]
+    return _also_keyed(limits, "limit", settings.check_limit, lock_name, task_name)
 
 
 def _also_rates(option: Any, lock_name: str, task_name: str) -> tuple[tuple[str, Any], ...]:
     """The ``lock_also`` names given a rate, as (key, windows) pairs."""
     if not isinstance(option, Mapping):
         return ()
+    rates = [(name, rate) for name, rate in option.items() if _is_rate(rate)]
+    return _also_keyed(rates, "rate", parse_rate, lock_name, task_name)
+
+
+def _also_keyed(
+    pairs: list[tuple[Any, Any]],
+    what: str,
+    check: Callable[[Any], Any],
+    lock_name: str,
+    task_name: str,
+) -> tuple[tuple[str, Any], ...]:
+    """(key, ``check``-ed value) pairs of ``lock_also`` names, sorted; a bad name or
+    ``what`` (limit, rate) is refused naming it."""
     out = {}
-    for name, rate in option.items():
-        if not _is_rate(rate):
-            continue
+    for name, value in pairs:
         if not isinstance(name, str) or not name or name == lock_name:
             raise conf.ImproperlyConfigured(
                 f"{task_name}: lock_also names must be lock names other than the task's own "
                 f"({lock_name!r}), got {name!r}"
             )
+        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
         try:
-            windows = parse_rate(rate)
+            out[key] = check(value)
         except ValueError as exc:
             raise conf.ImproperlyConfigured(
-                f"{task_name}: lock_also rate of {name!r} {exc}, got {rate!r}"
+                f"{task_name}: lock_also {what} of {name!r} {exc}, got {value!r}"
             ) from None
-        key = KeyBuilder(_no_arguments, (), lock_name=name, task_name=task_name).build((), {})
-        out[key] = windows
     return tuple(sorted(out.items()))
+
+
+def _is_rate(value: Any) -> bool:
+    """A ``lock_also`` value that is a rate: anything but a whole number (a limit)."""
+    return not isinstance(value, int) or isinstance(value, bool)
 
 
 def _no_arguments() -> None:

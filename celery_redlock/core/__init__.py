@@ -8,19 +8,8 @@ is the facade over them.
 
 from __future__ import annotations
 
-from .exceptions import (
-    AlreadyEnqueued,
-    ConfigurationError,
-    LockContended,
-    LockError,
-    LockKeyError,
-    LockLost,
-    LockNotAcquired,
-    LockSuperseded,
-    NodeError,
-    QuorumUnavailable,
-    RedlockError,
-)
+from . import exceptions as _exceptions
+from .exceptions import *  # noqa: F403 - the errors, listed once there
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
 from .nodes import check_together, check_ttl
@@ -48,14 +37,12 @@ from .records import (
 from .redlock import Redlock
 from .windows import RateKey, Window, check_rate, paced, parse_rate, resolve_rate
 
-__all__ = [
+__all__ = [  # and the errors, below
     "DRIFT_FLOOR",
     "OWNER_SEP",
     "STARTED_MARK",
-    "AlreadyEnqueued",
     "Claim",
     "ClaimView",
-    "ConfigurationError",
     "Deletion",
     "EtcdInfo",
     "ZookeeperInfo",
@@ -63,23 +50,14 @@ __all__ = [
     "HandOver",
     "Holder",
     "Lease",
-    "LockContended",
-    "LockError",
-    "LockKeyError",
-    "LockLost",
-    "LockNotAcquired",
-    "LockSuperseded",
-    "NodeError",
     "NodeInfo",
     "NodeView",
     "Parked",
     "PostgresInfo",
     "QueueView",
-    "QuorumUnavailable",
     "RateKey",
     "RateSlot",
     "RateView",
-    "RedlockError",
     "Redlock",
     "RedisInfo",
     "ScanResult",
@@ -100,3 +78,4 @@ __all__ = [
     "reserve_rates",
     "resolve_rate",
 ]
+__all__ += [name for name in _exceptions.__all__ if name[0].isupper()]

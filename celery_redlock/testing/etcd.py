@@ -12,7 +12,6 @@ Imports neither pytest nor Celery.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import signal
@@ -20,11 +19,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from .etcd_keys import Keys, api
+from .fleet import Ensemble, EnsembleFleet
 from .nodes import HOST, free_port
+from .process import Live, Member, tmp_root
 
 __all__ = [
     "EtcdCluster",
@@ -63,42 +63,21 @@ def etcd_missing() -> str | None:
     return None
 
 
-class EtcdMember:
+class EtcdMember(Member):
     """One ``etcd`` process of a cluster, on 127.0.0.1."""
 
     def __init__(self, name: str, root: str) -> None:
+        super().__init__(root, name, HOST, free_port())
         self.name = name
-        self.host = HOST
-        self.port = free_port()
         self.peer_port = free_port()
         self.data = os.path.join(root, name)
-        self.logfile = os.path.join(root, f"{name}.log")
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._owner = os.getpid()
-        self._paused = False
 
     def __repr__(self) -> str:
         return f"<EtcdMember {self.name} {self.endpoint} pid={self.pid}>"
 
     @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
     def peer_url(self) -> str:
         return f"http://{self.host}:{self.peer_port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused and self.is_running
 
     def launch(self, initial_cluster: str, token: str, extra: list[str]) -> None:
         if self.is_running:
@@ -128,34 +107,6 @@ class EtcdMember:
     def status(self) -> dict[str, Any]:
         return api(f"http://{self.endpoint}/v3/maintenance/status", {})
 
-    def _signal(self, signum: int) -> None:
-        if os.getpid() != self._owner:
-            raise RuntimeError(f"{self!r} belongs to process {self._owner}")
-        if self._proc is not None:
-            try:
-                os.kill(self._proc.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def pause(self) -> None:
-        """SIGSTOP the member: its connections hang."""
-        if self.is_running and not self._paused:
-            self._signal(signal.SIGSTOP)
-            self._paused = True
-
-    def resume(self) -> None:
-        if self._paused:
-            self._signal(signal.SIGCONT)
-        self._paused = False
-
-    def kill(self) -> None:
-        """SIGKILL the member; its data stays (:meth:`EtcdCluster.start` brings it back)."""
-        if self.is_running:
-            self.resume()
-            self._signal(signal.SIGKILL)
-            assert self._proc is not None
-            self._proc.wait()
-
     def stop(self) -> None:
         """SIGTERM, SIGKILL after 5 s."""
         if self.is_running:
@@ -167,15 +118,8 @@ class EtcdMember:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.logfile, "rb") as log:
-                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
-
-class EtcdCluster:
+class EtcdCluster(Ensemble[EtcdMember]):
     """One etcd cluster of ``size`` members on 127.0.0.1: one lock node (``.url``).
 
     Args:
@@ -185,36 +129,15 @@ class EtcdCluster:
     """
 
     def __init__(self, size: int = 1, *, extra_args: list[str] | None = None, start: bool = True):
-        self.dir = tempfile.mkdtemp(prefix="celery-redlock-etcd-", dir=_tmp_root())
+        self.dir = tempfile.mkdtemp(prefix="celery-redlock-etcd-", dir=tmp_root())
         self.token = f"crl-{uuid.uuid4().hex[:12]}"
         self.members = [EtcdMember(f"m{i}", self.dir) for i in range(size)]
         self.extra = list(extra_args or [])
         _live.add(self)
-        _arm()
-        if start:
-            try:
-                self.start()
-            except BaseException:
-                self.close()
-                raise
+        self._begin(start)
 
     def __repr__(self) -> str:
         return f"<EtcdCluster {self.url}>"
-
-    def __enter__(self) -> EtcdCluster:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __len__(self) -> int:
-        return len(self.members)
-
-    def __getitem__(self, index: int) -> EtcdMember:
-        return self.members[index]
-
-    def __iter__(self) -> Iterator[EtcdMember]:
-        return iter(self.members)
 
     @property
     def url(self) -> str:
@@ -258,20 +181,6 @@ class EtcdCluster:
         with self.client() as keys:
             return keys.keys(pattern)
 
-    def kill(self, index: int) -> None:
-        self.members[index].kill()
-
-    def pause(self, index: int) -> None:
-        self.members[index].pause()
-
-    def resume(self, index: int) -> None:
-        self.members[index].resume()
-
-    def heal(self) -> None:
-        """Resume paused members and start stopped ones (their data kept)."""
-        if any(not m.is_running or m.is_paused for m in self.members):
-            self.start()
-
     def flushall(self) -> None:
         """Delete every key and revoke every lease."""
         base = f"http://{self.members[0].endpoint}/v3"
@@ -289,13 +198,11 @@ class EtcdCluster:
 
     def close(self) -> None:
         """Stop every member and delete the data directories."""
-        for member in self.members:
-            member.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().close()
         _live.discard(self)
 
 
-class EtcdClusters:
+class EtcdClusters(EnsembleFleet[EtcdCluster]):
     """N independent etcd clusters, each one lock node (``.urls``), with the verbs
     of :class:`~celery_redlock.testing.RedisNodes` on the whole cluster."""
 
@@ -303,89 +210,18 @@ class EtcdClusters:
         self, n: int = 1, size: int = 1, *, etcd_clusters: list[EtcdCluster] | None = None
     ):
         if etcd_clusters is not None:
-            self.etcd_clusters = etcd_clusters
+            self.members = etcd_clusters
             return
-        self.etcd_clusters = []
-        try:
-            for _ in range(n):
-                self.etcd_clusters.append(EtcdCluster(size))
-        except BaseException:
-            self.close()
-            raise
-
-    def __len__(self) -> int:
-        return len(self.etcd_clusters)
-
-    def __getitem__(self, index: int) -> EtcdCluster:
-        return self.etcd_clusters[index]
-
-    def __iter__(self) -> Iterator[EtcdCluster]:
-        return iter(self.etcd_clusters)
-
-    def __enter__(self) -> EtcdClusters:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._fill(n, lambda: EtcdCluster(size))
 
     @property
-    def urls(self) -> list[str]:
-        return [c.url for c in self.etcd_clusters]
-
-    def heal(self) -> None:
-        for cluster in self.etcd_clusters:
-            cluster.heal()
-
-    def kill(self, index: int) -> None:
-        """Kill every member of cluster ``index`` (the lock node is down)."""
-        for member in self.etcd_clusters[index]:
-            member.kill()
-
-    def pause(self, index: int) -> None:
-        for member in self.etcd_clusters[index]:
-            member.pause()
-
-    def resume(self, index: int) -> None:
-        for member in self.etcd_clusters[index]:
-            member.resume()
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Each answering cluster's index -> its sorted live keys matching ``pattern``."""
-        return {
-            i: c.keys(pattern)
-            for i, c in enumerate(self.etcd_clusters)
-            if any(m.is_running and not m.is_paused for m in c)
-        }
-
-    def flushall(self) -> None:
-        for cluster in self.etcd_clusters:
-            cluster.flushall()
-
-    def close(self) -> None:
-        for cluster in self.etcd_clusters:
-            cluster.close()
+    def etcd_clusters(self) -> list[EtcdCluster]:
+        return self.members
 
 
-def _tmp_root() -> str | None:
-    """Data directories in memory where there is a /dev/shm: the tests kill members,
-    never the machine, and a WAL's fsync there costs nothing."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-_live: set[EtcdCluster] = set()
-_armed = False
-
-
-def _arm() -> None:
-    global _armed
-    if not _armed:
-        _armed = True
-        atexit.register(close_all)
-        os.register_at_fork(after_in_child=_live.clear)
+_live: Live[EtcdCluster] = Live(lambda: close_all())
 
 
 def close_all() -> None:
     """Stop every etcd cluster this process started."""
-    for cluster in list(_live):
-        if all(m._owner == os.getpid() for m in cluster.members):
-            cluster.close()
+    _live.close_mine()

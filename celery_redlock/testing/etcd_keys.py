@@ -7,8 +7,9 @@ import fnmatch
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
+
+from .record_keys import RecordKeys
 
 __all__ = ["Keys", "api"]
 
@@ -21,7 +22,7 @@ def api(url: str, body: Any = None, timeout: float = 1.0) -> Any:
         return json.loads(reply.read() or b"null")
 
 
-class Keys:
+class Keys(RecordKeys):
     """A lock node's keys on an etcd cluster, with the calls of a decoded redis-py
     client that tests use (``get``, ``set``, ``pttl``, ``exists``, ``delete``,
     ``keys``, ``scan_iter``, ``zrange``, ``zcard``, ``time``), and ``set_many``
@@ -46,25 +47,14 @@ class Keys:
                 return api(f"http://{member.endpoint}/v3/{path}", body, 5.0)
         raise RuntimeError(f"{self.cluster!r} has no member answering")
 
+    def _now_ms(self) -> float:
+        """The clock an etcd node's keys read: the client's (etcd serves none)."""
+        return time.time() * 1000
+
     def _record(self, key: str) -> dict | None:
         got = self._api("kv/range", {"key": _b64(self.prefix + key.encode())})
         kvs = got.get("kvs") or []
         return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
-
-    def get(self, key: str) -> str | None:
-        record = self._record(key)
-        return record["v"] if record is not None else None
-
-    def pttl(self, key: str) -> int:
-        record = self._record(key)
-        if record is None:
-            return -2
-        if record.get("p") is None:
-            return -1
-        return max(1, min(int(record["e"] - time.time() * 1000), record["p"]))
-
-    def exists(self, *keys: str) -> int:
-        return sum(self._record(k) is not None for k in keys)
 
     def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
         record: dict[str, Any] = {"t": "s", "v": str(value)}
@@ -116,22 +106,6 @@ class Keys:
             base64.b64decode(kv["key"])[len(self.prefix) :].decode() for kv in got.get("kvs", [])
         ]
         return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
-
-    def scan_iter(self, match: str = "*", count: int = 0) -> Iterator[str]:
-        return iter(self.keys(match))
-
-    def zrange(self, key: str, start: int, end: int) -> list[str]:
-        record = self._record(key)
-        members = [m for m, _ in record["v"]] if record is not None else []
-        return members[start : None if end == -1 else end + 1]
-
-    def zcard(self, key: str) -> int:
-        return len(self.zrange(key, 0, -1))
-
-    def time(self) -> tuple[int, int]:
-        """The clock an etcd node's keys read: the client's (etcd serves none)."""
-        now = time.time()
-        return int(now), int((now % 1) * 1_000_000)
 
 
 def _b64(data: bytes) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 # the one module of the package a test helper imports: a memory node's store
 # lives in this process, and only its kind reaches it
 from ..core.nodes.memory import KIND, MemoryStore, store_of
+from .fleet import ServerFleet
 
 __all__ = ["MemoryKeys", "MemoryNode", "MemoryNodes"]
 
@@ -161,57 +162,22 @@ class MemoryNode:
         return self.client().keys(pattern)
 
 
-class MemoryNodes:
+class MemoryNodes(ServerFleet[MemoryNode]):
     """N memory nodes of fresh names, each one lock node (``.urls``), with the
     verbs of :class:`~celery_redlock.testing.RedisNodes`."""
 
     def __init__(self, n: int = 3, *, nodes: list[MemoryNode] | None = None) -> None:
         tag = f"t{os.getpid()}-{next(_names)}"
-        self.nodes = nodes if nodes is not None else [MemoryNode(f"{tag}-{i}") for i in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __getitem__(self, index: int) -> MemoryNode:
-        return self.nodes[index]
-
-    def __iter__(self) -> Iterator[MemoryNode]:
-        return iter(self.nodes)
-
-    def __enter__(self) -> MemoryNodes:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self.members = nodes if nodes is not None else [MemoryNode(f"{tag}-{i}") for i in range(n)]
 
     @property
-    def urls(self) -> list[str]:
-        return [node.url for node in self.nodes]
-
-    def kill(self, index: int) -> None:
-        self.nodes[index].kill()
-
-    def pause(self, index: int) -> None:
-        self.nodes[index].pause()
-
-    def resume(self, index: int) -> None:
-        self.nodes[index].resume()
-
-    def restart(self, index: int) -> None:
-        self.nodes[index].restart()
+    def nodes(self) -> list[MemoryNode]:
+        return self.members
 
     def heal(self) -> None:
         """Every node up and answering, its keys kept, its faults cleared."""
         for node in self.nodes:
             node.store.faults.clear()
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Each answering node's index -> its sorted live keys matching ``pattern``."""
-        return {
-            i: node.keys(pattern)
-            for i, node in enumerate(self.nodes)
-            if node.is_running and not node.is_paused
-        }
 
     def flushall(self) -> None:
         for node in self.nodes:

@@ -17,10 +17,13 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
+
+from .fleet import ServerFleet
+from .process import Process
 
 __all__ = [
     "HOST",
@@ -93,7 +96,7 @@ def free_port() -> int:
             return port
 
 
-class RedisNode:
+class RedisNode(Process):
     """One redis-server process on 127.0.0.1, owned by this process.
 
     Args:
@@ -140,19 +143,6 @@ class RedisNode:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        """True while the process exists, paused or not."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused and self.is_running
-
     def client(self, **kwargs: Any) -> redis.Redis:
         """Return a new client with short timeouts, no retries and decoded replies."""
         options: dict[str, Any] = dict(
@@ -160,6 +150,15 @@ class RedisNode:
         )
         options.update(kwargs)
         return redis.Redis(host=self.host, port=self.port, **options)
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        """The node's keys matching ``pattern``, sorted."""
+        with self.client() as client:
+            return sorted(client.scan_iter(match=pattern, count=1000))
+
+    def flushall(self) -> None:
+        with self.client() as client:
+            client.flushall()
 
     def start(self, timeout: float = _START_TIMEOUT) -> RedisNode:
         """Start the server, if not running, and wait until it answers."""
@@ -314,7 +313,7 @@ class RedisNode:
         return "\n".join(text.splitlines()[-lines:])
 
 
-class RedisNodes:
+class RedisNodes(ServerFleet[RedisNode]):
     """N independent redis-server nodes (not a Redis Cluster), started together.
 
     Args:
@@ -331,10 +330,14 @@ class RedisNodes:
         nodes: Sequence[RedisNode] | None = None,
     ) -> None:
         if nodes is not None:
-            self.nodes = list(nodes)
+            self.members = list(nodes)
             return
-        self.nodes = [RedisNode(extra_args, start=False) for _ in range(n)]
+        self.members = [RedisNode(extra_args, start=False) for _ in range(n)]
         self.start_all()
+
+    @property
+    def nodes(self) -> list[RedisNode]:
+        return self.members
 
     def start_all(self) -> None:
         """Start every node not running, all at once (closed if one fails)."""
@@ -350,61 +353,8 @@ class RedisNodes:
             self.close()
             raise
 
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __getitem__(self, index: int) -> RedisNode:
-        return self.nodes[index]
-
-    def __iter__(self) -> Iterator[RedisNode]:
-        return iter(self.nodes)
-
-    def __enter__(self) -> RedisNodes:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"<RedisNodes {self.nodes!r}>"
-
-    @property
-    def urls(self) -> list[str]:
-        return [node.url for node in self.nodes]
-
-    def kill(self, index: int) -> None:
-        self.nodes[index].kill()
-
-    def pause(self, index: int) -> None:
-        self.nodes[index].pause()
-
-    def resume(self, index: int) -> None:
-        self.nodes[index].resume()
-
-    def restart(self, index: int) -> None:
-        self.nodes[index].restart()
-
-    def heal(self) -> None:
-        """Resume paused nodes and restart dead ones on their ports."""
-        for node in self.nodes:
-            node.resume()
-            node.start()
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Map each answering node's index to its sorted keys matching ``pattern``."""
-        found = {}
-        for index, node in enumerate(self.nodes):
-            if node.is_running and not node.is_paused:
-                with node.client() as client:
-                    found[index] = sorted(client.scan_iter(match=pattern, count=1000))
-        return found
-
-    def flushall(self) -> None:
-        """Empty every running, unpaused node."""
-        for node in self.nodes:
-            if node.is_running and not node.is_paused:
-                with node.client() as client:
-                    client.flushall()
 
     def stop(self) -> None:
         """Stop every node; idempotent."""

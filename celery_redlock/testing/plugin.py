@@ -3,6 +3,7 @@ first node fixture of a session registers (never at import)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -99,32 +100,53 @@ def redis_node_factory(pytestconfig: pytest.Config) -> Iterator[Callable[..., Re
     yield from _closed_after(pytestconfig, build)
 
 
+def _started(config: pytest.Config, kind: str | None, build: Callable[[], Any]) -> Iterator[Any]:
+    """A session fixture's body: skip where no ``kind`` server can start, else
+    ``build`` the servers once and close them at the end."""
+    if kind is not None:
+        module = importlib.import_module(f"{__package__}.{kind}")
+        _skip(getattr(module, f"{kind}_missing")())
+    _guard(config)
+    with build() as servers:
+        yield servers
+
+
+def _healed(pool: Any, view: Any = None) -> Iterator[Any]:
+    """A test's ``view`` of the session ``pool`` (all of it by default): healed and
+    empty, and healed after, so that the next test gets working servers even if
+    this one broke them."""
+    pool.heal()
+    pool.flushall()
+    yield pool if view is None else view
+    pool.heal()
+
+
+def _skip(why: str | None) -> None:
+    """Skip where a fixture's servers cannot start; under ``CI=true`` that is a
+    failure instead (a missing install step)."""
+    if why is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(why + "; CI=true requires it")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def redis_nodes_session(pytestconfig: pytest.Config) -> Iterator[RedisNodes]:
     """The shared pool of 5 nodes, started once per session."""
-    _guard(pytestconfig)
-    with RedisNodes(5) as nodes:
-        yield nodes
-
-
-def _healthy_view(pool: RedisNodes, n: int) -> Iterator[RedisNodes]:
-    view = RedisNodes(nodes=pool.nodes[:n])
-    pool.heal()
-    pool.flushall()
-    yield view
-    pool.heal()  # the next test gets a working pool even if this one broke it
+    yield from _started(pytestconfig, None, lambda: RedisNodes(5))
 
 
 @pytest.fixture
 def redis_nodes3(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
     """3 nodes of the session pool, empty; healed after the test."""
-    yield from _healthy_view(redis_nodes_session, 3)
+    yield from _healed(redis_nodes_session, RedisNodes(nodes=redis_nodes_session.nodes[:3]))
 
 
 @pytest.fixture
 def redis_nodes5(redis_nodes_session: RedisNodes) -> Iterator[RedisNodes]:
     """The 5 nodes of the session pool, empty; healed after the test."""
-    yield from _healthy_view(redis_nodes_session, 5)
+    yield from _healed(redis_nodes_session, RedisNodes(nodes=redis_nodes_session.nodes[:5]))
 
 
 @pytest.fixture
@@ -140,9 +162,7 @@ def redis_cluster_factory(pytestconfig: pytest.Config) -> Iterator[Callable[...,
 @pytest.fixture(scope="session")
 def redis_clusters_session(pytestconfig: pytest.Config) -> Iterator[RedisClusters]:
     """Three Redis Clusters of three masters each, formed once per session."""
-    _guard(pytestconfig)
-    with RedisClusters(3, masters=3) as clusters:
-        yield clusters
+    yield from _started(pytestconfig, None, lambda: RedisClusters(3, masters=3))
 
 
 @pytest.fixture
@@ -152,118 +172,114 @@ def redis_clusters3(redis_clusters_session: RedisClusters) -> Iterator[RedisClus
     yield redis_clusters_session
 
 
-def _postgres_or_skip() -> None:
-    """Skip a PostgreSQL fixture where no server can be started; under
-    ``CI=true`` that is a failure instead (a missing install step)."""
-    from .postgres import postgres_missing
+def _postgres(n: int = 3) -> Any:
+    from .postgres import PostgresServers
 
-    why = postgres_missing()
-    if why is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(why + "; CI=true requires it")
-    pytest.skip(why)
+    return PostgresServers(n)
 
 
 @pytest.fixture(scope="session")
 def postgres_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
     """Three PostgreSQL servers, started once per session (each one lock node)."""
-    _postgres_or_skip()
-    from .postgres import PostgresServers
-
-    _guard(pytestconfig)
-    with PostgresServers(3) as servers:
-        yield servers
-
-
-def _postgres_view(pool: Any, n: int) -> Iterator[Any]:
-    from .postgres import PostgresServers
-
-    pool.heal()
-    pool.flushall()
-    yield PostgresServers(servers=pool.servers[:n])
-    pool.heal()  # the next test gets working servers even if this one broke them
+    yield from _started(pytestconfig, "postgres", _postgres)
 
 
 @pytest.fixture
 def postgres_nodes3(postgres_servers_session: Any) -> Iterator[Any]:
     """Three PostgreSQL servers of the session, three lock nodes, empty; healed after."""
-    yield from _postgres_view(postgres_servers_session, 3)
+    pool = postgres_servers_session
+    yield from _healed(pool, type(pool)(servers=pool.servers[:3]))
 
 
 @pytest.fixture
 def postgres_node1(postgres_servers_session: Any) -> Iterator[Any]:
     """One PostgreSQL server of the session, one lock node alone, empty; healed after."""
-    yield from _postgres_view(postgres_servers_session, 1)
+    pool = postgres_servers_session
+    yield from _healed(pool, type(pool)(servers=pool.servers[:1]))
 
 
-def _etcd_or_skip() -> None:
-    """Skip an etcd fixture where no etcd can be started; under ``CI=true`` that
-    is a failure instead (a missing install step)."""
-    from .etcd import etcd_missing
-
-    _skip(etcd_missing())
-
-
-def _skip(why: str | None) -> None:
-    if why is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(why + "; CI=true requires it")
-    pytest.skip(why)
+#: Per ensemble kind: its one ensemble, its fleet of ensembles.
+_ENSEMBLES = {
+    "etcd": ("EtcdCluster", "EtcdClusters"),
+    "zookeeper": ("ZookeeperEnsemble", "ZookeeperEnsembles"),
+}
 
 
-@pytest.fixture(scope="session")
-def etcd_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """One single-member etcd cluster, started once per session (one lock node)."""
-    _etcd_or_skip()
-    from .etcd import EtcdClusters
+def _ensembles(kind: str, n: int, size: int, doc: str, name: str) -> Any:
+    """A fixture that starts ``n`` ensembles of ``kind``, ``size`` members each
+    (``n=0``: one ensemble alone), skipped where ``kind`` cannot start: of the
+    session where ``n``, else of one test, for the fault tests that kill, pause
+    and restart its members."""
 
-    _guard(pytestconfig)
-    with EtcdClusters(1, size=1) as clusters:
-        yield clusters
+    def build() -> Any:
+        one, many = _ENSEMBLES[kind]
+        module = importlib.import_module(f"{__package__}.{kind}")
+        return getattr(module, many)(n, size=size) if n else getattr(module, one)(size)
 
+    def fixture(pytestconfig: pytest.Config) -> Iterator[Any]:
+        yield from _started(pytestconfig, kind, build)
 
-@pytest.fixture
-def etcd_node1(etcd_servers_session: Any) -> Iterator[Any]:
-    """The session's etcd cluster of one member, one lock node alone, empty; healed after."""
-    etcd_servers_session.heal()
-    etcd_servers_session.flushall()
-    yield etcd_servers_session
-    etcd_servers_session.heal()
+    fixture.__doc__ = doc
+    return pytest.fixture(fixture, scope="session" if n else "function", name=name)
 
 
-@pytest.fixture
-def etcd_cluster3(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """A fresh etcd cluster of three members (one lock node), for the fault tests
-    that kill, pause and restart its members; stopped after the test."""
-    _etcd_or_skip()
-    from .etcd import EtcdCluster
+def _view(session: str, doc: str, name: str) -> Any:
+    """A fixture that gives a test the fleet of the session fixture ``session``,
+    healed and empty, and heals it after."""
 
-    _guard(pytestconfig)
-    with EtcdCluster(3) as cluster:
-        yield cluster
+    def fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
+        yield from _healed(request.getfixturevalue(session))
 
-
-@pytest.fixture(scope="session")
-def etcd_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """Three independent single-member etcd clusters, started once per session
-    (three lock nodes)."""
-    _etcd_or_skip()
-    from .etcd import EtcdClusters
-
-    _guard(pytestconfig)
-    with EtcdClusters(3, size=1) as clusters:
-        yield clusters
+    fixture.__doc__ = doc
+    return pytest.fixture(fixture, name=name)
 
 
-@pytest.fixture
-def etcd_nodes3(etcd_nodes3_session: Any) -> Iterator[Any]:
-    """The session's three etcd clusters (three lock nodes), empty; healed after."""
-    etcd_nodes3_session.heal()
-    etcd_nodes3_session.flushall()
-    yield etcd_nodes3_session
-    etcd_nodes3_session.heal()
+def _kind(kind: str, label: str, one: str, shared_size: int) -> tuple[Any, ...]:
+    """The five fixtures of an ensemble kind (``one``: what an ensemble is called
+    there), whose shared one lock node has ``shared_size`` members."""
+    members = "one member" if shared_size == 1 else "three members"
+    return (
+        _ensembles(
+            kind, 1, shared_size,
+            f"One {label} {one} of {members}, started once per session (one lock node).",
+            f"{kind}_servers_session",
+        ),
+        _view(
+            f"{kind}_servers_session",
+            f"The session's {label} {one} of {members}, one lock node alone, empty; healed after.",
+            f"{kind}_node1",
+        ),
+        _ensembles(
+            kind, 0, 3,
+            f"A fresh {label} {one} of three members (one lock node), for the fault tests "
+            "that kill, pause and restart its members; stopped after the test.",
+            f"{kind}_{one}3",
+        ),
+        _ensembles(
+            kind, 3, 1,
+            f"Three independent single-member {label} {one}s, started once per session "
+            "(three lock nodes).",
+            f"{kind}_nodes3_session",
+        ),
+        _view(
+            f"{kind}_nodes3_session",
+            f"The session's three single-member {label} {one}s (three lock nodes), empty; "
+            "healed after.",
+            f"{kind}_nodes3",
+        ),
+    )  # fmt: skip
+
+
+etcd_servers_session, etcd_node1, etcd_cluster3, etcd_nodes3_session, etcd_nodes3 = _kind(
+    "etcd", "etcd", "cluster", 1
+)
+(
+    zookeeper_servers_session,
+    zookeeper_node1,
+    zookeeper_ensemble3,
+    zookeeper_nodes3_session,
+    zookeeper_nodes3,
+) = _kind("zookeeper", "ZooKeeper", "ensemble", 3)
 
 
 @pytest.fixture
@@ -275,62 +291,3 @@ def memory_nodes3() -> Iterator[Any]:
 
     with MemoryNodes(3) as nodes:
         yield nodes
-
-
-def _zookeeper_or_skip() -> None:
-    """Skip a ZooKeeper fixture where no ensemble can be started (fail under ``CI=true``)."""
-    from .zookeeper import zookeeper_missing
-
-    _skip(zookeeper_missing())
-
-
-@pytest.fixture(scope="session")
-def zookeeper_servers_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """One ZooKeeper ensemble of three members, started once per session (one lock node)."""
-    _zookeeper_or_skip()
-    from .zookeeper import ZookeeperEnsembles
-
-    _guard(pytestconfig)
-    with ZookeeperEnsembles(1, size=3) as ensembles:
-        yield ensembles
-
-
-@pytest.fixture
-def zookeeper_node1(zookeeper_servers_session: Any) -> Iterator[Any]:
-    """The session's ensemble of three members, one lock node alone, empty; healed after."""
-    zookeeper_servers_session.heal()
-    zookeeper_servers_session.flushall()
-    yield zookeeper_servers_session
-    zookeeper_servers_session.heal()
-
-
-@pytest.fixture
-def zookeeper_ensemble3(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """A fresh ZooKeeper ensemble of three members (one lock node), for the fault
-    tests that kill, pause and restart its members; stopped after the test."""
-    _zookeeper_or_skip()
-    from .zookeeper import ZookeeperEnsemble
-
-    _guard(pytestconfig)
-    with ZookeeperEnsemble(3) as ensemble:
-        yield ensemble
-
-
-@pytest.fixture(scope="session")
-def zookeeper_nodes3_session(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """Three independent single-member ensembles, started once per session (three lock nodes)."""
-    _zookeeper_or_skip()
-    from .zookeeper import ZookeeperEnsembles
-
-    _guard(pytestconfig)
-    with ZookeeperEnsembles(3, size=1) as ensembles:
-        yield ensembles
-
-
-@pytest.fixture
-def zookeeper_nodes3(zookeeper_nodes3_session: Any) -> Iterator[Any]:
-    """The session's three single-member ensembles (three lock nodes), empty; healed after."""
-    zookeeper_nodes3_session.heal()
-    zookeeper_nodes3_session.flushall()
-    yield zookeeper_nodes3_session
-    zookeeper_nodes3_session.heal()

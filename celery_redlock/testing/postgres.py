@@ -13,7 +13,6 @@ committed write from the WAL the kernel holds.
 
 from __future__ import annotations
 
-import atexit
 import glob
 import os
 import shutil
@@ -25,7 +24,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .fleet import ServerFleet
 from .nodes import HOST, free_port
+from .process import Live, Process
 
 __all__ = ["PostgresServer", "PostgresServers", "postgres_bin", "postgres_missing"]
 
@@ -105,7 +106,7 @@ def _template_dir() -> str:
         return _template
 
 
-class PostgresServer:
+class PostgresServer(Process):
     """One ``postgres`` server on 127.0.0.1, owned by this process.
 
     Args:
@@ -153,18 +154,6 @@ class PostgresServer:
     def url(self) -> str:
         return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return bool(self._paused) and self.is_running
-
     def connect(self, **kwargs: Any) -> Any:
         """A psycopg connection (autocommit) to the server, for a test's own SQL."""
         import psycopg
@@ -201,13 +190,12 @@ class PostgresServer:
         )  # fmt: skip
         log.close()
         self._owner = os.getpid()
-        _arm()
         _live.add(self)
         deadline = time.monotonic() + START_TIMEOUT
         while not self._answers():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"postgres did not start:\n{self._log_tail()}")
+                raise RuntimeError(f"postgres did not start:\n{self.log_tail()}")
             time.sleep(0.02)
         return self
 
@@ -292,6 +280,8 @@ class PostgresServer:
         if self.sql("SELECT to_regclass('redlock.kv') IS NOT NULL")[0][0]:
             self.sql("TRUNCATE redlock.kv")
 
+    flushall = flush  # the name a fleet calls on every kind's node
+
     def keys(self, pattern: str = "%") -> list[str]:
         """The live keys of the lock node (schema ``redlock``), sorted."""
         if not self.sql("SELECT to_regclass('redlock.kv') IS NOT NULL")[0][0]:
@@ -331,13 +321,6 @@ class PostgresServer:
         if self._proc is not None:
             self._proc.wait(timeout)
         self._paused = []
-
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.logfile, "rb") as log:
-                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 class Keys:
@@ -393,7 +376,7 @@ def _like(glob_pattern: str) -> str:
     return glob_pattern.replace("%", "\\%").replace("_", "\\_").replace("*", "%").replace("?", "_")
 
 
-class PostgresServers:
+class PostgresServers(ServerFleet[PostgresServer]):
     """N independent PostgreSQL servers, each one lock node (``.urls``), with the
     verbs of :class:`~celery_redlock.testing.RedisNodes` (``kill(i)``,
     ``pause(i)``, ``restart(i)``, ``heal()``, ``keys()``). ``[i].client()`` is
@@ -401,90 +384,26 @@ class PostgresServers:
 
     def __init__(self, n: int = 3, *, servers: list[PostgresServer] | None = None) -> None:
         if servers is not None:
-            self.servers = servers
+            self.members = servers
             return
-        self.servers = []
-        try:
-            for _ in range(n):
-                self.servers.append(PostgresServer())
-        except BaseException:
-            self.close()
-            raise
-
-    def __len__(self) -> int:
-        return len(self.servers)
-
-    def __getitem__(self, index: int) -> PostgresServer:
-        return self.servers[index]
-
-    def __iter__(self) -> Iterator[PostgresServer]:
-        return iter(self.servers)
-
-    def __enter__(self) -> PostgresServers:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._fill(n, PostgresServer)
 
     @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
-
-    def kill(self, index: int) -> None:
-        self.servers[index].kill()
-
-    def pause(self, index: int) -> None:
-        self.servers[index].pause()
-
-    def resume(self, index: int) -> None:
-        self.servers[index].resume()
-
-    def restart(self, index: int) -> None:
-        self.servers[index].restart()
-
-    def heal(self) -> None:
-        """Resume paused servers and start stopped ones (their data kept)."""
-        for server in self.servers:
-            server.resume()
-            server.start()
+    def servers(self) -> list[PostgresServer]:
+        return self.members
 
     def keys(self, pattern: str = "*") -> dict[int, list[str]]:
         """Each answering server's index -> its sorted live keys matching the glob ``pattern``."""
-        return {
-            i: s.keys(_like(pattern))
-            for i, s in enumerate(self.servers)
-            if s.is_running and not s.is_paused
-        }
-
-    def flushall(self) -> None:
-        for server in self.servers:
-            if server.is_running and not server.is_paused:
-                server.flush()
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
+        return super().keys(_like(pattern))
 
 
-_live: set[PostgresServer] = set()
-_armed = False
-
-
-def _arm() -> None:
-    """At the first server: stop them all at exit; a forked child forgets its parent's."""
-    global _armed
-    if not _armed:
-        _armed = True
-        atexit.register(close_all)
-        os.register_at_fork(after_in_child=_live.clear)
+_live: Live[PostgresServer] = Live(lambda: close_all())
 
 
 def close_all() -> None:
     """Stop every PostgreSQL server this process started, and drop the template."""
     global _template
-    for server in list(_live):
-        if server._owner == os.getpid():
-            server.close()
+    _live.close_mine()
     with _template_lock:
         if _template is not None and _template_owner == os.getpid():
             shutil.rmtree(os.path.dirname(_template), ignore_errors=True)

@@ -13,18 +13,17 @@ Imports neither pytest nor Celery.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
+from .fleet import Ensemble, EnsembleFleet
 from .nodes import HOST, free_port
+from .process import Live, Member, tmp_root
 from .zookeeper_keys import Keys
 
 __all__ = [
@@ -72,38 +71,17 @@ def four_letters(endpoint: str, word: bytes = b"srvr", timeout: float = 0.5) -> 
     return b"".join(chunks).decode(errors="replace")
 
 
-class ZookeeperMember:
+class ZookeeperMember(Member):
     """One ``QuorumPeerMain`` of an ensemble, on 127.0.0.1."""
 
     def __init__(self, myid: int, root: str) -> None:
+        super().__init__(root, f"m{myid}", HOST, free_port())
         self.myid = myid
-        self.host = HOST
-        self.port = free_port()
         self.peer_port, self.election_port = free_port(), free_port()
         self.dir = os.path.join(root, f"m{myid}")
-        self.logfile = os.path.join(root, f"m{myid}.log")
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._owner = os.getpid()
-        self._paused = False
 
     def __repr__(self) -> str:
         return f"<ZookeeperMember {self.myid} {self.endpoint} pid={self.pid}>"
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused and self.is_running
 
     def launch(self, servers: list[str]) -> None:
         if self.is_running:
@@ -140,74 +118,18 @@ class ZookeeperMember:
                 return line[6:].strip()
         return None
 
-    def _signal(self, signum: int) -> None:
-        if os.getpid() != self._owner:
-            raise RuntimeError(f"{self!r} belongs to process {self._owner}")
-        if self._proc is not None:
-            try:
-                os.kill(self._proc.pid, signum)
-            except ProcessLookupError:
-                pass
 
-    def pause(self) -> None:
-        """SIGSTOP the member: its connections hang."""
-        if self.is_running and not self._paused:
-            self._signal(signal.SIGSTOP)
-            self._paused = True
-
-    def resume(self) -> None:
-        if self._paused:
-            self._signal(signal.SIGCONT)
-        self._paused = False
-
-    def kill(self) -> None:
-        """SIGKILL the member; its data stays (:meth:`ZookeeperEnsemble.start` brings it back)."""
-        if self.is_running:
-            self.resume()
-            self._signal(signal.SIGKILL)
-            assert self._proc is not None
-            self._proc.wait()
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.logfile, "rb") as log:
-                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class ZookeeperEnsemble:
+class ZookeeperEnsemble(Ensemble[ZookeeperMember]):
     """One ZooKeeper ensemble of ``size`` members on 127.0.0.1: one lock node (``.url``)."""
 
     def __init__(self, size: int = 1, *, start: bool = True):
-        self.dir = tempfile.mkdtemp(prefix="celery-redlock-zk-", dir=_tmp_root())
+        self.dir = tempfile.mkdtemp(prefix="celery-redlock-zk-", dir=tmp_root())
         self.members = [ZookeeperMember(i + 1, self.dir) for i in range(size)]
         _live.add(self)
-        _arm()
-        if start:
-            try:
-                self.start()
-            except BaseException:
-                self.close()
-                raise
+        self._begin(start)
 
     def __repr__(self) -> str:
         return f"<ZookeeperEnsemble {self.url}>"
-
-    def __enter__(self) -> ZookeeperEnsemble:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __len__(self) -> int:
-        return len(self.members)
-
-    def __getitem__(self, index: int) -> ZookeeperMember:
-        return self.members[index]
-
-    def __iter__(self) -> Iterator[ZookeeperMember]:
-        return iter(self.members)
 
     @property
     def url(self) -> str:
@@ -272,20 +194,6 @@ class ZookeeperEnsemble:
         with self.client() as keys:
             return keys.keys(pattern)
 
-    def kill(self, index: int) -> None:
-        self.members[index].kill()
-
-    def pause(self, index: int) -> None:
-        self.members[index].pause()
-
-    def resume(self, index: int) -> None:
-        self.members[index].resume()
-
-    def heal(self) -> None:
-        """Resume paused members and start stopped ones (their data kept)."""
-        if any(not m.is_running or m.is_paused for m in self.members):
-            self.start()
-
     def stop(self) -> None:
         """Kill every member (the lock node is down; :meth:`start` brings it back)."""
         for member in self.members:
@@ -305,108 +213,39 @@ class ZookeeperEnsemble:
 
     def close(self) -> None:
         """Stop every member and delete the data directories."""
-        for member in self.members:
-            member.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().close()
         _live.discard(self)
 
 
-class ZookeeperEnsembles:
+class ZookeeperEnsembles(EnsembleFleet[ZookeeperEnsemble]):
     """N independent ensembles of ``size`` members, each one lock node (``.urls``),
     with the verbs of :class:`~celery_redlock.testing.RedisNodes` on a whole ensemble."""
 
     def __init__(self, n: int = 1, size: int = 1):
-        self.ensembles: list[ZookeeperEnsemble] = []
+        self.members = []
         try:
             for _ in range(n):
-                self.ensembles.append(ZookeeperEnsemble(size, start=False))
-            for e in self.ensembles:  # their JVMs start side by side
+                self.members.append(ZookeeperEnsemble(size, start=False))
+            for e in self.members:  # their JVMs start side by side
                 for member in e:
                     member.launch(
                         [f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in e]
                         if size > 1 else []
                     )  # fmt: skip
-            for e in self.ensembles:
+            for e in self.members:
                 e.wait_ready()
         except BaseException:
             self.close()
             raise
 
-    def __len__(self) -> int:
-        return len(self.ensembles)
-
-    def __getitem__(self, index: int) -> ZookeeperEnsemble:
-        return self.ensembles[index]
-
-    def __iter__(self) -> Iterator[ZookeeperEnsemble]:
-        return iter(self.ensembles)
-
-    def __enter__(self) -> ZookeeperEnsembles:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     @property
-    def urls(self) -> list[str]:
-        return [e.url for e in self.ensembles]
-
-    def heal(self) -> None:
-        for ensemble in self.ensembles:
-            ensemble.heal()
-
-    def kill(self, index: int) -> None:
-        """Kill every member of ensemble ``index`` (the lock node is down)."""
-        for member in self.ensembles[index]:
-            member.kill()
-
-    def pause(self, index: int) -> None:
-        for member in self.ensembles[index]:
-            member.pause()
-
-    def resume(self, index: int) -> None:
-        for member in self.ensembles[index]:
-            member.resume()
-
-    def restart(self, index: int) -> None:
-        self.kill(index)
-        self.ensembles[index].start()
-
-    def keys(self, pattern: str = "*") -> dict[int, list[str]]:
-        """Each answering ensemble's index -> its sorted live keys matching ``pattern``."""
-        return {
-            i: e.keys(pattern)
-            for i, e in enumerate(self.ensembles)
-            if any(m.is_running and not m.is_paused for m in e)
-        }
-
-    def flushall(self) -> None:
-        for ensemble in self.ensembles:
-            ensemble.flushall()
-
-    def close(self) -> None:
-        for ensemble in self.ensembles:
-            ensemble.close()
+    def ensembles(self) -> list[ZookeeperEnsemble]:
+        return self.members
 
 
-def _tmp_root() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-_live: set[ZookeeperEnsemble] = set()
-_armed = False
-
-
-def _arm() -> None:
-    global _armed
-    if not _armed:
-        _armed = True
-        atexit.register(close_all)
-        os.register_at_fork(after_in_child=_live.clear)
+_live: Live[ZookeeperEnsemble] = Live(lambda: close_all())
 
 
 def close_all() -> None:
     """Stop every ZooKeeper ensemble this process started."""
-    for ensemble in list(_live):
-        if all(m._owner == os.getpid() for m in ensemble.members):
-            ensemble.close()
+    _live.close_mine()

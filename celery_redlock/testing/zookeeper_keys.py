@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote
+
+from .record_keys import RecordKeys
 
 __all__ = ["Keys"]
 
@@ -21,7 +22,7 @@ def _name(key: str) -> str:
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
-class Keys:
+class Keys(RecordKeys):
     """An ensemble's keys with the calls of a decoded redis-py client that tests use
     (``get``, ``set``, ``pttl``, ``exists``, ``delete``, ``keys``, ``scan_iter``,
     ``zrange``, ``zcard``, ``time``, and ``set_many`` for many keys at once)."""
@@ -55,21 +56,6 @@ class Keys:
         if record.get("p") is not None and record["e"] <= self._now_ms():
             return None  # expired on the ensemble's clock
         return record
-
-    def get(self, key: str) -> str | None:
-        record = self._record(key)
-        return record["v"] if record is not None else None
-
-    def pttl(self, key: str) -> int:
-        record = self._record(key)
-        if record is None:
-            return -2
-        if record.get("p") is None:
-            return -1
-        return max(1, min(int(record["e"] - self._now_ms()), record["p"]))
-
-    def exists(self, *keys: str) -> int:
-        return sum(self._record(k) is not None for k in keys)
 
     def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
         from kazoo.exceptions import NodeExistsError
@@ -113,19 +99,3 @@ class Keys:
         names = [unquote(n) for n in self.client.get_children(ROOT)]
         wanted = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         return sorted(n for n in wanted if self._record(n) is not None)
-
-    def scan_iter(self, match: str = "*", count: int = 0) -> Iterator[str]:
-        return iter(self.keys(match))
-
-    def zrange(self, key: str, start: int, end: int) -> list[str]:
-        record = self._record(key)
-        members = [m for m, _ in record["v"]] if record is not None else []
-        return members[start : None if end == -1 else end + 1]
-
-    def zcard(self, key: str) -> int:
-        return len(self.zrange(key, 0, -1))
-
-    def time(self) -> tuple[int, int]:
-        """The clock a ZooKeeper node's keys read: the ensemble's (an mtime)."""
-        now = self._now_ms() / 1000
-        return int(now), int((now % 1) * 1_000_000)

@@ -130,7 +130,7 @@ def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatc
             clock.advance(3.0)  # the acquire round took 3 s by the client's clock
         return replies
 
-    monkeypatch.setattr(redis_kind, "run", slow_nodes)
+    monkeypatch.setattr(redis_kind.KIND, "run", slow_nodes)
     rl = redlock(servers, clock=clock)
     lease = rl.acquire("job", ttl=TTL)
     assert lease.remaining() == pytest.approx(TTL - 3.0 - TTL * 0.01 - DRIFT_FLOOR, abs=1e-9)
@@ -151,7 +151,7 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
             clock.advance(TTL)
         return replies
 
-    monkeypatch.setattr(redis_kind, "run", slow_nodes)
+    monkeypatch.setattr(redis_kind.KIND, "run", slow_nodes)
     rl = redlock(servers, clock=clock)
     lock_key, fence_key = rl.keys("job")
     # one node ahead of the others: the nodes disagree, so a fence phase is due
@@ -178,7 +178,7 @@ def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(server
     rl = redlock(servers)
     lock_key, fence_key = rl.keys("job")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(redis_kind, "run", recording)
+        mp.setattr(redis_kind.KIND, "run", recording)
         first = rl.acquire("job", ttl=TTL)  # the floor alike everywhere: the client's clock
         rl.release(first)
         second = rl.acquire("job", ttl=TTL)

@@ -23,7 +23,7 @@ from typing import Any
 from ...records import NodeInfo, PostgresInfo
 from ...values import error_text
 from .. import glob_regex, ping_latency
-from ..kind import Ask, Kind
+from ..kind import Kind
 from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
 
@@ -256,42 +256,19 @@ def install(node: PostgresNode, timeout: float = 30.0) -> None:
 
 
 class PostgresKind(Kind):
-    """PostgreSQL databases as lock nodes (the module's functions)."""
+    """PostgreSQL databases as lock nodes: the module's functions, which mypy
+    checks against :class:`Kind` here."""
 
     schemes = SCHEMES
     has_schema = True
     node_timeout = NODE_TIMEOUT
     connect_timeout = CONNECT_TIMEOUT
-
-    def make(
-        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
-    ) -> PostgresNode:
-        return make(spec, timeout, min_replicas, connect_timeout)
-
-    def run(
-        self,
-        op: Any,
-        nodes: Sequence[Any],
-        keys: Sequence[str],
-        args: Sequence[Any],
-        timeout: float,
-        needed: int | None = None,
-    ) -> list[Any]:
-        return run(op, nodes, keys, args, timeout, needed)
-
-    def command(
-        self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
-    ) -> list[Any]:
-        return command(nodes, cmd, timeout, needed)
-
-    def node_info(self, node: Any, ask: Ask) -> list[NodeInfo]:
-        return node_info(node, ask)
-
-    def ddl(self, schema: str) -> str:
-        return ddl(schema)
-
-    def install(self, node: Any) -> None:
-        install(node)
+    make = staticmethod(make)
+    run = staticmethod(run)
+    command = staticmethod(command)
+    node_info = staticmethod(node_info)
+    ddl = staticmethod(ddl)
+    install = staticmethod(install)
 
 
 #: The PostgreSQL kind.

@@ -11,13 +11,11 @@ first, :mod:`.first`); a cluster routes by hash slot (:mod:`.cluster`);
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-from ...records import NodeInfo
-from ..kind import Ask, Kind
+from ..kind import Kind
 from . import rounds
 from .cluster import CLUSTER_SCHEMES, check_together, node_for
 from .first import run
@@ -65,47 +63,19 @@ def command(nodes: Any, cmd: tuple, timeout: float, needed: int | None = None) -
 
 
 class RedisKind(Kind):
-    """Redis masters, Sentinel-managed masters and Redis Clusters as lock nodes
-    (the module's functions)."""
+    """Redis masters, Sentinel-managed masters and Redis Clusters as lock nodes:
+    the module's functions, which mypy checks against :class:`Kind` here."""
 
     schemes = SCHEMES
     node_timeout = NODE_TIMEOUT
     connect_timeout = CONNECT_TIMEOUT
-
-    def make(
-        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
-    ) -> Any:
-        return make(spec, timeout, min_replicas, connect_timeout)
-
-    def accepts(self, spec: Any) -> bool:
-        return accepts(spec)
-
-    def run(
-        self,
-        op: Any,
-        nodes: Sequence[Any],
-        keys: Sequence[str],
-        args: Sequence[Any],
-        timeout: float,
-        needed: int | None = None,
-    ) -> list[Any]:
-        return run(op, nodes, keys, args, timeout, needed)
-
-    def command(
-        self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
-    ) -> list[Any]:
-        return command(nodes, cmd, timeout, needed)
-
-    def send(self, op: Any, nodes: Sequence[Any], keys: Any, args: Any) -> list[int]:
-        return send(op, nodes, keys, args)
-
-    def node_info(self, node: Any, ask: Ask) -> list[NodeInfo]:
-        return node_info(node, ask)
-
-    def check_together(
-        self, nodes: Sequence[Any], names: Sequence[str], option: str = "also"
-    ) -> None:
-        check_together(nodes, names, option)
+    make = staticmethod(make)
+    accepts = staticmethod(accepts)
+    run = staticmethod(run)
+    command = staticmethod(command)
+    send = staticmethod(send)
+    node_info = staticmethod(node_info)
+    check_together = staticmethod(check_together)
 
 
 #: The Redis kind.

@@ -23,7 +23,7 @@ MAX_OWED = 8
 
 
 def send_script(
-    script: Script, nodes: Sequence[LockNode], keys: Sequence[str], args: Sequence[Any]
+    op: Script, nodes: Sequence[LockNode], keys: Sequence[str], args: Sequence[Any]
 ) -> list[int]:
     """Write a script to every node and return without waiting for the replies.
 
@@ -37,7 +37,7 @@ def send_script(
     idle connection, a write that failed or did not go out whole): the caller
     runs an ordinary round on those.
     """
-    wire = pack(("EVAL", script.text, len(keys), *keys, *args))
+    wire = pack(("EVAL", op.text, len(keys), *keys, *args))
     missed = []
     for i, node in enumerate(nodes):
         # a Redis Cluster routes by slot and follows redirects: an ordinary round
