@@ -132,6 +132,10 @@ def test_a_fresh_client_with_one_of_five_nodes_blackholed_acquires_at_once(redis
             assert isinstance(lease, Lease), lease
             rl.release(lease)
             rl.close()
+        took.sort()
+        print(
+            f"one of five blackholed: median {took[10] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms"
+        )
         assert max(took) < 0.5, took
 
 
