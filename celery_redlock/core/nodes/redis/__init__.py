@@ -80,16 +80,8 @@ class RedisKind(Kind):
     def accepts(self, spec: Any) -> bool:
         return accepts(spec)
 
-    def run(
-        self,
-        op: Any,
-        nodes: Sequence[Any],
-        keys: Sequence[str],
-        args: Sequence[Any],
-        timeout: float,
-        needed: int | None = None,
-    ) -> list[Any]:
-        return run(op, nodes, keys, args, timeout, needed)
+    # The function itself, not a method calling it: a frame less on every lock call.
+    run = staticmethod(run)
 
     def command(
         self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None

@@ -152,7 +152,8 @@ def collect(
                     opening.open(call.i, call.node, replies)
                     continue
                 replies[call.i] = reply
-                answered += _answer(reply)
+                if not isinstance(reply, Exception) or isinstance(reply, NoScriptError):
+                    answered += 1  # an answer (:func:`_answer`), inline: a call per reply
             if left <= 0 or not events:
                 break
     finally:

@@ -29,27 +29,29 @@ _FIRST = {scripts.ACQUIRE: "", scripts.CLAIM_NEXT: ""}
 
 
 def run(
-    script: Script,
+    op: Script,
     nodes: Sequence[Any],
     keys: Sequence[str],
     args: Sequence[Any],
     timeout: float,
     needed: int | None = None,
 ) -> list[Any]:
-    """:func:`.rounds.run_script`, by the bare ``SET NX`` first where it applies
-    (a round decided once ``needed`` nodes answered, if given)."""
-    if script not in _FIRST or args[2] != _FIRST[script]:
-        return run_script(script, nodes, keys, args, timeout, needed)
-    won: list = [1] if script is scripts.ACQUIRE else [1, None, 0]
-    if len(keys) != 1 + (script is scripts.ACQUIRE) or any(
+    """:func:`.rounds.run_script` of the script ``op`` (the kind protocol's ``run``), by
+    the bare ``SET NX`` first where it applies (a round decided once ``needed`` nodes
+    answered, if given)."""
+    bare = _FIRST.get(op)
+    if bare is None or args[2] != bare:  # a fenced acquire, a release: the script
+        return run_script(op, nodes, keys, args, timeout, needed)
+    won: list = [1] if op is scripts.ACQUIRE else [1, None, 0]
+    if len(keys) != 1 + (op is scripts.ACQUIRE) or any(
         node.cluster or node.min_replicas for node in nodes
     ):
-        return run_script(script, nodes, keys, args, timeout, needed)
+        return run_script(op, nodes, keys, args, timeout, needed)
     first = gather(nodes, ("SET", keys[0], args[0], "NX", "PX", args[1]), timeout, needed=needed)
     replies = [r if r is None or isinstance(r, Exception) else list(won) for r in first]
     refused = [i for i, r in enumerate(replies) if r is None]
     if refused:
-        again = run_script(script, [nodes[i] for i in refused], keys, args, timeout)
+        again = run_script(op, [nodes[i] for i in refused], keys, args, timeout)
         for i, reply in zip(refused, again):
             replies[i] = reply
     return replies

@@ -150,7 +150,8 @@ def gather_each(
         deadline, answered = collect(
             lean, other, opening, started, deadline, replies, commands, timeout, needed, answered
         )
-    read_other(other, started, deadline, replies, timeout, needed, answered)
+    if other:  # the lean calls alone (plain URLs, the rule) leave nothing to read here
+        read_other(other, started, deadline, replies, timeout, needed, answered)
     return replies
 
 
