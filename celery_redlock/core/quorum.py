@@ -118,6 +118,10 @@ class Quorum:
         once: one typed result (:mod:`.ops`) or error per node, each node within its
         timeout (no longer than ``timeout``, if given). A round of every node ends
         once a quorum answered (:attr:`needed`); one of some nodes waits for each."""
+        if nodes is None and timeout is None and kind is _OURS:  # every lock call: no choices
+            kind = self.kind
+            limit = self.node_timeout if kind is not None else None
+            return kinds.perform(op, self.nodes, limit, kind, self.needed)
         needed = self.needed if nodes is None else None
         nodes = self.nodes if nodes is None else nodes
         kind = self.kind if kind is _OURS else kind  # one kind: its own round, nothing between

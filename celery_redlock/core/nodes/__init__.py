@@ -448,7 +448,8 @@ def perform(
     ``kind`` when given): one typed result, or the node's error, per node; a
     :class:`NotReplicated` error carries the typed result of its node. ``timeout``
     None: each node's own; ``needed``: the answers that decide the round."""
-    script, keys, args = codec.ENCODERS[type(op)](op)
+    encode, decode = codec.PLANS[type(op)]  # one look-up per call: both halves
+    script, keys, args = encode(op)
     if script is None:  # a plain read: ``keys`` is its command
         replies = command(nodes, tuple(keys), timeout, needed)
     elif kind is not None:
@@ -456,7 +457,10 @@ def perform(
         replies = kind.run(script, nodes, keys, args, limit, needed)
     else:
         replies = scatter(script, nodes, keys, args, timeout, needed)
-    return codec.decode_all(op, replies, NotReplicated)
+    try:
+        return decode(op, replies, NotReplicated)
+    except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone
+        return codec.decode_each(op, replies)
 
 
 def command(

@@ -17,7 +17,7 @@ from ..scripts import Script
 from ..values import text
 from ..windows import RateKey
 
-__all__ = ["decode", "decode_all", "encode", "flags", "rate_args"]
+__all__ = ["PLANS", "decode", "decode_all", "decode_each", "encode", "flags", "rate_args"]
 
 #: A rated acquire's reply when the grant was booked for later and let go.
 LATER = 7
@@ -397,7 +397,12 @@ def decode_all(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
     try:
         return _ROUNDS.get(type(op), _each)(op, replies, unconfirmed)
     except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone
-        return [decode(op, r) if not isinstance(r, BaseException) else r for r in replies]
+        return decode_each(op, replies)
+
+
+def decode_each(op: ops.Op, replies: list[Any]) -> list[Any]:
+    """:func:`decode` of each reply alone (a round where some reply is not ``op``'s)."""
+    return [decode(op, r) if not isinstance(r, BaseException) else r for r in replies]
 
 
 def _each(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
@@ -413,6 +418,15 @@ def _each(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
 
 
 def _grants(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
+    first = replies[0]
+    if (
+        first.__class__ is list
+        and len(first) == 2
+        and first[0] == 1
+        and first[1].__class__ is bytes
+        and replies.count(first) == len(replies)
+    ):  # every node granted at one fence value (the rule): one result serves them all
+        return [ops.Granted(first[1].decode())] * len(replies)
     return [
         ops.Granted(r[1].decode())
         if r.__class__ is list and len(r) == 2 and r[0] == 1 and r[1].__class__ is bytes
@@ -424,6 +438,9 @@ def _grants(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
 
 
 def _counts(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
+    first = replies[0]
+    if first.__class__ is int and first in _COUNT and replies.count(first) == len(replies):
+        return [_COUNT[first]] * len(replies)  # every node answered alike (the rule)
     return [
         _COUNT[r]
         if r.__class__ is int and r in _COUNT
@@ -435,6 +452,12 @@ def _counts(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
 
 
 _ROUNDS = {ops.Acquire: _grants, ops.Release: _counts, ops.ReleasePrefix: _counts}
+
+#: Operation type -> (its encoder, its round's decoder): what :func:`.perform` looks
+#: up once per call.
+PLANS: dict[type, tuple[Callable[[Any], Any], Callable[[Any, list, type], list]]] = {
+    kind: (encode_op, _ROUNDS.get(kind, _each)) for kind, encode_op in _ENCODERS.items()
+}
 
 
 def _error(op: ops.Op, error: BaseException, unconfirmed: type) -> BaseException:

@@ -115,9 +115,12 @@ def collect(
             if until is None and needed is not None and answered >= needed:
                 until = cut_at(started, now, timeout)
                 deadline = min(deadline, until)
-            end = deadline if opening is None or not opening.pending else opening.until
-            end = max(end, deadline) if until is None else min(end, until)
-            left = end - now
+            if opening is None:  # the rule: nothing to connect, the deadline (cut) alone
+                left = deadline - now
+            else:
+                end = deadline if not opening.pending else opening.until
+                end = max(end, deadline) if until is None else min(end, until)
+                left = end - now
             # A reply already buffered is read even past the deadline.
             events = poller.poll(max(left, LAST_LOOK) * 1000)
             for fd, _ in events:
@@ -152,7 +155,8 @@ def collect(
                     opening.open(call.i, call.node, replies)
                     continue
                 replies[call.i] = reply
-                answered += _answer(reply)
+                if not isinstance(reply, Exception) or isinstance(reply, NoScriptError):
+                    answered += 1  # an answer (:func:`_answer`), inline: a call per reply
             if left <= 0 or not events:
                 break
     finally:

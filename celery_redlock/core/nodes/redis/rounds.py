@@ -142,7 +142,7 @@ def gather_each(
         else:
             replies[i] = error
     answered = 0
-    if needed is not None and other and opening is not None:
+    if other and opening is not None and needed is not None:
         # their answers count before the round decides whether to wait for a connect
         answered = read_other(other, started, deadline, replies, timeout, needed, 0)
         other = []
@@ -150,7 +150,8 @@ def gather_each(
         deadline, answered = collect(
             lean, other, opening, started, deadline, replies, commands, timeout, needed, answered
         )
-    read_other(other, started, deadline, replies, timeout, needed, answered)
+    if other:  # the lean calls alone (plain URLs, the rule) leave nothing to read here
+        read_other(other, started, deadline, replies, timeout, needed, answered)
     return replies
 
 
