@@ -11,7 +11,7 @@ imports neither celery nor kombu; the Celery layer (:class:`LockedTask`,
 
 import importlib as _importlib
 
-from .core import Claim, Finished, Holder, Lease, RateSlot, Redlock
+from .core import AsyncRedlock, Claim, Finished, Holder, Lease, RateSlot, Redlock
 from .exceptions import (
     AlreadyEnqueued,
     ConfigurationError,
@@ -34,6 +34,7 @@ _LAZY = {
     "LockPlan": "plan",
     "LockedTask": "task",
     "current_lease": "task",
+    "key_of": "keys",
     "plan_of": "plan",
     "result_of": "enqueue",
     "superseded_by": "enqueue",
@@ -41,6 +42,7 @@ _LAZY = {
 
 __all__ = [
     "AlreadyEnqueued",
+    "AsyncRedlock",
     "Claim",
     "ConfigurationError",
     "Finished",
@@ -61,6 +63,7 @@ __all__ = [
     "Redlock",
     "RedlockError",
     "current_lease",
+    "key_of",
     "plan_of",
     "result_of",
     "superseded_by",

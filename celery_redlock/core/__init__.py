@@ -8,6 +8,7 @@ is the facade over them.
 
 from __future__ import annotations
 
+from .aio import AsyncRedlock
 from .exceptions import (
     AlreadyEnqueued,
     ConfigurationError,
@@ -53,6 +54,7 @@ __all__ = [
     "OWNER_SEP",
     "STARTED_MARK",
     "AlreadyEnqueued",
+    "AsyncRedlock",
     "Claim",
     "ClaimView",
     "ConfigurationError",
