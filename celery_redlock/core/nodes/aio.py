@@ -73,8 +73,8 @@ def _client(node: Any) -> Any:
     client = per_loop.get(id(node))
     if client is None:
         import redis.asyncio as aredis
-        from redis.backoff import NoBackoff
         from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
         kw = dict(node.pool.connection_kwargs)
         common = {
