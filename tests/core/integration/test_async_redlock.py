@@ -125,3 +125,29 @@ def test_a_round_with_a_dead_node_is_decided_by_the_quorum(redis_nodes3):
         return took
 
     assert asyncio.run(main()) < 1.0
+
+
+def test_forty_coroutines_on_a_postgresql_node_carried_in_a_bounded_pool(postgres_node1):
+    from celery_redlock.core.nodes import aio
+
+    rl = AsyncRedlock(postgres_node1.urls)
+    inside = most = 0
+    tokens: list[int] = []
+
+    async def one() -> None:
+        nonlocal inside, most
+        async with rl.lock("forty", ttl=10, timeout=120) as lease:
+            inside += 1
+            most = max(most, inside)
+            tokens.append(lease.fencing_token)
+            await asyncio.sleep(0.002)
+            inside -= 1
+
+    async def main() -> None:
+        await asyncio.gather(*(one() for _ in range(40)))
+
+    before = threading.active_count()
+    asyncio.run(main())
+    assert most == 1 and len(tokens) == 40
+    assert all(a < b for a, b in zip(tokens, tokens[1:])), "tokens grow in grant order"
+    assert threading.active_count() - before <= aio.CARRIERS + 2
