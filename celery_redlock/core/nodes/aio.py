@@ -4,9 +4,9 @@ The same operation values go through the same codec (:mod:`.codec`) and, on
 Redis, the same Lua scripts; only the carrying differs:
 
 * **Redis, native**: a plain master (``redis://``, ``unix://``, RESP2, no
-  ``min_replicas``) gets an ``redis.asyncio`` client per event loop, with
-  the node's own timeouts and no retries, and each script goes as ``EVALSHA``
-  (``EVAL`` on ``NOSCRIPT``).
+  ``min_replicas``) gets one pipelined connection per event loop
+  (:mod:`.resp`), with the node's own timeouts and no retries, and each
+  script goes as ``EVALSHA`` (``EVAL`` on ``NOSCRIPT``).
 * **memory, native**: a memory node runs in this process; its call is made
   in the loop's thread, unless a fault hook makes it wait.
 * **every other node** (PostgreSQL, etcd, ZooKeeper, a TLS, Sentinel or
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import weakref
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import NotReplicated, codec, cut_at, kind_of, perform
+from . import NotReplicated, codec, cut_at, kind_of, perform, resp
 
 __all__ = ["CARRIERS", "carrier", "native", "perform_async"]
 
@@ -38,8 +37,6 @@ CARRIERS = 8
 
 _carrier: ThreadPoolExecutor | None = None
 _carrier_lock = threading.Lock()
-# event loop -> node -> its redis.asyncio client (a client belongs to one loop)
-_clients: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
 
 
 def carrier() -> ThreadPoolExecutor:
@@ -64,46 +61,14 @@ def native(node: Any) -> bool:
     )
 
 
-def _client(node: Any) -> Any:
-    """``node``'s redis.asyncio client on the running loop."""
-    loop = asyncio.get_running_loop()
-    per_loop = _clients.get(loop)
-    if per_loop is None:
-        per_loop = _clients[loop] = {}
-    client = per_loop.get(id(node))
-    if client is None:
-        import redis.asyncio as aredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        kw = dict(node.pool.connection_kwargs)
-        common = {
-            "db": kw.get("db", 0),
-            "username": kw.get("username"),
-            "password": kw.get("password"),
-            "socket_timeout": node.timeout,
-            "socket_connect_timeout": node.connect_timeout,
-            "retry": Retry(NoBackoff(), 0),
-            "retry_on_timeout": False,
-        }
-        if kw.get("path"):
-            client = aredis.Redis(unix_socket_path=kw["path"], **common)
-        else:
-            client = aredis.Redis(
-                host=kw.get("host") or "localhost", port=int(kw.get("port") or 6379), **common
-            )
-        per_loop[id(node)] = client
-    return client
-
-
-async def _script(node: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-    from redis.exceptions import NoScriptError
-
-    client = _client(node)
+async def _redis(node: Any, script: Any, keys: Any, args: Any, limit: float) -> Any:
+    """A script's reply on a Redis node, or its error: never raises."""
     try:
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        return await client.eval(script.text, len(keys), *keys, *args)
+        return await resp.call_script(node, script, keys, args, limit)
+    except asyncio.TimeoutError:
+        return TimeoutError(f"{node.name}: no reply in {limit:g}s")
+    except Exception as exc:  # an error is the node's reply
+        return exc
 
 
 async def _bounded(node: Any, call: Awaitable[Any], limit: float) -> Any:
@@ -182,8 +147,6 @@ async def perform_async(
         if node.kind == "memory":
             calls.append(_memory(node, script, keys, args, limit))
         else:
-            calls.append(
-                _bounded(node, _script(node, script, keys, args), limit + node.connect_timeout)
-            )
+            calls.append(_redis(node, script, keys, args, limit))
     replies = await _decided(calls, nodes, needed, longest)
     return codec.decode_all(op, replies, NotReplicated)

@@ -151,3 +151,25 @@ def test_forty_coroutines_on_a_postgresql_node_carried_in_a_bounded_pool(postgre
     assert most == 1 and len(tokens) == 40
     assert all(a < b for a, b in zip(tokens, tokens[1:])), "tokens grow in grant order"
     assert threading.active_count() - before <= aio.CARRIERS + 2
+
+
+def test_a_flushed_script_cache_and_another_db_are_served(redis_nodes3):
+    urls = [url.rsplit("/", 1)[0] + "/2" for url in redis_nodes3.urls]
+    rl = AsyncRedlock(urls)
+    sync = Redlock(urls)
+
+    async def main() -> None:
+        first = await rl.acquire("flushed", ttl=5)
+        assert first is not None
+        for node in redis_nodes3:
+            with node.client() as client:
+                client.script_flush()  # EVALSHA gets NOSCRIPT: EVAL follows
+        assert await rl.extend(first)
+        held = sync.try_acquire("flushed", ttl=5)
+        assert isinstance(held, Holder) and held.owner == first.owner
+        await rl.release(first)
+        for node in redis_nodes3:
+            with node.client(db=2) as client:
+                assert client.exists(sync.keys("flushed")[1])  # the fence key, in db 2
+
+    asyncio.run(main())
