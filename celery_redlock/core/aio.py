@@ -258,7 +258,13 @@ class AsyncRedlock:
             await asyncio.sleep(interval)
             if lease._lost:  # released
                 return
-            if not (await self.extend_many([lease]))[0]:
+            try:
+                renewed = (await self.extend_many([lease]))[0]
+            except Exception:  # a bug must not end the renewals unseen: the lease is lost
+                logger.exception("renewal of %r failed", lease.name)
+                lease.mark_lost()
+                renewed = False
+            if not renewed:
                 logger.warning("lease on %r lost: %s", lease.name, lease.lost_reason)
                 if body is not None:
                     body.cancel()

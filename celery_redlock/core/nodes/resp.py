@@ -160,7 +160,12 @@ async def _connection(node: Any) -> Connection:
     held = per_loop.get(id(node))
     if isinstance(held, Connection) and not held.closed:
         return held
-    if not isinstance(held, asyncio.Task) or held.done() and held.exception() is not None:
+    failed = (
+        isinstance(held, asyncio.Task)
+        and held.done()
+        and (held.cancelled() or held.exception() is not None)
+    )
+    if not isinstance(held, asyncio.Task) or failed:
         held = per_loop[id(node)] = asyncio.ensure_future(_open(node))
     try:
         conn = await asyncio.shield(held)
