@@ -201,10 +201,15 @@ class Leases:
             if booked.wait > 0:
                 yield Pause(booked.wait)
         if len(granted) >= q.needed and q.clock() < expires:
-            lease = yield from self._lease(
-                name, key, fence_key, owner, ttl, expires, fence, granted, replies
-            )
-            if lease is not None:
+            lease = self._lease(name, key, fence_key, owner, ttl, expires, fence, granted, replies)
+            if isinstance(lease, int):  # the nodes disagree: phase 2 writes the token back
+                token = lease
+                written = yield from self.fencing.writing_back(
+                    granted, token, key, fence_key, owner, expires
+                )
+                if written is not None:
+                    return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+            else:
                 return lease
         yield from self._let_go(key, owner, rated, replies)
         q.check(replies)
@@ -238,9 +243,9 @@ class Leases:
         fence: bool,
         granted: list[int],
         replies: list[Any],
-    ) -> Steps[Lease | None]:
-        """The lease granted on a quorum, its token issued (or pending, lazy); None if
-        the token could not be written on a quorum within validity."""
+    ) -> Lease | int:
+        """The lease granted on a quorum, its token issued (or pending, lazy); or the
+        token, when it must first be written back on a quorum (phase 2)."""
         if not self.fencing.fencing:
             return Lease(self.redlock, name, key, fence_key, owner, ttl, None, expires)
         if not fence:
@@ -251,12 +256,7 @@ class Leases:
         token, agreed = candidate([replies[i].fence for i in granted])
         if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
             return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
-        written = yield from self.fencing.writing_back(
-            granted, token, key, fence_key, owner, expires
-        )
-        if written is None:
-            return None
-        return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+        return token
 
     def retry(
         self,
