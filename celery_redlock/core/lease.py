@@ -379,6 +379,13 @@ class Leases:
     ) -> Steps[None]:
         """:meth:`release` as steps."""
         lease.mark_lost()
+        if not lease.also and not (receipt or withdraw_claim):  # the usual release: one step
+            return self.releasing_everywhere(lease.key, lease.owner, wait=wait)
+        return self._releasing(lease, receipt, withdraw_claim, wait)
+
+    def _releasing(
+        self, lease: Lease, receipt: float | None, withdraw_claim: bool, wait: bool
+    ) -> Steps[None]:
         if lease.also:  # the names held together with it: one call per node for all
             for other in lease.also:
                 other.mark_lost()

@@ -62,19 +62,19 @@ class Unwaited:
 
 def drive(q: Quorum, steps: Steps[T]) -> T:
     """Run ``steps`` in this thread: rounds through ``q``, pauses with its sleep."""
-    answer: Any = None
+    send = steps.send
     try:
+        need = send(None)
         while True:
-            need = steps.send(answer)
             kind = type(need)
             if kind is Pause:
                 q.sleep(need.seconds)
-                answer = None
+                need = send(None)
             elif kind is On:
-                answer = q.run(need.op, need.nodes, need.timeout)
+                need = send(q.run(need.op, need.nodes, need.timeout))
             elif kind is Unwaited:
-                answer = q.send(need.op)
+                need = send(q.send(need.op))
             else:
-                answer = q.run(need)
+                need = send(q.run(need))
     except StopIteration as done:
         return done.value
