@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import NotReplicated, codec, cut_at, kind_of, perform, resp
+from . import NotReplicated, codec, cut_at, kind_of, perform
 
 __all__ = ["CARRIERS", "carrier", "native", "perform_async"]
 
@@ -63,6 +63,8 @@ def native(node: Any) -> bool:
 
 async def _redis(node: Any, script: Any, keys: Any, args: Any, limit: float) -> Any:
     """A script's reply on a Redis node, or its error: never raises."""
+    from . import resp  # with the Redis kind: imported at its first node
+
     try:
         return await resp.call_script(node, script, keys, args, limit)
     except asyncio.TimeoutError:
