@@ -12,7 +12,15 @@ imports neither celery nor kombu; the Celery layer (:class:`LockedTask`,
 import importlib as _importlib
 
 from . import exceptions as _exceptions
-from .core import Claim, Finished, Holder, Lease, RateSlot, Redlock  # noqa: F401 - in __all__
+from .core import (  # noqa: F401 - in __all__
+    AsyncRedlock,
+    Claim,
+    Finished,
+    Holder,
+    Lease,
+    RateSlot,
+    Redlock,
+)
 from .exceptions import (  # noqa: F401 - in __all__, by exceptions.__all__
     AlreadyEnqueued,
     ConfigurationError,
@@ -35,14 +43,14 @@ _LAZY = {
     "LockPlan": "plan",
     "LockedTask": "task",
     "current_lease": "task",
+    "key_of": "keys",
     "plan_of": "plan",
     "result_of": "enqueue",
     "superseded_by": "enqueue",
 }
 
-__all__ = sorted(
-    ["Claim", "Finished", "Holder", "Lease", "RateSlot", "Redlock", *_LAZY, *_exceptions.__all__]
-)
+_CORE = ["AsyncRedlock", "Claim", "Finished", "Holder", "Lease", "RateSlot", "Redlock"]
+__all__ = sorted([*_CORE, *_LAZY, *_exceptions.__all__])
 
 
 def __getattr__(name: str) -> object:

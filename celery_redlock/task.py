@@ -61,12 +61,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import CoroutineType
 from typing import Any
 
 from celery import Task, current_task
 from celery.exceptions import Ignore, Retry
 
 from . import (
+    coroutines,
     enqueue,
     metrics,
     policies,
@@ -193,6 +195,11 @@ class LockedTask(Task, metaclass=LockedTaskType):
         except Exception as exc:
             cls._lock_bind_error = exc
             raise
+        try:
+            coroutines.check(cls, cls.name or cls.__name__)
+        except Exception as exc:
+            cls._lock_bind_error = exc
+            raise
         cls._lock_bind_error = None
         set_plan(cls, plan)
         _warn_if_cooperative_pool(cls.name or cls.__name__)
@@ -235,6 +242,8 @@ class LockedTask(Task, metaclass=LockedTaskType):
                 # This call's own dict (``**kwargs`` always is): request.kwargs stays as sent.
                 kwargs[plan.token_arg] = lease.fencing_token
             result = self.run(*args, **kwargs)
+            if isinstance(result, CoroutineType):  # an async def body: run it inside the lease
+                result = coroutines.run(result, plan.lock_name)
             succeeded = True
             return result
         except Retry:

@@ -9,6 +9,7 @@ is the facade over them.
 from __future__ import annotations
 
 from . import exceptions as _exceptions
+from .aio import AsyncRedlock
 from .exceptions import *  # noqa: F403 - the errors, listed once there
 from .inspect import ClaimView, Deletion, NodeInfo, NodeView, ScanResult, mask_url, node_name
 from .lease import Lease
@@ -41,6 +42,7 @@ __all__ = [  # and the errors, below
     "DRIFT_FLOOR",
     "OWNER_SEP",
     "STARTED_MARK",
+    "AsyncRedlock",
     "Claim",
     "ClaimView",
     "Deletion",

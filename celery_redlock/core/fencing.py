@@ -84,6 +84,7 @@ from typing import Any
 
 from .ops import Done, Fence, Issue, Issued
 from .quorum import Quorum
+from .steps import On, Steps, drive
 from .values import ms
 
 __all__ = ["Fencing", "candidate"]
@@ -121,8 +122,14 @@ class Fencing:
     ) -> int | None:
         """A lazy lease's token, on its first read: moved on where the granting nodes
         still hold ``owner``, written back if they disagree; None short of a quorum."""
+        return drive(self.quorum, self.issuing(granted, key, fence_key, owner, expires))
+
+    def issuing(
+        self, granted: Sequence[int], key: str, fence_key: str, owner: str, expires: float
+    ) -> Steps[int | None]:
+        """:meth:`issue` as steps (:mod:`.steps`)."""
         op = Issue(key, fence_key, owner, self.arg, time.time_ns() // 1000)
-        replies = self._on(granted, op, expires)
+        replies = yield from self._on(granted, op, expires)
         held = [(i, int(r.fence)) for i, r in zip(granted, replies) if _issued(r)]
         q = self.quorum
         if len(held) < q.needed:
@@ -132,7 +139,11 @@ class Fencing:
         token = max(value for _, value in held)
         if sum(1 for _, value in held if value == token) >= q.needed:
             return token if q.clock() < expires else None
-        return self.write_back([i for i, _ in held], token, key, fence_key, owner, expires)
+        return (
+            yield from self.writing_back(
+                [i for i, _ in held], token, key, fence_key, owner, expires
+            )
+        )
 
     def write_back(
         self,
@@ -148,8 +159,24 @@ class Fencing:
 
         ``strict`` (permits): only where the node's value is smaller, never equal.
         """
+        return drive(
+            self.quorum,
+            self.writing_back(granted, token, key, fence_key, owner, expires, strict),
+        )
+
+    def writing_back(
+        self,
+        granted: Sequence[int],
+        token: int,
+        key: str,
+        fence_key: str,
+        owner: str,
+        expires: float,
+        strict: bool = False,
+    ) -> Steps[int | None]:
+        """:meth:`write_back` as steps."""
         op = Fence(key, fence_key, owner, str(token), self.arg, strict)
-        written = self._on(granted, op, expires)
+        written = yield from self._on(granted, op, expires)
         q = self.quorum
         landed = sum(1 for r in written if r == Done(True))
         if landed >= q.needed and q.clock() < expires:
@@ -157,14 +184,14 @@ class Fencing:
         logger.info("fencing token for %r landed on %d nodes, %d needed", key, landed, q.needed)
         return None
 
-    def _on(self, granted: Sequence[int], op: Issue | Fence, expires: float) -> list[Any]:
+    def _on(self, granted: Sequence[int], op: Issue | Fence, expires: float) -> Steps[list[Any]]:
         """``op`` on the granting nodes within the validity left (no reply past it)."""
         q = self.quorum
         remaining = expires - q.clock()
         if remaining <= 0:
             return []
         nodes = [q.nodes[i] for i in granted]
-        return q.run(op, nodes, min(q.node_timeout, remaining))
+        return (yield On(op, nodes, min(q.node_timeout, remaining)))
 
 
 def _issued(result: Any) -> bool:

@@ -47,6 +47,7 @@ from .records import (
     split,
     stopped_early,
 )
+from .steps import On, Pause, Steps, Unwaited, drive
 from .values import ms
 
 if TYPE_CHECKING:
@@ -138,6 +139,31 @@ class Leases:
         nobody holding a quorum (concurrent contenders split the nodes), is made
         again after a random pause, up to ``splits`` times: reported as held,
         a split would have every contender drop its work while none runs."""
+        return drive(
+            self.quorum,
+            self.acquiring(
+                name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
+                rated, splits,
+            ),
+        )  # fmt: skip
+
+    def acquiring(
+        self,
+        name: str,
+        ttl: float,
+        owner: str,
+        fence: bool,
+        task_id: str | None,
+        receipts: bool,
+        claim: str | None,
+        own_claim: bool,
+        throttle: float | None,
+        slot: str | None,
+        rated: RatedRound | None = None,
+        splits: int = SPLIT_RETRIES,
+    ) -> Steps[Lease | Holder | Claim | Finished | TooEarly | RateSlot]:
+        """:meth:`try_acquire` as steps (:mod:`.steps`). A rated round (``rated``) is
+        the sync client's own: its bookings are calls of their own, made here."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
         gate_id = task_id if receipts or claim or throttle else None  # the id the gates check
@@ -159,11 +185,11 @@ class Leases:
         fencing = self.fencing.arg if fence else ""
         op = Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
         start = q.clock()
-        replies = q.run(op) if rated is None else rated.run(op, (key,))
+        replies = (yield op) if rated is None else rated.run(op, (key,))
         # Only the gates answer "finished" or "too early".
         stop = None if gate_id is None else stopped_early(replies, task_id, q.needed)
         if stop is not None:
-            self._let_go(key, owner, rated, replies)
+            yield from self._let_go(key, owner, rated, replies)
             return stop
         granted = granted_on(replies)
         expires = q.expires(start, ttl)
@@ -173,26 +199,35 @@ class Leases:
                 rated.unstart([key], owner, replies)
                 return booked
             if booked.wait > 0:
-                q.sleep(booked.wait)
+                yield Pause(booked.wait)
         if len(granted) >= q.needed and q.clock() < expires:
             lease = self._lease(name, key, fence_key, owner, ttl, expires, fence, granted, replies)
-            if lease is not None:
+            if isinstance(lease, int):  # the nodes disagree: phase 2 writes the token back
+                token = lease
+                written = yield from self.fencing.writing_back(
+                    granted, token, key, fence_key, owner, expires
+                )
+                if written is not None:
+                    return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+            else:
                 return lease
-        self._let_go(key, owner, rated, replies)
+        yield from self._let_go(key, owner, rated, replies)
         q.check(replies)
         if splits and rated is None and gate_id is None and split(replies, q.needed):
-            q.sleep(q.rng() * q.node_timeout)  # out of step with the other contenders
-            return self.try_acquire(
+            yield Pause(q.rng() * q.node_timeout)  # out of step with the other contenders
+            return (yield from self.acquiring(
                 name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
                 rated, splits - 1,
-            )  # fmt: skip
+            ))  # fmt: skip
         return in_the_way(replies, task_id)
 
-    def _let_go(self, key: str, owner: str, rated: RatedRound | None, replies: list[Any]) -> None:
+    def _let_go(
+        self, key: str, owner: str, rated: RatedRound | None, replies: list[Any]
+    ) -> Steps[None]:
         """Free what an attempt that did not stand may hold; a rated one also takes back
         its bookings and the starts it recorded."""
         if rated is None:
-            self.release_everywhere(key, owner, granted=granted_on(replies))
+            yield from self.releasing_everywhere(key, owner, granted=granted_on(replies))
         else:
             rated.unstart([key], owner)
             rated.abandon(replies)
@@ -208,9 +243,9 @@ class Leases:
         fence: bool,
         granted: list[int],
         replies: list[Any],
-    ) -> Lease | None:
-        """The lease granted on a quorum, its token issued (or pending, lazy); None if
-        the token could not be written on a quorum within validity."""
+    ) -> Lease | int:
+        """The lease granted on a quorum, its token issued (or pending, lazy); or the
+        token, when it must first be written back on a quorum (phase 2)."""
         if not self.fencing.fencing:
             return Lease(self.redlock, name, key, fence_key, owner, ttl, None, expires)
         if not fence:
@@ -221,9 +256,7 @@ class Leases:
         token, agreed = candidate([replies[i].fence for i in granted])
         if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
             return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
-        if self.fencing.write_back(granted, token, key, fence_key, owner, expires) is None:
-            return None
-        return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+        return token
 
     def retry(
         self,
@@ -234,12 +267,25 @@ class Leases:
     ) -> Lease | None:
         """``attempt()`` until it returns a lease, with backoff; None after ``timeout``
         seconds (see :meth:`Redlock.acquire` with ``blocking``)."""
+        return drive(
+            self.quorum,
+            self.retrying(lambda: _at_once(attempt), timeout, retry_delay, retry_delay_max),
+        )
+
+    def retrying(
+        self,
+        attempt: Callable[[], Steps[object]],
+        timeout: float | None,
+        retry_delay: float,
+        retry_delay_max: float,
+    ) -> Steps[Lease | None]:
+        """:meth:`retry` as steps, of an attempt made of steps."""
         q = self.quorum
         start = q.clock()
         tries = 0
         while True:
             try:
-                result = attempt()
+                result = yield from attempt()
             except QuorumUnavailable:
                 if timeout is not None and q.clock() - start >= timeout:
                     raise
@@ -252,15 +298,20 @@ class Leases:
                 if left <= 0:
                     return None
                 delay = min(delay, left)
-            q.sleep(delay)
+            yield Pause(delay)
             tries += 1
 
     def extend_many(self, leases: Sequence[Lease], ttl: float | None) -> list[bool]:
         """Renew leases and the names held with them, in one call per node."""
+        return drive(self.quorum, self.extending(leases, ttl))
+
+    def extending(self, leases: Sequence[Lease], ttl: float | None) -> Steps[list[bool]]:
+        """:meth:`extend_many` as steps."""
         if not any(lease.also for lease in leases):
-            return self._extend(leases, ttl)
+            return (yield from self._extend(leases, ttl))
         flat = [one for lease in leases for one in (lease, *lease.also)]
-        done = dict(zip(map(id, flat), self._extend(flat, ttl)))
+        renewals = yield from self._extend(flat, ttl)
+        done = dict(zip(map(id, flat), renewals))
         out = []
         for lease in leases:
             group = (lease, *lease.also)
@@ -272,7 +323,7 @@ class Leases:
             out.append(renewed)
         return out
 
-    def _extend(self, leases: Sequence[Lease], ttl: float | None) -> list[bool]:
+    def _extend(self, leases: Sequence[Lease], ttl: float | None) -> Steps[list[bool]]:
         q = self.quorum
         live = [lease for lease in leases if not lease.lost]
         results = {id(lease): False for lease in leases}
@@ -280,7 +331,7 @@ class Leases:
         if live:
             op = Extend(tuple((one.key, one.owner, ms(ttl or one.ttl)) for one in live))
             start = q.clock()
-            replies = q.run(op)
+            replies = yield op
             for j, lease in enumerate(live):
                 votes = sum(1 for r in replies if isinstance(r, Extended) and r.renewed[j])
                 expires = q.expires(start, ttl or lease.ttl)
@@ -317,14 +368,31 @@ class Leases:
         ordinary round. A release that fails on a node leaves the key there to
         its TTL, as when it is waited for.
         """
+        drive(self.quorum, self.releasing(lease, receipt, withdraw_claim, wait))
+
+    def releasing(
+        self,
+        lease: Lease,
+        receipt: float | None = None,
+        withdraw_claim: bool = False,
+        wait: bool = True,
+    ) -> Steps[None]:
+        """:meth:`release` as steps."""
         lease.mark_lost()
+        if not lease.also and not (receipt or withdraw_claim):  # the usual release: one step
+            return self.releasing_everywhere(lease.key, lease.owner, wait=wait)
+        return self._releasing(lease, receipt, withdraw_claim, wait)
+
+    def _releasing(
+        self, lease: Lease, receipt: float | None, withdraw_claim: bool, wait: bool
+    ) -> Steps[None]:
         if lease.also:  # the names held together with it: one call per node for all
             for other in lease.also:
                 other.mark_lost()
-            self.release_prefix([other.key for other in lease.also], lease.owner)
+            yield from self.releasing_prefix([other.key for other in lease.also], lease.owner)
         task_id = lease.task_id if receipt or withdraw_claim else None
         if task_id is None:
-            self.release_everywhere(lease.key, lease.owner, wait=wait)
+            yield from self.releasing_everywhere(lease.key, lease.owner, wait=wait)
             return
         space = self.keyspace
         op = Release(
@@ -335,7 +403,7 @@ class Leases:
             str(ms(receipt)) if receipt else "",
             task_id if withdraw_claim else "",
         )
-        self.release_everywhere(lease.key, lease.owner, wait, op)
+        yield from self.releasing_everywhere(lease.key, lease.owner, wait, op)
 
     def release_owned_by(self, name: str, task_id: str, limit: int = 1) -> int:
         """Free ``name`` if its holder is the task ``task_id``, whatever its random part.
@@ -359,7 +427,13 @@ class Leases:
         """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises.
 
         ``granted``: see :meth:`release_everywhere`."""
-        replies = self.quorum.run(ReleasePrefix(tuple(keys), owner))
+        drive(self.quorum, self.releasing_prefix(keys, owner, granted))
+
+    def releasing_prefix(
+        self, keys: Sequence[str], owner: str, granted: Sequence[int] | None = None
+    ) -> Steps[None]:
+        """:meth:`release_prefix` as steps."""
+        replies = yield ReleasePrefix(tuple(keys), owner)
         log_missed(self.quorum.nodes, keys[0], replies, granted)
 
     def release_everywhere(
@@ -378,16 +452,33 @@ class Leases:
         release that misses another node is not logged, as nothing is left there
         that it knows of (a node that never answered the attempt is an outage,
         logged as one, and its TTL frees whatever it wrote)."""
+        drive(self.quorum, self.releasing_everywhere(key, owner, wait, op, granted))
+
+    def releasing_everywhere(
+        self,
+        key: str,
+        owner: str,
+        wait: bool = True,
+        op: Release | None = None,
+        granted: Sequence[int] | None = None,
+    ) -> Steps[None]:
+        """:meth:`release_everywhere` as steps."""
         q = self.quorum
         op = op or Release(key, owner)
         at = None  # the indexes of the nodes of the round: all of them
         try:
             if not wait:
-                at = q.send(op)
+                at = yield Unwaited(op)
                 if not at:
                     return
-            replies = q.run(op, at and [q.nodes[i] for i in at])
+            replies = yield (op if at is None else On(op, [q.nodes[i] for i in at]))
         except Exception as exc:  # pragma: no cover - defensive: release never raises
             logger.warning("release of %r failed: %s", key, exc)
             return
         log_missed(q.nodes, key, replies, granted, at)
+
+
+def _at_once(attempt: Callable[[], object]) -> Steps[object]:
+    """A plain call as steps: no step, its result."""
+    return attempt()
+    yield  # a generator: the line is never reached

@@ -79,6 +79,7 @@ from .queues import Queues
 from .quorum import Quorum
 from .rates import RatedRound, Rates
 from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
+from .steps import drive
 from .values import checked, positive
 from .windows import RateKey
 
@@ -361,9 +362,10 @@ class Redlock:
                 (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE),
                 rated,
             )
-        return self._leases.try_acquire(
+        steps = self._leases.acquiring(
             name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot, rated
         )
+        return drive(self._quorum, steps)
 
     def acquire(
         self,

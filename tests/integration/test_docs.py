@@ -56,6 +56,7 @@ def test_the_manual_examples_run(tmp_path: Path):
         "bursts",
         "limits",
         "django",
+        "asyncio",
     } <= with_examples
     ran = set(re.findall(r"^Document: (\S+)$", report, re.MULTILINE))
     assert with_examples <= ran, with_examples - ran

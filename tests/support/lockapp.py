@@ -21,6 +21,7 @@ would register each task on every app finalized later in the process.
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import json
 import os
@@ -306,6 +307,18 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
     @task(name="lockapp.slow")
     def slow(self, key, run, duration=1.0, fencing_token=None, go_key=None):
         return body(self, key, run, duration, fencing_token, go_key)
+
+    @task(name="lockapp.async_slow", lock_on_duplicate="drop", lock_ttl=1.0)
+    async def async_slow(self, key, run, duration=1.0, fencing_token=None):
+        """An async def body: it runs inside its lease, on the worker process's loop."""
+        lease = self.request.redlock
+        start = time.time()
+        rec.push(run, phase="start", id=self.request.id, token=fencing_token,
+                 lease_token=lease.fencing_token, name=lease.name, start=start)  # fmt: skip
+        await asyncio.sleep(duration)
+        rec.push(run, phase="end", id=self.request.id, token=fencing_token, name=lease.name,
+                 start=start, end=time.time(), lost=lease.lost)  # fmt: skip
+        return {"token": fencing_token}
 
     @task(name="lockapp.by_order", lock_on={"order_id": int})
     def by_order(self, order_id, run, duration=1.0, fencing_token=None):

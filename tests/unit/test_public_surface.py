@@ -148,6 +148,7 @@ RECORDED = {
     "float]' = <built-in method random of Random object>)",
     "__all__": [
         "AlreadyEnqueued",
+        "AsyncRedlock",
         "Claim",
         "ConfigurationError",
         "Finished",
@@ -168,6 +169,7 @@ RECORDED = {
         "Redlock",
         "RedlockError",
         "current_lease",
+        "key_of",
         "plan_of",
         "result_of",
         "superseded_by",
@@ -187,3 +189,18 @@ def test_the_facade_attributes_are_one_value_with_the_parts():
     assert rl.rng() == 0.25
     assert rl.quorum == 2 and rl.has_quorum(2) and not rl.has_quorum(1)
     assert rl.keys("a") == ("redlock:lock:{a}", "redlock:fence:{a}")
+
+
+def test_the_async_client_takes_the_sync_clients_arguments():
+    from celery_redlock import AsyncRedlock
+
+    def shape(function) -> list:
+        parameters = inspect.signature(function).parameters.values()
+        return [(p.name, p.kind, p.default) for p in parameters]
+
+    for name in ("try_acquire", "acquire", "release", "extend", "extend_many"):
+        method = getattr(AsyncRedlock, name)
+        assert inspect.iscoroutinefunction(method), name
+        assert shape(method) == shape(getattr(Redlock, name)), name
+    sync = shape(Redlock.lock)
+    assert shape(AsyncRedlock.lock)[: len(sync)] == sync

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""The asyncio client beside the sync one, in ONE run, on 3 Redis masters.
+
+* **Uncontended cycle**: one key, acquire + release, again and again:
+  ``Redlock`` in this thread, ``AsyncRedlock`` on one event loop. The two take
+  turns in blocks of ``--block`` cycles, so background load falls on both
+  alike; the figure is the median of the per-rep means.
+* **Many keys at once**: ``--keys`` callers, each on a key of its own, for
+  ``--seconds``: as many coroutines on one loop, against as many threads
+  of the sync client. The figure is cycles per second, all callers together.
+
+It starts its own redis-server nodes on free loopback ports and stops them.
+
+Usage::
+
+    python benchmarks/asyncio_locks.py            # 5 reps x 1000 cycles, 100 keys
+    python benchmarks/asyncio_locks.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import threading
+import time
+
+from celery_redlock import AsyncRedlock, Redlock
+from celery_redlock.testing import RedisNodes
+
+
+def sync_block(rl: Redlock, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        lease = rl.acquire("bench-async-cycle", ttl=10)
+        assert lease is not None
+        rl.release(lease)
+    return (time.perf_counter() - start) / n
+
+
+async def async_block(rl: AsyncRedlock, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        lease = await rl.acquire("bench-async-cycle", ttl=10)
+        assert lease is not None
+        await rl.release(lease)
+    return (time.perf_counter() - start) / n
+
+
+def many_sync(rl: Redlock, keys: int, seconds: float) -> float:
+    done = [0] * keys
+    stop = time.monotonic() + seconds
+
+    def one(i: int) -> None:
+        while time.monotonic() < stop:
+            lease = rl.acquire(f"bench-many-{i}", ttl=10)
+            if lease is not None:
+                rl.release(lease)
+                done[i] += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(keys)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / seconds
+
+
+async def many_async(rl: AsyncRedlock, keys: int, seconds: float) -> float:
+    done = [0] * keys
+    stop = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        while time.monotonic() < stop:
+            lease = await rl.acquire(f"bench-many-{i}", ttl=10)
+            if lease is not None:
+                await rl.release(lease)
+                done[i] += 1
+
+    await asyncio.gather(*(one(i) for i in range(keys)))
+    return sum(done) / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cycles", type=int, default=1000, help="cycles per rep and client")
+    ap.add_argument("--block", type=int, default=100)
+    ap.add_argument("--keys", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--quick", action="store_true", help="2 reps x 200 cycles, 1 s of many keys")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.reps, a.cycles, a.block, a.seconds = 2, 200, 50, 1.0
+    with RedisNodes(3) as nodes:
+        sync = Redlock(nodes.urls, node_timeout=0.5)
+        arl = AsyncRedlock(redlock=sync)
+        loop = asyncio.new_event_loop()
+        try:
+            per_rep: dict[str, list[float]] = {"sync": [], "async": []}
+            sync_block(sync, 50)
+            loop.run_until_complete(async_block(arl, 50))  # warm: connections, scripts
+            for rep in range(a.reps):
+                got: dict[str, list[float]] = {"sync": [], "async": []}
+                for b in range(a.cycles // a.block):
+                    order = ("sync", "async") if (rep + b) % 2 == 0 else ("async", "sync")
+                    for which in order:
+                        if which == "sync":
+                            got[which].append(sync_block(sync, a.block))
+                        else:
+                            got[which].append(loop.run_until_complete(async_block(arl, a.block)))
+                for which, values in got.items():
+                    per_rep[which].append(statistics.mean(values))
+            s = statistics.median(per_rep["sync"]) * 1e6
+            x = statistics.median(per_rep["async"]) * 1e6
+            print(f"uncontended cycle, 3 Redis masters: sync {s:.0f} us, async {x:.0f} us, "
+                  f"async/sync {x / s:.2f}x")  # fmt: skip
+            t = many_sync(sync, a.keys, a.seconds)
+            c = loop.run_until_complete(many_async(arl, a.keys, a.seconds))
+            print(f"{a.keys} keys at once: sync threads {t:.0f} cycles/s, "
+                  f"asyncio coroutines {c:.0f} cycles/s ({c / t:.2f}x)")  # fmt: skip
+        finally:
+            loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

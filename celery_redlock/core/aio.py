@@ -1,0 +1,275 @@
+"""AsyncRedlock: the Redlock API as coroutines, on the same core.
+
+The lease's logic is the sync client's own (:class:`.lease.Leases`, written
+as steps: :mod:`.steps`); this client drives those steps with asyncio rounds
+(:func:`.nodes.aio.perform_async`) and ``asyncio.sleep``. The keys, owner
+values, operations and fencing tokens are the same, so a sync
+:class:`~.redlock.Redlock` and an :class:`AsyncRedlock` on the same nodes
+exclude each other and share one token sequence.
+
+A plain lock (``try_acquire``, ``acquire``, ``release``, ``extend``,
+``extend_many``, ``lock``) runs on the event loop. Permits (``limit``,
+``also``), rated starts (``rates``) and the other primitives (claims, queues,
+rates, inspection: :data:`CARRIED`) are the sync client's calls, carried in a
+bounded thread pool (:func:`.nodes.aio.carrier`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from .exceptions import LockContended, LockLost, LockNotAcquired
+from .held import Lease
+from .nodes.aio import carrier, perform_async
+from .ops import Op
+from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
+from .redlock import Redlock
+from .steps import On, Pause, Steps, Unwaited
+from .values import positive
+
+__all__ = ["CARRIED", "AsyncRedlock"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("celery_redlock.heartbeat")
+
+#: The sync client's calls an AsyncRedlock offers as coroutines carried in threads.
+CARRIED = frozenset(
+    {
+        "holder", "inspect", "inspect_key", "agreed", "scan", "read_claim", "force_release",
+        "node_info", "claim", "claim_next", "debounce", "throttle", "withdraw_claim",
+        "claimant", "release_owned_by", "rate", "park", "queue_next", "queue_peek",
+    }
+)  # fmt: skip
+#: Plain values and key names, read from the sync client as they are.
+SHARED = frozenset(
+    {
+        "nodes", "quorum", "node_timeout", "connect_timeout", "drift_factor", "min_replicas",
+        "clock", "rng", "key_prefix", "fencing", "fence_retention", "keys", "permit_keys",
+        "claim_key", "coalesce_key", "receipt_key", "queue_keys", "has_quorum", "check_quorum",
+    }
+)  # fmt: skip
+
+
+class AsyncRedlock:
+    """A Redlock client for asyncio code: :class:`~.redlock.Redlock`'s arguments,
+    its methods as coroutines (same names, arguments, results and errors).
+
+    ``AsyncRedlock(redlock=rl)`` shares a sync client's nodes and settings.
+    """
+
+    def __init__(self, nodes: Sequence[Any] | None = None, *, redlock: Redlock | None = None,
+                 **options: Any):  # fmt: skip
+        if redlock is None:
+            if nodes is None:
+                raise TypeError("AsyncRedlock needs its nodes (or redlock=, a Redlock to share)")
+            redlock = Redlock(nodes, **options)
+        elif nodes is not None or options:
+            raise TypeError("AsyncRedlock takes either nodes and options or redlock=, not both")
+        #: The sync client on the same nodes: its logic, its settings.
+        self.sync = redlock
+        self._leases = redlock._leases
+        self._quorum = redlock._quorum
+
+    def __repr__(self) -> str:
+        q = self._quorum
+        return (
+            f"<AsyncRedlock {len(q.nodes)} nodes quorum={q.needed} prefix={self.sync.key_prefix!r}>"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name in SHARED:
+            return getattr(self.sync, name)
+        if name in CARRIED:
+            return functools.partial(self._carry, getattr(self.sync, name))
+        raise AttributeError(f"AsyncRedlock has no attribute {name!r}")
+
+    async def _carry(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """A sync call of the core, in the carrier threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(carrier(), functools.partial(call, *args, **kwargs))
+
+    async def _round(self, op: Op, nodes: Sequence[Any] | None = None,
+                     timeout: float | None = None) -> list[Any]:  # fmt: skip
+        q = self._quorum
+        needed = q.needed if nodes is None else None
+        return await perform_async(op, q.nodes if nodes is None else nodes, timeout, needed)
+
+    async def drive(self, steps: Steps[T]) -> T:
+        """Run a primitive's steps (:mod:`.steps`) on the event loop."""
+        answer: Any = None
+        try:
+            while True:
+                need = steps.send(answer)
+                kind = type(need)
+                if kind is Pause:
+                    await asyncio.sleep(need.seconds)
+                    answer = None
+                elif kind is On:
+                    answer = await self._round(need.op, need.nodes, need.timeout)
+                elif kind is Unwaited:  # no unwaited writes here: a round on every node
+                    answer = list(range(len(self._quorum.nodes)))
+                else:
+                    answer = await self._round(need)
+        except StopIteration as done:
+            return done.value
+
+    async def try_acquire(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        owner: str | None = None,
+        fence: bool = True,
+        task_id: str | None = None,
+        receipts: bool = False,
+        claim: str | None = None,
+        own_claim: bool = False,
+        throttle: float | None = None,
+        slot: str | None = None,
+        limit: int = 1,
+        also: Sequence[tuple[str, int]] = (),
+        rates: Sequence[Any] = (),
+        booked: bool = False,
+    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+        """One attempt (see :meth:`.Redlock.try_acquire`)."""
+        if rates or limit != 1 or limit.__class__ is not int or also:
+            return await self._carry(
+                self.sync.try_acquire, name, ttl=ttl, owner=owner, fence=fence, task_id=task_id,
+                receipts=receipts, claim=claim, own_claim=own_claim, throttle=throttle,
+                slot=slot, limit=limit, also=also, rates=rates, booked=booked,
+            )  # fmt: skip
+        positive("ttl", ttl)
+        steps = self._leases.acquiring(
+            name, ttl, owner or make_owner(), fence, task_id, receipts, claim, own_claim,
+            throttle, slot,
+        )  # fmt: skip
+        return await self.drive(steps)
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        blocking: bool = False,
+        timeout: float | None = None,
+        owner: str | None = None,
+        retry_delay: float = 0.05,
+        retry_delay_max: float = 1.0,
+        fence: bool = True,
+        limit: int = 1,
+        also: Sequence[tuple[str, int]] = (),
+    ) -> Lease | None:
+        """Take the lock on a quorum (see :meth:`.Redlock.acquire`)."""
+        if limit != 1 or limit.__class__ is not int or also:
+            return await self._carry(
+                self.sync.acquire, name, ttl=ttl, blocking=blocking, timeout=timeout,
+                owner=owner, retry_delay=retry_delay, retry_delay_max=retry_delay_max,
+                fence=fence, limit=limit, also=also,
+            )  # fmt: skip
+        if timeout is not None:
+            from . import settings
+            from .values import checked
+
+            checked("timeout", settings.check_non_negative, timeout)
+        positive("ttl", ttl)
+        leases = self._leases
+
+        def attempt() -> Steps[object]:
+            return leases.acquiring(
+                name, ttl, owner or make_owner(), fence, None, False, None, False, None, None
+            )
+
+        if not blocking:
+            once = await self.drive(attempt())
+            return once if isinstance(once, Lease) else None
+        return await self.drive(leases.retrying(attempt, timeout, retry_delay, retry_delay_max))
+
+    async def release(self, lease: Lease, *, receipt: float | None = None,
+                      withdraw_claim: bool = False, wait: bool = True) -> None:  # fmt: skip
+        """Delete the lock where it still holds the lease's owner (see
+        :meth:`.Redlock.release`; ``wait=False`` is a round all the same here)."""
+        await self.drive(self._leases.releasing(lease, receipt, withdraw_claim, wait))
+
+    async def extend(self, lease: Lease, ttl: float | None = None) -> bool:
+        """Set the lease's TTL (see :meth:`.Redlock.extend`)."""
+        return (await self.extend_many([lease], ttl))[0]
+
+    async def extend_many(self, leases: Sequence[Lease], ttl: float | None = None) -> list[bool]:
+        """Renew several leases in one call per node (see :meth:`.Redlock.extend_many`)."""
+        if ttl is not None:
+            positive("ttl", ttl)
+        return await self.drive(self._leases.extending(leases, ttl))
+
+    async def fencing_token(self, lease: Lease) -> int | None:
+        """The lease's fencing token; a lazy lease's (``fence=False``) is issued here,
+        on the loop, once (see :attr:`.Lease.fencing_token`). Raises :class:`LockLost`
+        if it can no longer be issued."""
+        pending = lease._pending
+        if lease._token is not None or pending is None:
+            return lease._token
+        written = None
+        if not lease.lost:
+            fencing = self._leases.fencing
+            steps = fencing.issuing(pending, lease.key, lease.fence_key, lease.owner,
+                                    lease._expires)  # fmt: skip
+            written = await self.drive(steps)
+        if written is None or lease.lost:
+            lease.mark_lost()
+            raise LockLost(
+                f"lock {lease.name!r} is no longer held: its fencing token could not be issued",
+                lease.name,
+            )
+        if lease._token is None:
+            lease._token, lease._pending = written, None
+        return lease._token
+
+    @asynccontextmanager
+    async def lock(self, name: str, *, ttl: float, timeout: float | None = None,
+                   cancel_on_loss: bool = False) -> AsyncIterator[Lease]:  # fmt: skip
+        """Hold the lock for the ``async with`` block (blocking; :class:`LockNotAcquired`
+        on timeout), renewed every ``ttl / 3`` by an asyncio task. A lost lease is
+        ``lease.lost`` (``lease.check()`` raises); with ``cancel_on_loss`` it also
+        cancels the task running the block."""
+        lease = await self.acquire(name, ttl=ttl, blocking=True, timeout=timeout)
+        if lease is None:
+            holder = await self._carry(self.sync.holder, name)
+            if holder.owner:
+                raise LockContended(
+                    f"lock {name!r} is held by {holder.owner}", name, holder.owner, holder.remaining
+                )
+            raise LockNotAcquired(f"lock {name!r} not acquired within {timeout}s", name)
+        body = asyncio.current_task() if cancel_on_loss else None
+        beat = asyncio.ensure_future(self._heartbeat(lease, ttl / 3, body))
+        try:
+            yield lease
+        finally:
+            beat.cancel()
+            await self.release(lease)
+
+    async def _heartbeat(self, lease: Lease, interval: float, body: Any) -> None:
+        """Renew ``lease`` every ``interval`` seconds until it is released or lost."""
+        while True:
+            await asyncio.sleep(interval)
+            if lease._lost:  # released
+                return
+            try:
+                renewed = (await self.extend_many([lease]))[0]
+            except Exception:  # a bug must not end the renewals unseen: the lease is lost
+                logger.exception("renewal of %r failed", lease.name)
+                lease.mark_lost()
+                renewed = False
+            if not renewed:
+                logger.warning("lease on %r lost: %s", lease.name, lease.lost_reason)
+                if body is not None:
+                    body.cancel()
+                return
+
+    async def close(self) -> None:
+        """Close the idle connections of the sync client (the loop's close with it)."""
+        self.sync.close()
