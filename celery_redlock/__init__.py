@@ -43,7 +43,7 @@ _LAZY = {
     "LockPlan": "plan",
     "LockedTask": "task",
     "current_lease": "task",
-    "key_of": "keys",
+    "key_of": "plan",
     "plan_of": "plan",
     "result_of": "enqueue",
     "superseded_by": "enqueue",

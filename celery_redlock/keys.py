@@ -79,7 +79,7 @@ from kombu.utils.json import JSONEncoder as _KombuJSONEncoder
 from .conf import ImproperlyConfigured
 from .exceptions import LockKeyError
 
-__all__ = ["DIGEST_LENGTH", "KeyBuilder", "LockOn", "digest", "key_of"]
+__all__ = ["DIGEST_LENGTH", "KeyBuilder", "LockOn", "digest"]
 
 #: Hex characters of SHA-256 kept in a key: 128 bits. Birthday collisions need
 #: about 2**64 distinct keys, and halving the length saves memory on every lock
@@ -485,25 +485,3 @@ def _plain(fields: Sequence[tuple[str, str]], payload: dict) -> str | None:
         parts.append(label + encode(value))
     return "{" + ",".join(parts) + "}"
 
-
-def key_of(task: Any, *args: Any, **kwargs: Any) -> str:
-    """The lock name a call of ``task`` with these arguments takes (``lock_on`` and
-    ``lock_name`` applied): what a running call holds, for another client to test
-    or take (``Redlock.holder``, ``AsyncRedlock.lock``, ...) on the same nodes.
-
-    Raises:
-        TypeError: ``task`` is not a bound :class:`~celery_redlock.LockedTask`.
-        LockKeyError: the arguments do not fit ``run`` (see :meth:`KeyBuilder.build`).
-    """
-    from .plan import plan_of
-
-    plan = plan_of(task)
-    if plan is None:
-        error = getattr(task, "_lock_bind_error", None)
-        if error is not None:
-            raise error
-        raise TypeError(
-            f"key_of() takes a LockedTask bound to an app, not {task!r}: "
-            "only a LockedTask's calls take a lock"
-        )
-    return plan.keys.build(args, kwargs)

@@ -19,7 +19,7 @@ from . import conf, headers, settings
 from .core import Redlock, check_together, check_ttl, make_owner, parse_rate
 from .keys import KeyBuilder
 
-__all__ = ["LockPlan", "build_plan", "plan_of", "set_plan"]
+__all__ = ["LockPlan", "build_plan", "key_of", "plan_of", "set_plan"]
 
 #: The task class attribute the plan is stored in.
 _ATTR = "_lock_plan"
@@ -274,3 +274,24 @@ def _token_arg(keys: KeyBuilder, token_arg: str | None, task_name: str) -> str |
             f"default (e.g. {token_arg}=None), or callers must pass it themselves"
         )
     return token_arg
+
+
+def key_of(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The lock name a call of ``task`` with these arguments takes (``lock_on`` and
+    ``lock_name`` applied): what a running call holds, for another client to test
+    or take (``Redlock.holder``, ``AsyncRedlock.lock``, ...) on the same nodes.
+
+    Raises:
+        TypeError: ``task`` is not a bound :class:`~celery_redlock.LockedTask`.
+        LockKeyError: the arguments do not fit ``run`` (see :meth:`KeyBuilder.build`).
+    """
+    plan = plan_of(task)
+    if plan is None:
+        error = getattr(task, "_lock_bind_error", None)
+        if error is not None:
+            raise error
+        raise TypeError(
+            f"key_of() takes a LockedTask bound to an app, not {task!r}: "
+            "only a LockedTask's calls take a lock"
+        )
+    return plan.keys.build(args, kwargs)
