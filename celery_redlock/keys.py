@@ -484,4 +484,3 @@ def _plain(fields: Sequence[tuple[str, str]], payload: dict) -> str | None:
             return None
         parts.append(label + encode(value))
     return "{" + ",".join(parts) + "}"
-
