@@ -121,9 +121,9 @@ def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, m
     sent = []
     real = rounds.gather
 
-    def spy(nodes, args, timeout, then=None, **options):
+    def spy(nodes, args, timeout, then=None, *rest, **options):
         sent.append((args[0], then and then[0]))
-        return real(nodes, args, timeout, then, **options)
+        return real(nodes, args, timeout, then, *rest, **options)
 
     primary, _ = pair
     rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)

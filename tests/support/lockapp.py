@@ -308,7 +308,7 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
     def slow(self, key, run, duration=1.0, fencing_token=None, go_key=None):
         return body(self, key, run, duration, fencing_token, go_key)
 
-    @task(name="lockapp.async_slow", lock_on_duplicate="drop", lock_ttl=1.0)
+    @task(name="lockapp.async_slow", lock_on_duplicate="drop", lock_ttl=1.2)
     async def async_slow(self, key, run, duration=1.0, fencing_token=None):
         """An async def body: it runs inside its lease, on the worker process's loop."""
         lease = self.request.redlock
