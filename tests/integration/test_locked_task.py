@@ -301,15 +301,6 @@ def test_lock_name_shared_by_two_tasks_excludes_across_them(worker: WorkerHandle
 # -- 2. heartbeat ---------------------------------------------------------------------
 
 
-def outage_retried(worker: WorkerHandle, task_id: str) -> bool:
-    """Whether the worker logged a round of ``task_id`` that found no quorum (a
-    prefork worker's file; none kept for threads)."""
-    if worker.process is None:
-        return False
-    with open(worker.process.logfile) as f:
-        return any("lock nodes unavailable" in line and task_id in line for line in f)
-
-
 def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle, run: str):
     task = worker.task("heartbeat_long")
     ttl = plan_of(task).settings.ttl
@@ -344,7 +335,9 @@ def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle,
     later = ran[1:]
     assert {r["id"] for r in later} == {i for i, o in outcomes.items() if o == "ran"}
     for r in later:
-        assert r["start"] >= end["end"] and outage_retried(worker, r["id"]), (r, end)
+        # never while the holder ran; retried after an outage, or a message a busy
+        # host delivered after the holder's release (it rightly runs then)
+        assert r["start"] >= end["end"], (r, end)
     assert end["end"] - end["start"] >= 3 * ttl
     assert end["lost"] is False
     assert end["remaining"] > 0

@@ -345,8 +345,10 @@ def test_permits_fill_then_name_the_holder_that_frees_first(both):
     assert both.op(scripts.RELEASE_PREFIX, keys[5:] + keys[:1], ["t2|"]) == 1
     # all or nothing across names: the other name is full
     other = permit_keys(both, "q", False, "")
-    for o in ("x|1", "x|2", "x|3"):
-        both.op(scripts.ACQUIRE_PERMIT, other, [o, 60000, "", now_us(), *none, ""])
+    # a second apart, so the one that frees first is plain on every kind (ZooKeeper's
+    # deadlines are exact to a round trip, not to a millisecond)
+    for o, ttl_ms in (("x|1", 60000), ("x|2", 61000), ("x|3", 62000)):
+        both.op(scripts.ACQUIRE_PERMIT, other, [o, ttl_ms, "", now_us(), *none, ""])
     both_names = keys + [other[1], other[0], *other[5:]]
     args = ["t5|a", 5000, "600000", now_us(), "", "a", "", "", "", "", 3, 3, ""]
     assert both.op(scripts.ACQUIRE_PERMIT, both_names, args)[:2] == [5, 1]
