@@ -385,8 +385,9 @@ def ten_thousand_keys_paged_on(
     cursor, whole, timings = None, 0, []
     # Four refreshes on which every node answered; a node that missed its timeout on
     # a loaded host keeps its cursor for the next refresh (the pager's rule), so it
-    # may take a few more (eight refreshes of 1,000 keys end no node's pass).
-    for _ in range(8):
+    # may take a few more (sixteen refreshes of 1,000 keys end no node's pass; a
+    # ZooKeeper ensemble reads a page's rows one call each, slow on a busy host).
+    for _ in range(16):
         query = "" if cursor is None else f"?cursor.0.lock={cursor}"
         started = time.perf_counter()
         status, state = site.call("/api/state" + query)
