@@ -110,7 +110,8 @@ def test_a_restored_fence_a_week_old_gives_a_token_above_the_node_clock(
     request, nodes_fixture, how, client_a_week_behind
 ):
     nodes = request.getfixturevalue(nodes_fixture)
-    rl = healthy(nodes.urls, fence_retention=RETENTION)
+    # 5 s: a PostgreSQL permit round beside two busy cores once took over the 2 s of healthy()
+    rl = healthy(nodes.urls, fence_retention=RETENTION, node_timeout=5.0)
     rl.release(rl.acquire(NAME, ttl=10))  # in use until the restore
     _, fence_key = rl.keys(NAME)
     week_old = str(time.time_ns() // 1000 - WEEK * 10**6)
