@@ -50,7 +50,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import states
 from kombu.utils.uuid import uuid
@@ -62,6 +62,7 @@ from .headers import ATTEMPT, CLAIM, CLAIMED_ON, SLOT, SUPERSEDED_BY, header
 from .plan import LockPlan
 
 __all__ = [
+    "Publish",
     "in_canvas",
     "publish",
     "replaced_at_publish",
@@ -80,16 +81,22 @@ _CANVAS = ("group_id", "chord", "chain", "link", "link_error")
 _SPLIT_ATTEMPTS = 20
 
 
-def publish(
-    task: Any,
-    plan: LockPlan,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    options: dict[str, Any],
-    send: Callable[..., Any],
-) -> Any:
+class Publish(NamedTuple):
+    """One ``apply_async`` (or eager ``apply``) of a locked task, as the task received
+    it; ``send`` is Celery's own, which publishes (or runs) it as it is."""
+
+    task: Any
+    plan: LockPlan
+    args: Any
+    kwargs: Any
+    task_id: str | None
+    options: dict[str, Any]
+    send: Callable[..., Any]
+
+
+def publish(call: Publish) -> Any:
     """``apply_async`` with the enqueue claim; ``send`` is the plain ``apply_async``."""
+    task, plan, args, kwargs, task_id, options, send = call
     settings = plan.settings
     if in_canvas(options):
         return send(args, kwargs, task_id=task_id, **options)
@@ -99,7 +106,7 @@ def publish(
     if plan.coalesce and _is_republish(headers, options):
         return send(args, kwargs, task_id=task_id, headers=headers, **options)
     if plan.coalesce:
-        return _coalesce(task, plan, name, args, kwargs, task_id, headers, options, send)
+        return _coalesce(call, name, task_id, headers)
     ttl = settings.enqueue_ttl + _delay(options, task.app)
     if _is_republish(headers, options):
         if settings.enqueue == "until_finished" or not options.get("retries"):
@@ -123,16 +130,9 @@ def publish(
     return result
 
 
-def run_eagerly(
-    task: Any,
-    plan: LockPlan,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    options: dict[str, Any],
-    run: Callable[..., Any],
-) -> Any:
+def run_eagerly(call: Publish) -> Any:
     """``apply`` (eager mode) with the claim taken before the call and withdrawn after it."""
+    task, plan, args, kwargs, task_id, options, run = call
     headers = options.get("headers") or {}
     if _is_republish(headers, options) or in_canvas(options):
         return run(args, kwargs, task_id=task_id, **options)
@@ -149,18 +149,10 @@ def run_eagerly(
             withdraw(plan.redlock, plan.lock_name, name, task_id, "")
 
 
-def _coalesce(
-    task: Any,
-    plan: LockPlan,
-    name: str,
-    args: Any,
-    kwargs: Any,
-    task_id: str,
-    headers: dict,
-    options: dict[str, Any],
-    send: Callable[..., Any],
-) -> Any:
-    """Publish a debounced or throttled call at the time its key's schedule says."""
+def _coalesce(call: Publish, name: str, task_id: str, headers: dict) -> Any:
+    """Publish a debounced or throttled call (``task_id``, its ``headers``) at the time
+    its key's schedule says."""
+    task, plan, args, kwargs, _, options, send = call
     settings = plan.settings
     redlock = plan.redlock
     delay = _delay(options, task.app)  # a caller's own countdown or ETA is a floor

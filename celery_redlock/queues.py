@@ -55,7 +55,7 @@ from kombu.utils import json, uuid
 
 from . import metrics, supersede
 from .core import HandOver, Holder, Lease
-from .enqueue import in_canvas
+from .enqueue import Publish, in_canvas
 from .exceptions import QuorumUnavailable
 from .headers import ATTEMPT, PARKED_AT, QUEUE_WATCH, QUEUED, attempt_of, header
 from .plan import LockPlan
@@ -83,15 +83,7 @@ WATCH_TTLS = 1.5
 HANDED_WAIT = 0.5
 
 
-def publish(
-    task: Any,
-    plan: LockPlan,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    options: dict[str, Any],
-    send: Callable[..., Any],
-) -> Any:
+def publish(call: Publish) -> Any:
     """``apply_async`` of a queued task: the call parks in its key's queue (its
     ticket is its place in publish order) and is published when the key is
     handed to it, at once if the key is free. ``send`` is the plain ``apply_async``.
@@ -100,6 +92,7 @@ def publish(
     message the queue handed over or the lock re-publishes, a call with a
     countdown or ETA (it takes its place when due), a canvas part, and any call
     while no quorum answers (logged at WARNING)."""
+    task, plan, args, kwargs, task_id, options, send = call
     headers = options.get("headers") or {}
     plain = options.get("countdown") or options.get("eta") or in_canvas(options)
     if plain or QUEUED in headers or ATTEMPT in headers or QUEUE_WATCH in headers:
@@ -109,13 +102,13 @@ def publish(
     now = time.time()
     marked = {**headers, QUEUED: name, PARKED_AT: now}
     sig = task.signature(args, kwargs, **{**options, "task_id": task_id, "headers": marked})
-    call = json.dumps({"sig": dict(sig), "at": now})
+    entry = json.dumps({"sig": dict(sig), "at": now})
     settings = plan.settings
     try:
         parked = plan.redlock.park(
             name,
             task_id,
-            call,
+            entry,
             most=settings.queue_max,
             retention=settings.queue_retention,
             supersede=plan.superseding,

@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, NoReturn
 
@@ -212,15 +211,7 @@ def later(task: Any, plan: LockPlan, name: str, request: Any, slot: RateSlot) ->
     _republish(task, request, wait - ahead, extra, f"rate: starts in {wait:.3f}s")
 
 
-def publish(
-    task: Any,
-    plan: LockPlan,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    options: dict[str, Any],
-    send: Callable[..., Any],
-) -> Any:
+def publish(call: enqueue.Publish) -> Any:
     """``apply_async`` of a rated call: its start is booked here, at publish, and the
     message goes out due at that instant (half a grace early) with the booking in
     ``redlock_rate_at``, so the worker receives it once, when it is due, and does
@@ -230,6 +221,7 @@ def publish(
     ``apply_async``. A call published with its own countdown or ETA, a canvas
     part, a re-publish, or a booking that fails (no quorum, split nodes, a key
     that cannot be built) is sent as it is: the worker books it on arrival."""
+    task, plan, args, kwargs, task_id, options, send = call
     headers = options.get("headers") or {}
     plain = options.get("countdown") or options.get("eta") or options.get("retries")
     if plain or ATTEMPT in headers or enqueue.in_canvas(options):

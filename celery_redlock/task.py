@@ -273,12 +273,15 @@ class LockedTask(Task, metaclass=LockedTaskType):
         plan = plan_of(self)
         if plan is None or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
+        publishing = enqueue.Publish(
+            self, plan, args, kwargs, task_id, options, super().apply_async
+        )
         if plan.queued:
-            return queues.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+            return queues.publish(publishing)
         if plan.claims:
-            return enqueue.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+            return enqueue.publish(publishing)
         if rates.applies(plan):  # its start booked at publish (see rates.publish)
-            return rates.publish(self, plan, args, kwargs, task_id, options, super().apply_async)
+            return rates.publish(publishing)
         return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def apply(
@@ -289,7 +292,9 @@ class LockedTask(Task, metaclass=LockedTaskType):
         plan = plan_of(self)
         if plan is None or plan.settings.enqueue is None:
             return super().apply(args, kwargs, task_id=task_id, **options)
-        return enqueue.run_eagerly(self, plan, args, kwargs, task_id, options, super().apply)
+        return enqueue.run_eagerly(
+            enqueue.Publish(self, plan, args, kwargs, task_id, options, super().apply)
+        )
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's ``retry``; on a worker the new message is published only once the

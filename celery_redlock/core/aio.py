@@ -19,22 +19,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .exceptions import LockContended, LockLost, LockNotAcquired
 from .held import Lease
 from .nodes.aio import carrier, perform_async
 from .ops import Op
-from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
 from .redlock import Redlock
-from .steps import On, Pause, Steps, Unwaited
+from .steps import Carried, On, Pause, Steps, Unwaited, dressed
 from .values import positive
 
 __all__ = ["CARRIED", "AsyncRedlock"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 logger = logging.getLogger("celery_redlock.heartbeat")
 
@@ -54,6 +54,18 @@ SHARED = frozenset(
         "claim_key", "coalesce_key", "receipt_key", "queue_keys", "has_quorum", "check_quorum",
     }
 )  # fmt: skip
+
+
+def _driven(
+    steps_of: Callable[Concatenate[Redlock, P], Steps[T]],
+) -> Callable[Concatenate[AsyncRedlock, P], Coroutine[Any, Any, T]]:
+    """The coroutine method of the sync client's steps method ``steps_of``: its
+    arguments and docstring, its steps driven on the event loop."""
+
+    async def call(self: AsyncRedlock, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.drive(steps_of(self.sync, *args, **kwargs))
+
+    return dressed(call, steps_of, f"AsyncRedlock.driven({steps_of.__qualname__})")
 
 
 class AsyncRedlock:
@@ -114,87 +126,23 @@ class AsyncRedlock:
                     answer = await self._round(need.op, need.nodes, need.timeout)
                 elif kind is Unwaited:  # no unwaited writes here: a round on every node
                     answer = list(range(len(self._quorum.nodes)))
+                elif kind is Carried:
+                    answer = await self._carry(need.call)
                 else:
                     answer = await self._round(need)
         except StopIteration as done:
             return done.value
 
-    async def try_acquire(
-        self,
-        name: str,
-        *,
-        ttl: float,
-        owner: str | None = None,
-        fence: bool = True,
-        task_id: str | None = None,
-        receipts: bool = False,
-        claim: str | None = None,
-        own_claim: bool = False,
-        throttle: float | None = None,
-        slot: str | None = None,
-        limit: int = 1,
-        also: Sequence[tuple[str, int]] = (),
-        rates: Sequence[Any] = (),
-        booked: bool = False,
-    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
-        """One attempt (see :meth:`.Redlock.try_acquire`)."""
-        if rates or limit != 1 or limit.__class__ is not int or also:
-            return await self._carry(
-                self.sync.try_acquire, name, ttl=ttl, owner=owner, fence=fence, task_id=task_id,
-                receipts=receipts, claim=claim, own_claim=own_claim, throttle=throttle,
-                slot=slot, limit=limit, also=also, rates=rates, booked=booked,
-            )  # fmt: skip
-        positive("ttl", ttl)
-        steps = self._leases.acquiring(
-            name, ttl, owner or make_owner(), fence, task_id, receipts, claim, own_claim,
-            throttle, slot,
-        )  # fmt: skip
-        return await self.drive(steps)
-
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: float,
-        blocking: bool = False,
-        timeout: float | None = None,
-        owner: str | None = None,
-        retry_delay: float = 0.05,
-        retry_delay_max: float = 1.0,
-        fence: bool = True,
-        limit: int = 1,
-        also: Sequence[tuple[str, int]] = (),
-    ) -> Lease | None:
-        """Take the lock on a quorum (see :meth:`.Redlock.acquire`)."""
-        if limit != 1 or limit.__class__ is not int or also:
-            return await self._carry(
-                self.sync.acquire, name, ttl=ttl, blocking=blocking, timeout=timeout,
-                owner=owner, retry_delay=retry_delay, retry_delay_max=retry_delay_max,
-                fence=fence, limit=limit, also=also,
-            )  # fmt: skip
-        if timeout is not None:
-            from . import settings
-            from .values import checked
-
-            checked("timeout", settings.check_non_negative, timeout)
-        positive("ttl", ttl)
-        leases = self._leases
-
-        def attempt() -> Steps[object]:
-            return leases.acquiring(
-                name, ttl, owner or make_owner(), fence, None, False, None, False, None, None
-            )
-
-        if not blocking:
-            once = await self.drive(attempt())
-            return once if isinstance(once, Lease) else None
-        return await self.drive(leases.retrying(attempt, timeout, retry_delay, retry_delay_max))
+    try_acquire = _driven(Redlock._trying)
+    acquire = _driven(Redlock._acquiring)
 
     async def release(self, lease: Lease, *, receipt: float | None = None,
                       withdraw_claim: bool = False, wait: bool = True) -> None:  # fmt: skip
         """Delete the lock where it still holds the lease's owner (see
         :meth:`.Redlock.release`; ``wait=False`` is a round all the same here)."""
-        await self.drive(self._leases.releasing(lease, receipt, withdraw_claim, wait))
+        await self.drive(
+            self._leases.releasing(lease, receipt=receipt, withdraw_claim=withdraw_claim, wait=wait)
+        )
 
     async def extend(self, lease: Lease, ttl: float | None = None) -> bool:
         """Set the lease's TTL (see :meth:`.Redlock.extend`)."""

@@ -79,12 +79,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .ops import Done, Fence, Issue, Issued
 from .quorum import Quorum
-from .steps import On, Steps, drive
+from .steps import On, Steps, driven
 from .values import ms
 
 __all__ = ["Fencing", "candidate"]
@@ -92,7 +92,7 @@ __all__ = ["Fencing", "candidate"]
 logger = logging.getLogger("celery_redlock.redlock")
 
 
-def candidate(fences: Sequence[Any]) -> tuple[int, int]:
+def candidate(fences: Iterable[Any]) -> tuple[int, int]:
     """The largest of the granting nodes' fence values, and how many nodes hold it."""
     values = [int(fence) for fence in fences]
     token = max(values)
@@ -117,17 +117,21 @@ class Fencing:
         #: The acquire's fence argument: the retention in ms, or empty with fencing off.
         self.arg = str(ms(self.fence_retention)) if self.fencing else ""
 
-    def issue(
-        self, granted: Sequence[int], key: str, fence_key: str, owner: str, expires: float
-    ) -> int | None:
-        """A lazy lease's token, on its first read: moved on where the granting nodes
-        still hold ``owner``, written back if they disagree; None short of a quorum."""
-        return drive(self.quorum, self.issuing(granted, key, fence_key, owner, expires))
+    def settled(self, fences: Iterable[Any]) -> tuple[int | None, bool]:
+        """The token of a grant whose granting nodes sent the fence values ``fences``,
+        and whether it stands as it is: None with fencing off; else the largest,
+        which stands where a quorum already holds it (else phase 2 writes it back)."""
+        if not self.fencing:
+            return None, True
+        token, agreed = candidate(fences)
+        return token, agreed >= self.quorum.needed
 
     def issuing(
         self, granted: Sequence[int], key: str, fence_key: str, owner: str, expires: float
     ) -> Steps[int | None]:
-        """:meth:`issue` as steps (:mod:`.steps`)."""
+        """A lazy lease's token, on its first read: moved on where the granting nodes
+        still hold ``owner``, written back if they disagree; None short of a quorum.
+        As steps (:mod:`.steps`); :meth:`issue` drives them."""
         op = Issue(key, fence_key, owner, self.arg, time.time_ns() // 1000)
         replies = yield from self._on(granted, op, expires)
         held = [(i, int(r.fence)) for i, r in zip(granted, replies) if _issued(r)]
@@ -145,25 +149,6 @@ class Fencing:
             )
         )
 
-    def write_back(
-        self,
-        granted: Sequence[int],
-        token: int,
-        key: str,
-        fence_key: str,
-        owner: str,
-        expires: float,
-        strict: bool = False,
-    ) -> int | None:
-        """Write ``token`` where the granting nodes still hold ``owner``; None short of a quorum.
-
-        ``strict`` (permits): only where the node's value is smaller, never equal.
-        """
-        return drive(
-            self.quorum,
-            self.writing_back(granted, token, key, fence_key, owner, expires, strict),
-        )
-
     def writing_back(
         self,
         granted: Sequence[int],
@@ -174,7 +159,11 @@ class Fencing:
         expires: float,
         strict: bool = False,
     ) -> Steps[int | None]:
-        """:meth:`write_back` as steps."""
+        """Write ``token`` where the granting nodes still hold ``owner``; None short of a quorum.
+
+        ``strict`` (permits): only where the node's value is smaller, never equal.
+        As steps; :meth:`write_back` drives them.
+        """
         op = Fence(key, fence_key, owner, str(token), self.arg, strict)
         written = yield from self._on(granted, op, expires)
         q = self.quorum
@@ -183,6 +172,9 @@ class Fencing:
             return token
         logger.info("fencing token for %r landed on %d nodes, %d needed", key, landed, q.needed)
         return None
+
+    issue = driven(issuing)
+    write_back = driven(writing_back)
 
     def _on(self, granted: Sequence[int], op: Issue | Fence, expires: float) -> Steps[list[Any]]:
         """``op`` on the granting nodes within the validity left (no reply past it)."""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import QuorumUnavailable
-from .fencing import Fencing, candidate
+from .fencing import Fencing
 from .held import FREED, NO_QUORUM, TOO_LATE, Client, Lease
 from .keyspace import KeySpace
 from .ops import Acquire, Count, Extend, Extended, Gates, Granted, Release, ReleasePrefix
@@ -47,7 +47,7 @@ from .records import (
     split,
     stopped_early,
 )
-from .steps import On, Pause, Steps, Unwaited, drive
+from .steps import On, Pause, Steps, Unwaited, driven
 from .values import ms
 
 if TYPE_CHECKING:
@@ -117,36 +117,6 @@ class Leases:
         self.keyspace = keyspace
         self.fencing = fencing
 
-    def try_acquire(
-        self,
-        name: str,
-        ttl: float,
-        owner: str,
-        fence: bool,
-        task_id: str | None,
-        receipts: bool,
-        claim: str | None,
-        own_claim: bool,
-        throttle: float | None,
-        slot: str | None,
-        rated: RatedRound | None = None,
-        splits: int = SPLIT_RETRIES,
-    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
-        """One attempt on a plain lock (see :meth:`Redlock.try_acquire`); ``rated``
-        books a rated start in the same round (see :class:`.rates.RatedRound`).
-
-        An attempt that no gate and no rate applies to, and that fails with
-        nobody holding a quorum (concurrent contenders split the nodes), is made
-        again after a random pause, up to ``splits`` times: reported as held,
-        a split would have every contender drop its work while none runs."""
-        return drive(
-            self.quorum,
-            self.acquiring(
-                name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
-                rated, splits,
-            ),
-        )  # fmt: skip
-
     def acquiring(
         self,
         name: str,
@@ -162,8 +132,14 @@ class Leases:
         rated: RatedRound | None = None,
         splits: int = SPLIT_RETRIES,
     ) -> Steps[Lease | Holder | Claim | Finished | TooEarly | RateSlot]:
-        """:meth:`try_acquire` as steps (:mod:`.steps`). A rated round (``rated``) is
-        the sync client's own: its bookings are calls of their own, made here."""
+        """One attempt on a plain lock (see :meth:`Redlock.try_acquire`), as steps
+        (:mod:`.steps`); ``rated`` books a rated start in the same round (see
+        :class:`.rates.RatedRound`): its bookings are the sync client's own calls.
+
+        An attempt that no gate and no rate applies to, and that fails with
+        nobody holding a quorum (concurrent contenders split the nodes), is made
+        again after a random pause, up to ``splits`` times: reported as held,
+        a split would have every contender drop its work while none runs."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
         gate_id = task_id if receipts or claim or throttle else None  # the id the gates check
@@ -201,16 +177,21 @@ class Leases:
             if booked.wait > 0:
                 yield Pause(booked.wait)
         if len(granted) >= q.needed and q.clock() < expires:
-            lease = self._lease(name, key, fence_key, owner, ttl, expires, fence, granted, replies)
-            if isinstance(lease, int):  # the nodes disagree: phase 2 writes the token back
-                token = lease
+            if not fence and self.fencing.fencing:  # lazy: issued on the first read of its token
+                pending = tuple(granted)
+                return Lease(
+                    self.redlock, name, key, fence_key, owner, ttl, None, expires, pending,
+                    self.fencing,
+                )  # fmt: skip
+            token, stands = self.fencing.settled(replies[i].fence for i in granted)
+            if not stands:  # the nodes disagree: phase 2 writes the token back
+                assert token is not None  # fencing on: the largest value seen
                 written = yield from self.fencing.writing_back(
                     granted, token, key, fence_key, owner, expires
                 )
-                if written is not None:
-                    return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
-            else:
-                return lease
+                stands = written is not None
+            if stands:
+                return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         yield from self._let_go(key, owner, rated, replies)
         q.check(replies)
         if splits and rated is None and gate_id is None and split(replies, q.needed):
@@ -229,48 +210,7 @@ class Leases:
         if rated is None:
             yield from self.releasing_everywhere(key, owner, granted=granted_on(replies))
         else:
-            rated.unstart([key], owner)
-            rated.abandon(replies)
-
-    def _lease(
-        self,
-        name: str,
-        key: str,
-        fence_key: str,
-        owner: str,
-        ttl: float,
-        expires: float,
-        fence: bool,
-        granted: list[int],
-        replies: list[Any],
-    ) -> Lease | int:
-        """The lease granted on a quorum, its token issued (or pending, lazy); or the
-        token, when it must first be written back on a quorum (phase 2)."""
-        if not self.fencing.fencing:
-            return Lease(self.redlock, name, key, fence_key, owner, ttl, None, expires)
-        if not fence:
-            pending = tuple(granted)
-            return Lease(
-                self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, self.fencing
-            )
-        token, agreed = candidate([replies[i].fence for i in granted])
-        if agreed >= self.quorum.needed:  # already on a quorum: phase 2 has nothing to add
-            return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
-        return token
-
-    def retry(
-        self,
-        attempt: Callable[[], object],
-        timeout: float | None,
-        retry_delay: float,
-        retry_delay_max: float,
-    ) -> Lease | None:
-        """``attempt()`` until it returns a lease, with backoff; None after ``timeout``
-        seconds (see :meth:`Redlock.acquire` with ``blocking``)."""
-        return drive(
-            self.quorum,
-            self.retrying(lambda: _at_once(attempt), timeout, retry_delay, retry_delay_max),
-        )
+            rated.let_go([key], owner, replies)
 
     def retrying(
         self,
@@ -279,7 +219,8 @@ class Leases:
         retry_delay: float,
         retry_delay_max: float,
     ) -> Steps[Lease | None]:
-        """:meth:`retry` as steps, of an attempt made of steps."""
+        """``attempt()`` (steps) until it returns a lease, with backoff; None after
+        ``timeout`` seconds (see :meth:`Redlock.acquire` with ``blocking``)."""
         q = self.quorum
         start = q.clock()
         tries = 0
@@ -301,12 +242,8 @@ class Leases:
             yield Pause(delay)
             tries += 1
 
-    def extend_many(self, leases: Sequence[Lease], ttl: float | None) -> list[bool]:
-        """Renew leases and the names held with them, in one call per node."""
-        return drive(self.quorum, self.extending(leases, ttl))
-
     def extending(self, leases: Sequence[Lease], ttl: float | None) -> Steps[list[bool]]:
-        """:meth:`extend_many` as steps."""
+        """Renew leases and the names held with them, in one call per node."""
         if not any(lease.also for lease in leases):
             return (yield from self._extend(leases, ttl))
         flat = [one for lease in leases for one in (lease, *lease.also)]
@@ -346,14 +283,14 @@ class Leases:
                 lease.mark_lost(why.get(id(lease)))
         return [results[id(lease)] for lease in leases]
 
-    def release(
+    def releasing(
         self,
         lease: Lease,
         *,
         receipt: float | None = None,
         withdraw_claim: bool = False,
         wait: bool = True,
-    ) -> None:
+    ) -> Steps[None]:
         """Delete the lock on every node where it still holds the lease's owner. Never raises.
 
         In the same round, ``receipt`` (seconds) records that the lease's id
@@ -368,16 +305,6 @@ class Leases:
         ordinary round. A release that fails on a node leaves the key there to
         its TTL, as when it is waited for.
         """
-        drive(self.quorum, self.releasing(lease, receipt, withdraw_claim, wait))
-
-    def releasing(
-        self,
-        lease: Lease,
-        receipt: float | None = None,
-        withdraw_claim: bool = False,
-        wait: bool = True,
-    ) -> Steps[None]:
-        """:meth:`release` as steps."""
         lease.mark_lost()
         if not lease.also and not (receipt or withdraw_claim):  # the usual release: one step
             return self.releasing_everywhere(lease.key, lease.owner, wait=wait)
@@ -421,38 +348,14 @@ class Leases:
             return 0
         return sum(r.n for r in replies if isinstance(r, Count))
 
-    def release_prefix(
-        self, keys: Sequence[str], owner: str, granted: Sequence[int] | None = None
-    ) -> None:
-        """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises.
-
-        ``granted``: see :meth:`release_everywhere`."""
-        drive(self.quorum, self.releasing_prefix(keys, owner, granted))
-
     def releasing_prefix(
         self, keys: Sequence[str], owner: str, granted: Sequence[int] | None = None
     ) -> Steps[None]:
-        """:meth:`release_prefix` as steps."""
+        """Delete the keys that ``owner`` holds among ``keys``, on every node. Never raises.
+
+        ``granted``: see :meth:`release_everywhere`."""
         replies = yield ReleasePrefix(tuple(keys), owner)
         log_missed(self.quorum.nodes, keys[0], replies, granted)
-
-    def release_everywhere(
-        self,
-        key: str,
-        owner: str,
-        wait: bool = True,
-        op: Release | None = None,
-        granted: Sequence[int] | None = None,
-    ) -> None:
-        """Delete ``key`` where it holds ``owner`` (``op``: a :class:`.ops.Release` with
-        its extras). Never raises.
-
-        ``wait=False``: see :meth:`release`. ``granted``: for the clean-up of an
-        attempt that did not stand, the indexes of the nodes that granted it: a
-        release that misses another node is not logged, as nothing is left there
-        that it knows of (a node that never answered the attempt is an outage,
-        logged as one, and its TTL frees whatever it wrote)."""
-        drive(self.quorum, self.releasing_everywhere(key, owner, wait, op, granted))
 
     def releasing_everywhere(
         self,
@@ -462,7 +365,14 @@ class Leases:
         op: Release | None = None,
         granted: Sequence[int] | None = None,
     ) -> Steps[None]:
-        """:meth:`release_everywhere` as steps."""
+        """Delete ``key`` where it holds ``owner`` (``op``: a :class:`.ops.Release` with
+        its extras). Never raises.
+
+        ``wait=False``: see :meth:`release`. ``granted``: for the clean-up of an
+        attempt that did not stand, the indexes of the nodes that granted it: a
+        release that misses another node is not logged, as nothing is left there
+        that it knows of (a node that never answered the attempt is an outage,
+        logged as one, and its TTL frees whatever it wrote)."""
         q = self.quorum
         op = op or Release(key, owner)
         at = None  # the indexes of the nodes of the round: all of them
@@ -477,8 +387,7 @@ class Leases:
             return
         log_missed(q.nodes, key, replies, granted, at)
 
-
-def _at_once(attempt: Callable[[], object]) -> Steps[object]:
-    """A plain call as steps: no step, its result."""
-    return attempt()
-    yield  # a generator: the line is never reached
+    extend_many = driven(extending)
+    release = driven(releasing)
+    release_prefix = driven(releasing_prefix)
+    release_everywhere = driven(releasing_everywhere)

@@ -79,7 +79,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import settings
-from .fencing import candidate
 from .lease import Lease, Leases, granted_on
 from .nodes import check_together
 from .ops import AcquirePermit, Gates, Granted, GrantedPermit, ReleasePrefix
@@ -210,8 +209,7 @@ class Permits:
         if rated is None:
             self.leases.release_prefix(every, owner, granted_on(replies))
         else:
-            rated.unstart(every, owner)
-            rated.abandon(replies)
+            rated.let_go(every, owner, replies)
 
     def _grant(
         self,
@@ -267,20 +265,18 @@ class Permits:
     ) -> Lease | None:
         """The lease of a permit granted on a quorum, its token issued eagerly; None if
         the token could not be written on a quorum within validity."""
+        token, stands = self.fencing.settled(fences[i] for i in granted)
+        if not stands:
+            # A fresh value, written only where it is larger than the node's: two
+            # holders can never both land one value on a quorum (module docstring).
+            assert token is not None  # fencing on: the largest value seen
+            token += 1
+            written = self.fencing.write_back(
+                granted, token, key, fence_key, owner, expires, strict=True
+            )
+            if written is None:
+                return None
         redlock = self.leases.redlock
-        if not self.fencing.fencing:
-            return Lease(redlock, name, key, fence_key, owner, ttl, None, expires)
-        token, agreed = candidate([fences[i] for i in granted])
-        if agreed >= self.quorum.needed:
-            return Lease(redlock, name, key, fence_key, owner, ttl, token, expires)
-        # A fresh value, written only where it is larger than the node's: two
-        # holders can never both land one value on a quorum (module docstring).
-        token += 1
-        written = self.fencing.write_back(
-            granted, token, key, fence_key, owner, expires, strict=True
-        )
-        if written is None:
-            return None
         return Lease(redlock, name, key, fence_key, owner, ttl, token, expires)
 
 

@@ -211,6 +211,12 @@ class RatedRound:
         except Exception as exc:  # pragma: no cover - defensive, as a release
             logger.warning("release of %r failed: %s", lock_keys[0], exc)
 
+    def let_go(self, lock_keys: Sequence[str], owner: str, replies: Sequence[Any]) -> None:
+        """An attempt that did not stand: free its lock keys and the start it recorded
+        (:meth:`unstart`), and take its bookings back (:meth:`abandon`)."""
+        self.unstart(lock_keys, owner)
+        self.abandon(replies)
+
     def abandon(self, replies: Sequence[Any]) -> None:
         """The acquire did not stand: take its bookings back. A round that fewer than a
         quorum answered also makes the client book nothing more until a quorum

@@ -79,7 +79,7 @@ from .queues import Queues
 from .quorum import Quorum
 from .rates import RatedRound, Rates
 from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
-from .steps import drive
+from .steps import Steps, carried, drive, driven
 from .values import checked, positive
 from .windows import RateKey
 
@@ -265,7 +265,7 @@ class Redlock:
     def __repr__(self) -> str:
         return f"<Redlock {len(self.nodes)} nodes quorum={self.quorum} prefix={self.key_prefix!r}>"
 
-    def try_acquire(
+    def _trying(
         self,
         name: str,
         *,
@@ -282,7 +282,7 @@ class Redlock:
         also: Sequence[tuple[str, int]] = (),
         rates: Sequence[RateKey] = (),
         booked: bool = False,
-    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+    ) -> Steps[Lease | Holder | Claim | Finished | TooEarly | RateSlot]:
         """One attempt: the :class:`Lease`, or what is in the way.
 
         On a plain lock with no gate and no rate, an attempt that contenders
@@ -333,41 +333,45 @@ class Redlock:
         """
         positive("ttl", ttl)
         owner = owner or make_owner()
-        rated = None
-        if rates:
-            check_together(self._quorum.nodes, [name, *(k.key for k in rates)], "rates")
-            if self._rates.unsure and not booked:
-                # the last rated round fell short of a quorum: book on its own
-                # (after a read of the nodes), then take the lock
-                booking = self._rates.reserve(rates)
-                if not booking.due:
-                    return booking
-                if booking.wait > 0:
-                    self.sleep(booking.wait)
-                booked = True
-            rated = RatedRound(self._rates, rates, booked)
-        if limit != 1 or limit.__class__ is not int or also:  # True == 1, but is no limit
-            return self._permits.try_acquire(
-                name,
-                ttl,
-                owner,
-                task_id,
-                receipts,
-                claim,
-                own_claim,
-                throttle,
-                slot,
-                limit,
-                also,
-                (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE),
-                rated,
+        plain = limit == 1 and limit.__class__ is int and not also  # True == 1, but is no limit
+        if plain and not rates:
+            return self._leases.acquiring(
+                name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot
             )
-        steps = self._leases.acquiring(
-            name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot, rated
-        )
-        return drive(self._quorum, steps)
 
-    def acquire(
+        def rated_or_permits() -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+            rated = self._rated(name, rates, booked) if rates else None
+            if isinstance(rated, RateSlot):
+                return rated
+            if plain:
+                steps = self._leases.acquiring(
+                    name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
+                    rated,
+                )  # fmt: skip
+                return drive(self._quorum, steps)
+            return self._permits.try_acquire(
+                name, ttl, owner, task_id, receipts, claim, own_claim, throttle, slot, limit,
+                also, (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE), rated,
+            )  # fmt: skip
+
+        # the sync client's own calls (an asyncio client carries them in a thread)
+        return carried(rated_or_permits)
+
+    def _rated(self, name: str, rates: Sequence[RateKey], booked: bool) -> RatedRound | RateSlot:
+        """The round that books a rated start of ``name``; or, when the last rated
+        round fell short of a quorum, the start booked on its own first (after a
+        read of the nodes): its slot when it is for later."""
+        check_together(self._quorum.nodes, [name, *(k.key for k in rates)], "rates")
+        if self._rates.unsure and not booked:
+            booking = self._rates.reserve(rates)
+            if not booking.due:
+                return booking
+            if booking.wait > 0:
+                self.sleep(booking.wait)
+            booked = True
+        return RatedRound(self._rates, rates, booked)
+
+    def _acquiring(
         self,
         name: str,
         *,
@@ -380,7 +384,7 @@ class Redlock:
         fence: bool = True,
         limit: int = 1,
         also: Sequence[tuple[str, int]] = (),
-    ) -> Lease | None:
+    ) -> Steps[Lease | None]:
         """Take the lock on a quorum (with ``limit`` K > 1, one of its K permits).
 
         Args:
@@ -408,13 +412,15 @@ class Redlock:
             checked("timeout", settings.check_non_negative, timeout)
         positive("ttl", ttl)
 
-        def attempt() -> object:
-            return self.try_acquire(name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also)
+        def attempt() -> Steps[object]:
+            return self._trying(name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also)
 
         if not blocking:
-            once = attempt()
-            return once if isinstance(once, Lease) else None
-        return self._leases.retry(attempt, timeout, retry_delay, retry_delay_max)
+            return _lease_of(attempt())
+        return self._leases.retrying(attempt, timeout, retry_delay, retry_delay_max)
+
+    try_acquire = driven(_trying, "_quorum")
+    acquire = driven(_acquiring, "_quorum")
 
     @contextmanager
     def lock(self, name: str, *, ttl: float, timeout: float | None = None) -> Iterator[Lease]:
@@ -454,3 +460,9 @@ class Redlock:
         """Close this process's idle connections to the nodes (they reopen on use)."""
         for node in self.nodes:
             node.close()
+
+
+def _lease_of(attempt: Steps[object]) -> Steps[Lease | None]:
+    """The lease an attempt returns, or None."""
+    once = yield from attempt
+    return once if isinstance(once, Lease) else None

@@ -9,25 +9,33 @@ generator that yields what it needs from the nodes and receives the answer:
 * :class:`Pause`: wait that many seconds; it receives None;
 * :class:`Unwaited`: write a deletion without waiting for the replies; it
   receives the indexes of the nodes it was not written to (a driver that
-  cannot write unwaited answers "all of them", and the step runs a round).
+  cannot write unwaited answers "all of them", and the step runs a round);
+* :class:`Carried`: a call of the sync client's own (permits, rated starts:
+  rounds not written as steps); it receives the call's result.
 
 Its return value is the primitive's result. :func:`drive` runs it with the
 client's :class:`~.quorum.Quorum` and its sleep, in this thread; the asyncio
 client runs the very same steps with its own rounds and ``asyncio.sleep``
-(:mod:`celery_redlock.core.aio`). The logic is written once.
+(:mod:`celery_redlock.core.aio`). The logic is written once, and so is each
+call's signature: :func:`driven` makes the sync method of a steps method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from typing import Any, TypeVar
+import inspect
+import operator
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .ops import Op
 from .quorum import Quorum
 
-__all__ = ["On", "Pause", "Steps", "Unwaited", "drive"]
+__all__ = ["Carried", "On", "Pause", "Steps", "Unwaited", "carried", "dressed", "drive", "driven"]
 
 T = TypeVar("T")
+S = TypeVar("S")
+C = TypeVar("C", bound=Callable[..., Any])
+P = ParamSpec("P")
 
 #: A primitive's steps, returning its result.
 Steps = Generator[Any, Any, T]
@@ -60,6 +68,15 @@ class Unwaited:
         self.op = op
 
 
+class Carried:
+    """A blocking call of the sync client, made where the driver runs blocking calls."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Callable[[], Any]):
+        self.call = call
+
+
 def drive(q: Quorum, steps: Steps[T]) -> T:
     """Run ``steps`` in this thread: rounds through ``q``, pauses with its sleep."""
     send = steps.send
@@ -74,7 +91,40 @@ def drive(q: Quorum, steps: Steps[T]) -> T:
                 need = send(q.run(need.op, need.nodes, need.timeout))
             elif kind is Unwaited:
                 need = send(q.send(need.op))
+            elif kind is Carried:
+                need = send(need.call())
             else:
                 need = send(q.run(need))
     except StopIteration as done:
         return done.value
+
+
+def carried(call: Callable[[], T]) -> Steps[T]:
+    """The blocking ``call`` as one step (:class:`Carried`)."""
+    return (yield Carried(call))
+
+
+def dressed(call: C, steps_of: Callable[..., Any], qualname: str) -> C:
+    """``call``, the method that drives ``steps_of``'s steps, under ``qualname``
+    with their docstring and signature (returning ``X`` where they return ``Steps[X]``)."""
+    signature = inspect.signature(steps_of)
+    result = signature.return_annotation
+    if isinstance(result, str) and result.startswith("Steps[") and result.endswith("]"):
+        result = result[len("Steps[") : -1]
+    call.__doc__, call.__qualname__ = steps_of.__doc__, qualname
+    call.__signature__ = signature.replace(return_annotation=result)  # type: ignore[attr-defined]
+    return call
+
+
+def driven(
+    steps_of: Callable[Concatenate[S, P], Steps[T]], quorum: str = "quorum"
+) -> Callable[Concatenate[S, P], T]:
+    """The sync method of the steps method ``steps_of``: its arguments and docstring,
+    its steps driven in this thread with the owner's :class:`~.quorum.Quorum`
+    (the attribute ``quorum``)."""
+    quorum_of = operator.attrgetter(quorum)
+
+    def call(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        return drive(quorum_of(self), steps_of(self, *args, **kwargs))
+
+    return dressed(call, steps_of, f"driven({steps_of.__qualname__})")
