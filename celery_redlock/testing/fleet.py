@@ -10,11 +10,23 @@ An ensemble (etcd, ZooKeeper) is one lock node of several members.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 M = TypeVar("M")
 G = TypeVar("G", bound="Group[Any]")
+
+
+@contextmanager
+def closed_on_error(group: Any) -> Iterator[None]:
+    """Close ``group`` (what of it was made) if the block fails, and raise on."""
+    try:
+        yield
+    except BaseException:
+        group.close()
+        raise
 
 
 class Group(Generic[M]):
@@ -70,12 +82,9 @@ class Fleet(Group[M]):
     def _fill(self, n: int, make: Callable[[], M]) -> None:
         """Make ``n`` members; if one fails, close those made and raise."""
         self.members = []
-        try:
+        with closed_on_error(self):
             for _ in range(n):
                 self.members.append(make())
-        except BaseException:
-            self.close()
-            raise
 
     @property
     def urls(self) -> list[str]:
@@ -139,21 +148,43 @@ class EnsembleFleet(ServerFleet[M]):
 
 
 class Ensemble(Group[M]):
-    """One lock node of several members, their data under ``dir``: a subclass
-    provides ``start()``, which starts the members not running."""
+    """One lock node of several members (each with ``endpoint``), its URL
+    ``scheme://`` with them all, their data under ``dir``: a subclass provides
+    ``start()``, which starts the members not running."""
 
     dir: str
+    scheme: str
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://" + ",".join(m.endpoint for m in self._all())
 
     def start(self) -> Any:
         raise NotImplementedError
 
     def _begin(self, start: bool) -> None:
         if start:
-            try:
+            with closed_on_error(self):
                 self.start()
-            except BaseException:
-                self.close()
-                raise
+
+    def _wait_ready(
+        self, ready: Callable[[list[Any]], bool], what: str, timeout: float, interval: float
+    ) -> None:
+        """Wait until ``ready`` (given the members up) says so.
+
+        Raises:
+            RuntimeError: not by ``timeout``, or every member died; with their logs' tails.
+        """
+        deadline = time.monotonic() + timeout
+        while not ready([member for member in self._all() if _up(member)]):
+            dead = [m for m in self._all() if m._proc is not None and not m.is_running]
+            if time.monotonic() > deadline or len(dead) == len(self._all()):
+                tails = "\n".join(f"{m!r}:\n{m.log_tail()}" for m in self._all())
+                raise RuntimeError(f"{what} did not become ready:\n{tails}")
+            time.sleep(interval)
 
     def started_here(self) -> bool:
         return all(member.started_here() for member in self._all())

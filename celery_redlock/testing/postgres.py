@@ -397,7 +397,7 @@ class PostgresServers(ServerFleet[PostgresServer]):
         return super().keys(_like(pattern))
 
 
-_live: Live[PostgresServer] = Live(lambda: close_all())
+_live: Live[PostgresServer] = Live()
 
 
 def close_all() -> None:

@@ -7,7 +7,6 @@ import atexit
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -21,18 +20,17 @@ def tmp_root() -> str | None:
 
 class Live(set[T]):
     """The servers of one kind this process started. At the first one it
-    registers ``close_all`` to run at exit, and that a forked child forgets
+    registers :meth:`close_mine` to run at exit, and that a forked child forgets
     its parent's (nothing is registered at import)."""
 
-    def __init__(self, close_all: Callable[[], None]) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._close_all = close_all
         self._armed = False
 
     def add(self, server: T) -> None:
         if not self._armed:
             self._armed = True
-            atexit.register(self._close_all)
+            atexit.register(self.close_mine)
             os.register_at_fork(after_in_child=self.clear)
         super().add(server)
 

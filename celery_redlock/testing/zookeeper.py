@@ -18,10 +18,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from typing import Any
 
-from .fleet import Ensemble, EnsembleFleet
+from .fleet import Ensemble, EnsembleFleet, closed_on_error
 from .nodes import HOST, free_port
 from .process import Live, Member, tmp_root
 from .zookeeper_keys import Keys
@@ -122,18 +121,13 @@ class ZookeeperMember(Member):
 class ZookeeperEnsemble(Ensemble[ZookeeperMember]):
     """One ZooKeeper ensemble of ``size`` members on 127.0.0.1: one lock node (``.url``)."""
 
+    scheme = "zookeeper"
+
     def __init__(self, size: int = 1, *, start: bool = True):
         self.dir = tempfile.mkdtemp(prefix="celery-redlock-zk-", dir=tmp_root())
         self.members = [ZookeeperMember(i + 1, self.dir) for i in range(size)]
         _live.add(self)
         self._begin(start)
-
-    def __repr__(self) -> str:
-        return f"<ZookeeperEnsemble {self.url}>"
-
-    @property
-    def url(self) -> str:
-        return "zookeeper://" + ",".join(m.endpoint for m in self.members)
 
     @property
     def urls(self) -> list[str]:
@@ -141,31 +135,26 @@ class ZookeeperEnsemble(Ensemble[ZookeeperMember]):
 
     def start(self, timeout: float = START_TIMEOUT) -> ZookeeperEnsemble:
         """Start every member that is not running (data kept) and wait for a leader."""
-        servers = []
-        if len(self.members) > 1:
-            servers = [
-                f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in self.members
-            ]
         for member in self.members:
             member.resume()
-            member.launch(servers)
+            member.launch(self.servers())
         self.wait_ready(timeout)
         return self
 
+    def servers(self) -> list[str]:
+        """The ``server.N`` lines of the members' config (none when standalone)."""
+        if len(self.members) == 1:
+            return []
+        return [f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in self.members]
+
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            up = [m for m in self.members if m.is_running and not m.is_paused]
+        def ready(up: list[ZookeeperMember]) -> bool:
             modes = [m.mode() for m in up]
-            if any(mode in ("leader", "standalone") for mode in modes) and (
+            return any(mode in ("leader", "standalone") for mode in modes) and (
                 sum(mode is not None for mode in modes) > len(self.members) // 2
-            ):
-                return
-            dead = [m for m in self.members if m._proc is not None and not m.is_running]
-            if time.monotonic() > deadline or len(dead) == len(self.members):
-                tails = "\n".join(f"{m!r}:\n{m.log_tail()}" for m in self.members)
-                raise RuntimeError(f"ZooKeeper ensemble did not become ready:\n{tails}")
-            time.sleep(0.05)
+            )
+
+        self._wait_ready(ready, "ZooKeeper ensemble", timeout, 0.05)
 
     def leader(self) -> int:
         """The index of the member that leads now."""
@@ -223,29 +212,20 @@ class ZookeeperEnsembles(EnsembleFleet[ZookeeperEnsemble]):
 
     def __init__(self, n: int = 1, size: int = 1):
         self.members = []
-        try:
+        with closed_on_error(self):
             for _ in range(n):
                 self.members.append(ZookeeperEnsemble(size, start=False))
-            for e in self.members:  # their JVMs start side by side
-                for member in e:
-                    member.launch(
-                        [f"server.{m.myid}={m.host}:{m.peer_port}:{m.election_port}" for m in e]
-                        if size > 1 else []
-                    )  # fmt: skip
-            for e in self.members:
-                e.wait_ready()
-        except BaseException:
-            self.close()
-            raise
+            for ensemble in self.members:  # their JVMs start side by side
+                for member in ensemble:
+                    member.launch(ensemble.servers())
+            for ensemble in self.members:
+                ensemble.wait_ready()
 
     @property
     def ensembles(self) -> list[ZookeeperEnsemble]:
         return self.members
 
 
-_live: Live[ZookeeperEnsemble] = Live(lambda: close_all())
-
-
-def close_all() -> None:
-    """Stop every ZooKeeper ensemble this process started."""
-    _live.close_mine()
+_live: Live[ZookeeperEnsemble] = Live()
+#: Stop every ZooKeeper ensemble this process started.
+close_all = _live.close_mine

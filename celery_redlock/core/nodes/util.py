@@ -3,11 +3,30 @@ password masked, a ``SCAN`` glob as a regular expression, a node's latency."""
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+from urllib.parse import parse_qsl
 
-__all__ = ["glob_regex", "mask_url", "ping_latency"]
+from ..exceptions import ConfigurationError
+
+__all__ = [
+    "OneNode",
+    "PerProcess",
+    "Skip",
+    "glob_regex",
+    "host_ports",
+    "mask_url",
+    "matching",
+    "ping_latency",
+    "refuse_min_replicas",
+    "url_options",
+]
+
+T = TypeVar("T")
 
 # user:password@ (greedy: a password may contain "@"; a "/" or a space ends the
 # URL), and a password given in the query string.
@@ -62,3 +81,101 @@ def ping_latency(node: Any, ask: Any) -> tuple[float, Exception | None]:
         if isinstance(pong, Exception):
             return latency, pong
     return latency, None
+
+
+def matching(pattern: str, names: Iterable[bytes]) -> list[bytes]:
+    """The ``names`` a ``SCAN ... MATCH`` glob matches, in their order."""
+    match = re.compile(glob_regex(pattern), re.DOTALL)
+    return [name for name in names if match.fullmatch(name.decode(errors="replace"))]
+
+
+def host_ports(where: str, netloc: str, port_hint: str) -> list[str]:
+    """The ``host:port,...`` of a URL's ``netloc`` (after any ``user:password@``).
+
+    Raises:
+        ConfigurationError: one is not host:port (``port_hint`` says which port
+            it should be), or there is none; ``where`` names the node.
+    """
+    hosts = [h for h in netloc.rsplit("@", 1)[-1].split(",") if h]
+    for hostport in hosts:
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(f"{where}: {hostport!r} must be host:port ({port_hint})")
+    if not hosts:
+        raise ConfigurationError(f"{where}: no host:port in the URL")
+    return hosts
+
+
+def url_options(where: str, query: str, known: Sequence[str]) -> dict[str, str]:
+    """A URL's query options, refusing one not ``known`` (``where`` names the node)."""
+    options = dict(parse_qsl(query))
+    unknown = set(options) - set(known)
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(known)})"
+        )
+    return options
+
+
+def refuse_min_replicas(where: str, min_replicas: int, why: str) -> None:
+    """Refuse ``redlock_min_replicas`` on a node it cannot apply to, saying ``why``."""
+    if min_replicas:
+        raise ConfigurationError(f"{where}: redlock_min_replicas does not apply ({why})")
+
+
+class OneNode:
+    """A lock node that is one server or one ensemble, not a cluster's shards:
+    the one member a scan visits is itself."""
+
+    name: str
+    cluster = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def members(self) -> list[Any]:
+        return [self]
+
+
+class PerProcess(Generic[T]):
+    """What this process's nodes of one server share (a session, a store), by key,
+    made at first use. A forked child gets a new lock and passes the table to
+    ``forked`` (by default it forgets the parent's: their sockets are the parent's)."""
+
+    def __init__(self, forked: Callable[[dict[Any, T]], None] = dict.clear) -> None:
+        self.table: dict[Any, T] = {}
+        self.lock = threading.Lock()
+        self._forked = forked
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self.lock = threading.Lock()  # a thread of the parent may have held it
+        self._forked(self.table)
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
+        with self.lock:
+            got = self.table.get(key)
+            if got is None:
+                got = self.table[key] = make()
+            return got
+
+    def pop(self, key: Hashable) -> T | None:
+        with self.lock:
+            return self.table.pop(key, None)
+
+
+class Skip:
+    """A node skipped for ``seconds`` after a call timed out: its calls fail at
+    once (the call that follows a timed-out one, a failed acquire's release,
+    costs nothing more), and the next round asks again."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds, self.until = seconds, 0.0
+
+    def check(self, name: str) -> None:
+        """Raises TimeoutError, naming the node, while it is skipped."""
+        if time.monotonic() < self.until:
+            raise TimeoutError(f"{name}: skipped for a while after a call timed out")
+
+    def timed_out(self) -> None:
+        self.until = time.monotonic() + self.seconds

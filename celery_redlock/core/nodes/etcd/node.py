@@ -23,11 +23,12 @@ import os
 import ssl
 import threading
 import time
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import mask_url
+from ..util import OneNode, Skip, host_ports, refuse_min_replicas, url_options
 from ..virtual.store import Store
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
@@ -37,10 +38,6 @@ __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
 DEFAULT_MIN_TTL = 2
 #: Seconds a member that timed out is passed over while another is tried first.
 _SKIP = 5.0
-#: Seconds a node none of whose members answered a call in time is skipped
-#: (its calls fail at once): the call that follows a timed-out one (a failed
-#: acquire's release) costs nothing more, and the next round asks again.
-SKIP_AFTER_TIMEOUT = 1.0
 
 
 class NodeError(_NodeError):
@@ -55,7 +52,7 @@ def unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
-class EtcdNode:
+class EtcdNode(OneNode):
     """One etcd cluster (its members' client endpoints) as one lock node.
 
     Args:
@@ -69,7 +66,6 @@ class EtcdNode:
     """
 
     kind = "etcd"
-    cluster = False
     #: Its keys as the store verbs see them (set by the kind's ``make``).
     store: Store
 
@@ -77,31 +73,16 @@ class EtcdNode:
         self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
     ):
         self.name = mask_url(url)
+        where = f"etcd node {self.name}"
         parts = urlsplit(url)
-        if min_replicas:
-            raise ConfigurationError(
-                f"etcd node {self.name}: redlock_min_replicas does not apply (every etcd "
-                "write is committed by a majority of the cluster's members before it answers)"
-            )
-        hosts = parts.netloc.rsplit("@", 1)[-1]
-        self.endpoints: list[str] = []
-        for hostport in filter(None, hosts.split(",")):
-            host, _, port = hostport.rpartition(":")
-            if not host or not port.isdigit():
-                raise ConfigurationError(
-                    f"etcd node {self.name}: {hostport!r} must be host:port "
-                    "(etcd's client port, usually 2379)"
-                )
-            self.endpoints.append(f"{host}:{port}")
-        if not self.endpoints:
-            raise ConfigurationError(f"etcd node {self.name}: no host:port in the URL")
-        options = dict(parse_qsl(parts.query))
-        unknown = set(options) - {"prefix", "ca", "cert", "key"}
-        if unknown:
-            raise ConfigurationError(
-                f"etcd node {self.name}: unknown option(s) {', '.join(sorted(unknown))} "
-                "(known: prefix, ca, cert, key)"
-            )
+        refuse_min_replicas(
+            where,
+            min_replicas,
+            "every etcd write is committed by a majority of the cluster's members "
+            "before it answers",
+        )
+        self.endpoints = host_ports(where, parts.netloc, "etcd's client port, usually 2379")
+        options = url_options(where, parts.query, ("prefix", "ca", "cert", "key"))
         self.tls = parts.scheme == "etcds"
         self.prefix = options.get("prefix", "redlock/").encode()
         self.ca, self.cert, self.key = options.get("ca"), options.get("cert"), options.get("key")
@@ -117,16 +98,9 @@ class EtcdNode:
         self._skip: dict[str, float] = {}
         self._checked = False
         self._ssl: ssl.SSLContext | None = None
-        self._skip_until = 0.0
+        self._skip_after_timeout = Skip()
         self._token: str | None = None
         self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"<EtcdNode {self.name}>"
-
-    def members(self) -> list[EtcdNode]:
-        """The servers a scan visits: this cluster."""
-        return [self]
 
     def close(self) -> None:
         conns = getattr(self._local, "conns", None)
@@ -203,14 +177,13 @@ class EtcdNode:
             TimeoutError: no member answered in time.
             NodeError: every member refused, or the cluster answered an error.
         """
-        if time.monotonic() < self._skip_until:
-            raise TimeoutError(f"{self.name}: skipped for a while after a call timed out")
+        self._skip_after_timeout.check(self.name)
         try:
             if not self._checked:
                 self._check(deadline)
             return self._post(path, body, deadline)
         except TimeoutError:
-            self._skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT
+            self._skip_after_timeout.timed_out()
             raise
         except NodeError as exc:
             if self.user is None or "invalid auth token" not in str(exc):

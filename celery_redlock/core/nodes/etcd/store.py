@@ -17,15 +17,14 @@ never a client clock's.
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import glob_regex
+from ..util import matching
 from ..virtual.keyspace import Entry, decode, encode
-from ..virtual.store import Cache, Store, Version
+from ..virtual.store import Cache, Store, Version, cursor_after, cursor_start
 from .node import EtcdNode, NodeError, b64, unb64
 
 __all__ = ["EtcdStore", "Leases"]
@@ -147,7 +146,7 @@ class EtcdStore:
         before the bytes keeps their leading zero bytes)."""
         prefix = self.node.prefix
         head = prefix + _literal_head(pattern).encode()
-        start = head + cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:]
+        start = head + cursor_start(cursor)
         got = self.node.post(
             "kv/range",
             {"key": b64(start), "range_end": b64(_range_end(head)), "keys_only": True,
@@ -156,11 +155,8 @@ class EtcdStore:
         )  # fmt: skip
         keys = [unb64(kv["key"]) for kv in got.get("kvs", [])]
         page, after = keys[:count], keys[count:]
-        match = re.compile(glob_regex(pattern), re.DOTALL)
-        names = [k[len(prefix) :] for k in page]
-        names = [n for n in names if match.fullmatch(n.decode(errors="replace"))]
-        following = int.from_bytes(b"\x01" + after[0][len(head) :], "big") if after else 0
-        return following, names
+        following = cursor_after(after[0][len(head) :]) if after else 0
+        return following, matching(pattern, [k[len(prefix) :] for k in page])
 
 
 def _verbs(store: EtcdStore) -> Store:

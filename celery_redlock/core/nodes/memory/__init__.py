@@ -14,8 +14,6 @@ operation is done, its reply never comes) and a clock offset.
 
 from __future__ import annotations
 
-import os
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,12 +23,13 @@ from urllib.parse import urlsplit
 from ...exceptions import ConfigurationError
 from ...records import NodeInfo
 from ...values import error_text
-from .. import glob_regex, ping_latency
+from .. import ping_latency
 from ..kind import Ask
-from ..virtual import Call, VirtualKind
+from ..util import OneNode, PerProcess, matching, refuse_min_replicas
+from ..virtual import Call
 from ..virtual.keyspace import Entry
-from ..virtual.scripting import warm
-from ..virtual.store import Store, Version
+from ..virtual.kinds import NodeKind
+from ..virtual.store import Store, Version, expired
 
 __all__ = ["KIND", "Faults", "MemoryKind", "MemoryNode", "MemoryStore", "NodeError", "store_of"]
 
@@ -83,12 +82,10 @@ class MemoryStore:
 
     def _live(self, key: bytes, now_ms: float) -> Version:
         got = self.keys.get(key)
-        if got is None:
-            return 0, None
-        if got[1].px is not None and (got[1].expire or 0) <= now_ms:
+        if got is not None and expired(got[1], now_ms):
             del self.keys[key]  # expired on the node's clock
             return 0, None
-        return got
+        return got or (0, None)
 
     def read(self, keys: Sequence[bytes], deadline: float) -> dict[bytes, Version]:
         now_ms = self.clock() * 1000
@@ -118,13 +115,11 @@ class MemoryStore:
         self, pattern: str, cursor: int, count: int, deadline: float
     ) -> tuple[int, list[bytes]]:
         """``count`` keys from the ``cursor``-th (in key order), those matching ``pattern``."""
-        match = re.compile(glob_regex(pattern), re.DOTALL)
         now_ms = self.clock() * 1000
         with self.lock:
             names = sorted(k for k in list(self.keys) if self._live(k, now_ms)[1] is not None)
-        page = names[cursor : cursor + count]
         following = cursor + count if cursor + count < len(names) else 0
-        return following, [n for n in page if match.fullmatch(n.decode(errors="replace"))]
+        return following, matching(pattern, names[cursor : cursor + count])
 
     def ping(self, deadline: float) -> None:
         """Always answers (the faults are met before a call)."""
@@ -138,36 +133,25 @@ def _verbs(store: MemoryStore) -> Store:
     return store  # mypy checks here that a MemoryStore has the store verbs
 
 
-_stores: dict[str, MemoryStore] = {}
-_stores_lock = threading.Lock()
-
-
-def _forked() -> None:
+def _new_locks(stores: dict[str, MemoryStore]) -> None:
     """A forked child keeps a copy of the keys, and new locks (a thread of the
     parent may have held one at the fork)."""
-    global _stores_lock
-    _stores_lock = threading.Lock()
-    for store in _stores.values():
+    for store in stores.values():
         store.lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forked)
+_stores: PerProcess[MemoryStore] = PerProcess(_new_locks)
 
 
 def store_of(name: str) -> MemoryStore:
     """The store of the memory node ``name`` in this process (made at first use)."""
-    with _stores_lock:
-        store = _stores.get(name)
-        if store is None:
-            store = _stores[name] = MemoryStore(name)
-        return store
+    return _stores.get(name, lambda: MemoryStore(name))
 
 
-class MemoryNode:
+class MemoryNode(OneNode):
     """A handle on the memory node its URL names (``memory://NAME``)."""
 
     kind = "memory"
-    cluster = False
 
     def __init__(
         self, url: str, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
@@ -177,40 +161,25 @@ class MemoryNode:
             raise ConfigurationError(
                 f"memory node URL {url!r} must be memory://NAME (a name, no path or options)"
             )
-        if min_replicas:
-            raise ConfigurationError(
-                f"memory node {url}: redlock_min_replicas does not apply (it has no replicas)"
-            )
+        refuse_min_replicas(f"memory node {url}", min_replicas, "it has no replicas")
         self.name = url
         self.identity = ("memory", parts.netloc)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.store = store_of(parts.netloc)
 
-    def __repr__(self) -> str:
-        return f"<MemoryNode {self.name}>"
-
-    def members(self) -> list[MemoryNode]:
-        return [self]
-
     def close(self) -> None:
         """Nothing to close: the store stays for the other nodes of its name."""
 
 
-class MemoryKind(VirtualKind):
+class MemoryKind(NodeKind):
     """Memory nodes (see the module's docstring)."""
 
     schemes = ("memory",)
+    node_class = MemoryNode
     # a call is a dict's read and write under a lock: Redis's defaults suit it
     node_timeout = 0.05
     connect_timeout = 1.0
-
-    def make(
-        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
-    ) -> MemoryNode:
-        node = MemoryNode(spec, timeout, min_replicas, connect_timeout)
-        warm("memory")
-        return node
 
     def inline(self, nodes: Sequence[Any]) -> bool:
         """One after another, unless a node's call may wait (a fault)."""

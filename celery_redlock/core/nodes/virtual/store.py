@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from .keyspace import Entry, ScriptError, View
 
-__all__ = ["Cache", "Store", "Version", "execute"]
+__all__ = ["Cache", "Store", "Version", "cursor_after", "cursor_start", "execute", "expired"]
 
 #: A key's version (0: absent) and entry (None: absent).
 Version = tuple[int, "Entry | None"]
@@ -136,3 +136,19 @@ def execute(
         versions = dict(stale)
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{store.name}: no reply in time (its keys kept changing)")
+
+
+def cursor_start(cursor: int) -> bytes:
+    """The key name a ``SCAN`` cursor of :func:`cursor_after` goes on from (0: the start)."""
+    return cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:]
+
+
+def cursor_after(name: bytes) -> int:
+    """A ``SCAN`` cursor that goes on from ``name``: a number, as Redis's cursors
+    are (``0x01`` before the bytes keeps their leading zero bytes; never 0)."""
+    return int.from_bytes(b"\x01" + name, "big")
+
+
+def expired(entry: Entry | None, now_ms: float) -> bool:
+    """Whether ``entry`` has a TTL whose deadline ``now_ms`` has reached."""
+    return entry is not None and entry.px is not None and (entry.expire or 0) <= now_ms

@@ -1,10 +1,8 @@
 """The ZooKeeper kind of lock node: ``zookeeper://host:port[,host:port...][/chroot]``.
 
-One ensemble is one lock node (its members agree among themselves); several
-ensembles make a quorum, and a quorum may mix kinds. A virtual kind
-(:mod:`..virtual`) over kazoo: the store verbs of :mod:`.store`, a commit one
-``multi`` on the keys' versions, a key's expiry a deadline on the ensemble's
-clock, never a session (see the ZooKeeper page of the docs).
+One ensemble is one lock node, a virtual kind (:mod:`..virtual`) over kazoo: the
+store verbs of :mod:`.store`, a key's expiry a deadline on the ensemble's clock,
+never a session (see the ZooKeeper page of the docs).
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ from ...records import NodeInfo, ZookeeperInfo
 from ...values import error_text
 from .. import ping_latency
 from ..kind import Ask
-from ..virtual import Call, VirtualKind
-from ..virtual.scripting import warm
+from ..virtual import Call
+from ..virtual.kinds import NodeKind
 from .node import NodeError, ZookeeperNode
 
 __all__ = ["KIND", "NodeError", "ZookeeperKind", "ZookeeperNode"]
@@ -34,22 +32,16 @@ def _srvr(hostport: str, timeout: float) -> dict[str, str]:
     return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
 
 
-class ZookeeperKind(VirtualKind):
+class ZookeeperKind(NodeKind):
     """ZooKeeper ensembles as lock nodes (see the module's docstring)."""
 
     schemes = ("zookeeper",)
+    node_class = ZookeeperNode
     #: Seconds a call gets by default: a multi waits for a majority's log write,
     #: and an election takes a second or more, when calls are "not answering".
     node_timeout = 2.0
     #: Seconds a new session gets to open by default (a handshake with a member).
     connect_timeout = 2.0
-
-    def make(
-        self, spec: Any, timeout: float, min_replicas: int = 0, connect_timeout: float | None = None
-    ) -> ZookeeperNode:
-        node = ZookeeperNode(spec, timeout, min_replicas, connect_timeout)
-        warm("zookeeper")
-        return node
 
     def round(
         self, nodes: Sequence[Any], call: Call, timeout: float, needed: int | None = None
@@ -60,14 +52,14 @@ class ZookeeperKind(VirtualKind):
 
     def on_node(self, node: Any, call: Call, deadline: float) -> Any:
         """The call in its session's turn, within the node's timeout from then."""
-        node.client(deadline)
-        turn = node.session.turn
-        if not turn.acquire(timeout=max(deadline - time.monotonic(), 0)):
+        store = node.store
+        store.client(deadline, node)
+        if not store.turn.acquire(timeout=max(deadline - time.monotonic(), 0)):
             raise TimeoutError(f"{node.name}: no reply in time (the process's calls queued)")
         try:
             return call(node, min(deadline, time.monotonic() + node.timeout))
         finally:
-            turn.release()
+            store.turn.release()
 
     def node_info(self, node: ZookeeperNode, ask: Ask) -> list[NodeInfo]:
         """PING latency, and each member's mode and version from ``srvr`` (where

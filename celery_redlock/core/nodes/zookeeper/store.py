@@ -1,23 +1,9 @@
-"""The store verbs (:mod:`..virtual.store`) over kazoo: one znode per key.
-
-A key is a child of the node's root znode (its name percent-encoded), its data
-the entry as :func:`~..virtual.keyspace.encode` writes it, its version the
-znode's data version plus one (0: absent). ``read`` is the cache, as etcd's;
-``commit`` is one ``multi``: per key read, a ``check`` of its version or the
-write on it (a key read as absent: a create, and a delete where it is only
-read), and last a write of the root, whose ``mtime`` is the ensemble's clock.
-
-Expiry is a deadline in the key on the ensemble's clock, never a session: a
-write stamps it on the clock's later end (the last commit's ``mtime``, plus the
-time since on this process's monotonic clock, plus that commit's round trip),
-and a key is taken as absent once the earlier end (without the round trip) has
-passed it. So no key expires before its TTL, and a dead or paused holder's lock
-is free within its TTL plus two round trips (the ZooKeeper page of the docs).
-"""
+"""One ensemble's session in this process and the store verbs (:mod:`..virtual.store`)
+over it: a key is a znode under the node's root, its version the znode's data
+version plus one (0: absent), its expiry a deadline on the ensemble's clock."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,14 +11,11 @@ from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 from ...exceptions import NodeError as _NodeError
-from .. import glob_regex
+from ..util import Skip, matching
 from ..virtual.keyspace import Entry, decode, encode
-from ..virtual.store import Cache, Store, Version
+from ..virtual.store import Cache, Store, Version, cursor_after, cursor_start, expired
 
 __all__ = ["NodeError", "ZookeeperStore", "znode_name"]
-
-#: The keys one commit may touch (a multi is one request, under ``jute.maxbuffer``).
-MAX_KEYS = 1000
 
 
 class NodeError(_NodeError):
@@ -45,17 +28,67 @@ def znode_name(key: bytes) -> str:
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
-class ZookeeperStore:
-    """One ensemble's keys under its root znode: a cache, the clock, its multis."""
+class ZookeeperStore(Store):
+    """One ensemble's kazoo session in this process, its keys' cache, its clock,
+    and its turn: a process's calls to one ensemble go one at a time, so its
+    threads never conflict on a commit (a conflict costs two round trips more)."""
 
-    max_keys: int | None = MAX_KEYS
+    #: The keys one commit may touch (a multi is one request, under ``jute.maxbuffer``).
+    max_keys: int | None = 1000
 
-    def __init__(self, node: Any) -> None:  # its ZookeeperNode
-        self.node, self.name, self.cache = node, node.name, Cache()
+    def __init__(self, node: Any) -> None:  # the first ZookeeperNode of the ensemble
+        self.node, self.name, self.root, self.cache = node, node.name, node.root, Cache()
+        self.session: Any = None  # kazoo's client, started at the first call
+        self.skip, self.lock, self.turn = Skip(), threading.Lock(), threading.Lock()
         # the last mtime seen (s), when its reply came (monotonic s), its round trip
         self._mtime, self._at, self._rtt = 0.0, 0.0, 0.0
         self._clock_lock = threading.Lock()
         self.conflicts = 0  # commits that found a key changed, and ran again
+
+    def client(self, deadline: float, node: Any = None) -> Any:
+        """The connected client, a new session getting ``node``'s connect budget
+        (TimeoutError: none in time, or the node is skipped for a while)."""
+        node = node or self.node
+        self.skip.check(node.name)
+        with self.lock:
+            if self.session is None:
+                self.session = node.new_client()
+                self.session.start_async()
+            client = self.session
+        until = time.monotonic() + min(deadline - time.monotonic(), node.connect_timeout or 1e9)
+        while not client.connected:
+            if time.monotonic() >= until:
+                self.skip.timed_out()
+                raise TimeoutError(f"{node.name}: no session in time ({client.state})")
+            time.sleep(0.005)
+        return client
+
+    def wait(self, result: Any, deadline: float) -> Any:
+        """kazoo's async ``result`` by ``deadline`` (TimeoutError: no reply in time;
+        NodeError: the ensemble refused; kazoo's NoNodeError: the znode is absent)."""
+        from kazoo import exceptions as ke
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        try:
+            return result.get(timeout=max(deadline - time.monotonic(), 0.001))
+        except KazooTimeoutError:
+            self.skip.timed_out()
+            raise TimeoutError(f"{self.name}: no reply in time") from None
+        except ke.NoNodeError:
+            raise
+        except ke.KazooException as exc:  # a session lost, or an error reply
+            raise self._error(exc) from None
+
+    def _error(self, exc: Exception) -> NodeError:
+        """kazoo's error ``exc`` as the node's (refused for good where waiting won't cure it)."""
+        from kazoo import exceptions as ke
+
+        if isinstance(exc, ke.NoAuthError):
+            why = "not allowed (the keys' ACL is another user's: user:password@ in the URL)"
+            return NodeError(f"{self.name}: {why}", self.name, heals=False)
+        if isinstance(exc, ke.AuthFailedError):
+            return NodeError(f"{self.name}: authentication failed", self.name, heals=False)
+        return NodeError(f"{self.name}: {type(exc).__name__} {exc}".rstrip())
 
     def clock(self) -> float:
         """The ensemble's time, never behind it: what a deadline and ``TIME`` take."""
@@ -72,43 +105,30 @@ class ZookeeperStore:
                 self._mtime, self._at = mtime_ms / 1000, got
             self._rtt = got - sent
 
-    def _sync(self, deadline: float) -> None:
-        from kazoo.exceptions import NoNodeError
-
-        client, root = self.node.client(deadline), self.node.root
-        sent = time.monotonic()
-        try:
-            stat = self.node.wait(client.set_async(root, b""), deadline)
-        except NoNodeError:  # flushed away: made again
-            self.node.wait(client.ensure_path_async(root), deadline)
-            sent = time.monotonic()
-            stat = self.node.wait(client.set_async(root, b""), deadline)
-        self._learn_time(stat.mtime, sent)
-
     def expire(self, entry: Entry, deadline: float) -> None:
         """The deadline the view stamped on :meth:`clock` is the expiry; marked, so
         a write that keeps the TTL keeps it."""
         entry.lease = 1
 
     def _live(self, version: Version) -> Version:
-        rev, entry = version
-        if entry is not None and entry.px is not None:
-            if (entry.expire or 0) <= self._past() * 1000:
-                return rev, None  # expired: absent, at its version
-        return rev, entry
+        """``version``, or absent at its version once expired on the ensemble's clock."""
+        return (version[0], None) if expired(version[1], self._past() * 1000) else version
 
     def read(self, keys: Sequence[bytes], deadline: float) -> dict[bytes, Version]:
-        if not self._at:
-            self._sync(deadline)
+        while not self._at:  # the ensemble's time first: a commit of the root alone
+            self.commit({}, {}, deadline)  # (again if the root was missing: now made)
         return {key: self._live(v) for key, v in self.cache.read(keys).items()}
 
     def _path(self, key: bytes) -> str:
-        return f"{self.node.root}/{znode_name(key)}"
+        return f"{self.root}/{znode_name(key)}"
 
     def commit(
         self, reads: Mapping[bytes, int], writes: Mapping[bytes, Entry | None], deadline: float
     ) -> dict[bytes, Version] | None:
-        client = self.node.client(deadline)
+        """One multi: per key read, a ``check`` of its version or the write on it
+        (a key read as absent: a create, and a delete where it is only read), and
+        last a write of the root, whose ``mtime`` is the ensemble's clock."""
+        client = self.client(deadline)
         txn = client.transaction()
         learned: dict[bytes, Version] = {}
         for key, rev in reads.items():
@@ -129,20 +149,26 @@ class ZookeeperStore:
             else:
                 txn.create(path, encode(entry))
             learned[key] = (rev + 1, stored)
-        txn.set_data(self.node.root, b"")
+        txn.set_data(self.root, b"")
         sent = time.monotonic()
-        results = self.node.wait(txn.commit_async(), deadline)
+        results = self.wait(txn.commit_async(), deadline)
         failed = [r for r in results if isinstance(r, Exception)]
         if not failed:
             self._learn_time(results[-1].mtime, sent)
             self.cache.learn(learned)
             return None
-        _refusal(self.node, failed)
+        from kazoo import exceptions as ke
+
+        stale = (ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
+                 ke.RuntimeInconsistency)  # fmt: skip
+        for exc in failed:
+            if not isinstance(exc, stale):
+                raise self._error(exc)
         self.conflicts += 1
-        root = client.exists_async(self.node.root)  # flushed away? asked beside the reads
+        root = client.exists_async(self.root)  # flushed away? asked beside the reads
         fresh = self._fetch(list(reads), deadline)
-        if self.node.wait(root, deadline) is None:
-            self.node.wait(client.ensure_path_async(self.node.root), deadline)
+        if self.wait(root, deadline) is None:
+            self.wait(client.ensure_path_async(self.root), deadline)
         self.cache.learn(fresh)
         return {key: self._live(v) for key, v in fresh.items()}
 
@@ -150,12 +176,12 @@ class ZookeeperStore:
         """The keys as the ensemble has them now (one round trip, pipelined)."""
         from kazoo.exceptions import NoNodeError
 
-        client = self.node.client(deadline)
+        client = self.client(deadline)
         pending = [(key, client.get_async(self._path(key))) for key in keys]
         out: dict[bytes, Version] = {}
         for key, result in pending:
             try:
-                data, stat = self.node.wait(result, deadline)
+                data, stat = self.wait(result, deadline)
             except NoNodeError:
                 out[key] = (0, None)
                 continue
@@ -170,23 +196,20 @@ class ZookeeperStore:
     def scan(
         self, pattern: str, cursor: int, count: int, deadline: float
     ) -> tuple[int, list[bytes]]:
-        """``count`` keys from the cursor's name on (the name as a number, 0: from
-        the start, so keys deleted meanwhile move no other out of the scan), the
-        live ones matching ``pattern``; an expired key met is deleted."""
+        """``count`` keys from the cursor's name on (keys deleted meanwhile move no
+        other out of the scan), the live ones matching ``pattern``; an expired key
+        met is deleted."""
         from kazoo.exceptions import NoNodeError
 
-        client = self.node.client(deadline)
+        client = self.client(deadline)
         try:
-            names = sorted(self.node.wait(client.get_children_async(self.node.root), deadline))
+            names = sorted(self.wait(client.get_children_async(self.root), deadline))
         except NoNodeError:
             return 0, []
-        start = cursor.to_bytes((cursor.bit_length() + 7) // 8, "big")[1:].decode()
+        start = cursor_start(cursor).decode()
         names = [n for n in names if n >= start]
-        after = names[count:]
-        following = int.from_bytes(b"\x01" + after[0].encode(), "big") if after else 0
-        match = re.compile(glob_regex(pattern), re.DOTALL)
-        page = [unquote_to_bytes(n) for n in names[:count]]
-        wanted = [k for k in page if match.fullmatch(k.decode(errors="replace"))]
+        following = cursor_after(names[count].encode()) if len(names) > count else 0
+        wanted = matching(pattern, [unquote_to_bytes(n) for n in names[:count]])
         out = []
         for key, (rev, entry) in self._fetch(wanted, deadline).items():
             if rev and self._live((rev, entry))[1] is None:
@@ -196,21 +219,4 @@ class ZookeeperStore:
         return following, out
 
     def ping(self, deadline: float) -> None:
-        self.node.wait(self.node.client(deadline).exists_async(self.node.root), deadline)
-
-
-def _refusal(node: Any, failed: list[Exception]) -> None:
-    """Raise a failed multi's error unless it is a conflict (a stale version)."""
-    from kazoo import exceptions as ke
-
-    stale = (ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
-             ke.RuntimeInconsistency)  # fmt: skip
-    for exc in failed:
-        if isinstance(exc, ke.NoAuthError):
-            raise NodeError(f"{node.name}: not allowed (the keys' ACL)", node.name, heals=False)
-        if not isinstance(exc, stale):
-            raise NodeError(f"{node.name}: {type(exc).__name__} {exc}")
-
-
-def _verbs(store: ZookeeperStore) -> Store:
-    return store  # mypy checks here that a ZookeeperStore has the store verbs
+        self.wait(self.client(deadline).exists_async(self.root), deadline)
