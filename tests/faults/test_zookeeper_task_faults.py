@@ -6,7 +6,6 @@ the lock node (the deployment docs/zookeeper.rst advises)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +20,7 @@ from tests.faults.test_task_faults import (  # noqa: F401 - fixtures and tests r
 )
 from tests.support import harness
 from tests.support.harness import Topology
+from tests.support.postgres import require
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -29,11 +29,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 def topology() -> Iterator[Topology]:
     from celery_redlock.testing.zookeeper import zookeeper_missing
 
-    why = zookeeper_missing()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(why + "; CI=true requires it")
-        pytest.skip(why)
+    require(zookeeper_missing())
     # The tasks keep lockapp's TTLs (1.5 s for the frozen holders): ZooKeeper has no
     # floor under a TTL, and a paused holder's key is free within its TTL plus two
     # round trips of its last renewal (docs/zookeeper.rst, "Expiry"), so the bounds
