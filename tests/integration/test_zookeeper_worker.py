@@ -1,8 +1,9 @@
-"""A prefork worker whose one lock node is a ZooKeeper ensemble of three members
-(the deployment of a team that already runs ZooKeeper for Kafka or HBase): the
+"""A prefork worker whose lock nodes are ZooKeeper: one ensemble of three members
+(the deployment of a team that already runs ZooKeeper for Kafka or HBase), and
+three one-member ensembles (three lock nodes, a Redlock quorum of 2 of 3). The
 etcd worker module's tests, which are the plain suites' own tests of locked,
 retried, claimed, debounced, permit-limited and rated tasks, run here
-unchanged (imported, not copied) on that node. After the module no lock key is
+unchanged (imported, not copied) on each. After each topology no lock key is
 left, and every claim, schedule and receipt key expires, as on Redis.
 """
 
@@ -38,8 +39,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 PREFIX = "crl-zk"
 
 
-@pytest.fixture(scope="module")
-def topology():
+#: (ensembles, members of each), by the ids of tests/support/kinds.py's node sets.
+SHAPES = {"1zookeeper": (1, 3), "3zookeeper": (3, 1)}
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def topology(request: pytest.FixtureRequest):
     from celery_redlock.testing.zookeeper import zookeeper_missing
 
     why = zookeeper_missing()
@@ -47,6 +52,7 @@ def topology():
         if os.environ.get("CI") == "true":
             pytest.fail(why + "; CI=true requires it")
         pytest.skip(why)
-    with harness.make_topology(PREFIX, zookeeper=True) as topo:
+    shape = SHAPES[request.param]
+    with harness.make_topology(PREFIX, zookeeper=True, zookeeper_shape=shape) as topo:
         yield topo
         topo.assert_nothing_left()

@@ -374,17 +374,19 @@ def make_topology(
     postgres: bool = False,
     etcd: bool = False,
     zookeeper: bool = False,
+    zookeeper_shape: tuple[int, int] = (1, 3),
 ) -> Topology:
     """The hub and the lock nodes: three masters, three Redis Clusters of three
     masters each, (``postgres``) one PostgreSQL server alone, (``etcd``) one
-    etcd cluster of one member alone, or (``zookeeper``) one ZooKeeper ensemble
-    of three members."""
+    etcd cluster of one member alone, or (``zookeeper``) ZooKeeper ensembles,
+    ``zookeeper_shape`` (how many, members in each): one of three by default."""
     hub = RedisNode()
     try:
         if zookeeper:
             from celery_redlock.testing.zookeeper import ZookeeperEnsembles
 
-            quorum: Any = ZookeeperEnsembles(1, size=3)
+            ensembles, members = zookeeper_shape
+            quorum: Any = ZookeeperEnsembles(ensembles, size=members)
         elif etcd:
             from celery_redlock.testing.etcd import EtcdClusters
 
