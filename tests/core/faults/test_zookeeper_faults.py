@@ -215,3 +215,35 @@ def _clients(member) -> int:
     text = four_letters(member.endpoint, b"mntr")
     alive = next(line for line in text.splitlines() if "num_alive_connections" in line)
     return int(alive.split()[-1]) - 1
+
+
+# kazoo's connection thread raises as it ends: the fault itself, not the test's.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_reply_lost_on_the_way_costs_one_call_not_the_node(zookeeper_nodes3):
+    """kazoo's connection thread ends for good on the reply after a lost one (its
+    xid is not the one expected): the next call opens a new session instead of
+    waiting on a client that never connects again."""
+    from tests.support import netproxy
+
+    url = zookeeper_nodes3.urls[0]
+    host, _, port = url.split("//", 1)[1].split("/", 1)[0].rpartition(":")
+    proxy = netproxy.NodeProxy(host, int(port))
+    try:
+        rl = Redlock([f"zookeeper://127.0.0.1:{proxy.port}"], node_timeout=1.0)
+        rl.release(rl.acquire("lost-reply", ttl=5))
+        proxy.set(netproxy.REPLY_LOSS)
+        with pytest.raises(QuorumUnavailable):
+            rl.try_acquire("lost-reply", ttl=5)
+        proxy.heal()  # (a grant whose reply was lost stands: its TTL frees it)
+        lease, tried = None, 0
+        deadline = time.monotonic() + 30  # before the fix: never (the client never came back)
+        while lease is None and time.monotonic() < deadline:
+            tried += 1  # a new name each: a call whose reply met the old thread's end
+            try:  # may have taken its lock; the breaker skips the node for a while
+                lease = rl.try_acquire(f"after-the-loss-{tried}", ttl=5)
+            except QuorumUnavailable:
+                time.sleep(0.1)
+        assert isinstance(lease, Lease), f"no grant in 30 s after the heal ({tried} tries)"
+        assert proxy.accepted >= 2  # a new connection, not the old client waking up
+    finally:
+        proxy.close()

@@ -62,8 +62,7 @@ class ZookeeperKind(NodeKind):
             store.turn.release()
 
     def node_info(self, node: ZookeeperNode, ask: Ask) -> list[NodeInfo]:
-        """PING latency, and each member's mode and version from ``srvr`` (where
-        ``4lw.commands.whitelist`` allows it; else ``?``)."""
+        """PING latency, each member's mode and version (``srvr`` where allowed, else ``?``)."""
         latency, down = ping_latency(node, ask)
         if down is not None:
             return [NodeInfo(node.name, error_text(down), latency, kind="zookeeper")]

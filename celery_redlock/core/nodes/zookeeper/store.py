@@ -28,6 +28,13 @@ def znode_name(key: bytes) -> str:
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
+def _loop_ended(client: Any) -> bool:
+    """kazoo's connection thread ended unasked: it does for good on a reply of an
+    unexpected xid (one lost on the way), and the client never connects again."""
+    routine = client._connection._connection_routine
+    return routine is not None and not routine.is_alive() and not client._stopped.is_set()
+
+
 class ZookeeperStore(Store):
     """One ensemble's kazoo session in this process, its keys' cache, its clock,
     and its turn: a process's calls to one ensemble go one at a time, so its
@@ -51,7 +58,7 @@ class ZookeeperStore(Store):
         node = node or self.node
         self.skip.check(node.name)
         with self.lock:
-            if self.session is None:
+            if self.session is None or _loop_ended(self.session):  # a dead one: socket closed
                 self.session = node.new_client()
                 self.session.start_async()
             client = self.session
@@ -106,8 +113,7 @@ class ZookeeperStore(Store):
             self._rtt = got - sent
 
     def expire(self, entry: Entry, deadline: float) -> None:
-        """The deadline the view stamped on :meth:`clock` is the expiry; marked, so
-        a write that keeps the TTL keeps it."""
+        """The deadline stamped on :meth:`clock` is the expiry (kept by a write keeping it)."""
         entry.lease = 1
 
     def _live(self, version: Version) -> Version:
@@ -196,9 +202,8 @@ class ZookeeperStore(Store):
     def scan(
         self, pattern: str, cursor: int, count: int, deadline: float
     ) -> tuple[int, list[bytes]]:
-        """``count`` keys from the cursor's name on (keys deleted meanwhile move no
-        other out of the scan), the live ones matching ``pattern``; an expired key
-        met is deleted."""
+        """The live keys matching ``pattern`` of ``count`` from the cursor's name on (a key
+        deleted meanwhile moves no other out of the scan); an expired key met is deleted."""
         from kazoo.exceptions import NoNodeError
 
         client = self.client(deadline)
