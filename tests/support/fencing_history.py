@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from celery_redlock.core import scripts
+from celery_redlock.core.nodes import scripts
 from celery_redlock.core.nodes.redis.rounds import run_script
 from celery_redlock.redlock import Redlock, make_owner
 

@@ -218,8 +218,7 @@ def test_conflicting_writers_retry_and_the_limit_holds(etcd_node1):
 def test_a_renewal_of_more_leases_than_one_txn_takes_goes_in_parts(etcd_node1):
     """One EXTEND of 250 leases (etcd takes 128 operations a Txn): every one renewed,
     a key not held refused, as in one call on Redis."""
-    from celery_redlock.core import scripts
-    from celery_redlock.core.nodes import scatter
+    from celery_redlock.core.nodes import scatter, scripts
 
     rl = Redlock(etcd_node1.urls, node_timeout=5.0)
     leases = [rl.acquire(f"n{i}", ttl=10, fence=False) for i in range(250)]

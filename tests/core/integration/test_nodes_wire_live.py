@@ -13,7 +13,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from celery_redlock.core.nodes.redis.node import Node
 from celery_redlock.core.nodes.redis.rounds import gather, run_script
-from celery_redlock.core.scripts import Script
+from celery_redlock.core.nodes.scripts import Script
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from celery_redlock.core import scripts
-from celery_redlock.core.nodes import command, node_for, scatter
+from celery_redlock.core.nodes import command, node_for, scatter, scripts
 from celery_redlock.testing.memory import MemoryNodes
 from tests.support.kinds import NODE_SETS
 from tests.support.pg_nodes import TTL_SLACK, pg_urls, same_reply

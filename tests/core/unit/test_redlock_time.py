@@ -23,9 +23,9 @@ from celery_redlock.core import (
     Redlock,
     full_jitter,
     make_owner,
-    scripts,
 )
 from celery_redlock.core.nodes import redis as redis_kind
+from celery_redlock.core.nodes import scripts
 from celery_redlock.core.nodes.redis import first as redis_first
 from celery_redlock.exceptions import LockLost, QuorumUnavailable
 

@@ -4,7 +4,7 @@ One database is one lock node. Its keys live in a table of a schema of its
 own, with Redis's semantics (strings, hashes, sorted sets; expiry on the
 server's clock, ``clock_timestamp()``), and each operation is a PL/pgSQL
 function written as the Lua script of the same name
-(:mod:`celery_redlock.core.scripts`), so it answers with the same values. A
+(:mod:`celery_redlock.core.nodes.scripts`), so it answers with the same values. A
 call is one statement in its own transaction, which first takes a
 transaction-scoped advisory lock on each of its keys: the calls on one key
 run one after another, as scripts do on Redis. The two calls of every lock

@@ -41,8 +41,8 @@ from redis.exceptions import RedisError
 from ...connect import connector
 from ...exceptions import ConfigurationError
 from ...keyspace import tagged
-from ...scripts import Script
 from .. import mask_url
+from ..scripts import Script
 from .node import Node
 from .urls import client_for
 

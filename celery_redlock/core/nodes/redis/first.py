@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ... import scripts
-from ...scripts import Script
+from .. import scripts
+from ..scripts import Script
 from .rounds import gather, run_script
 
 __all__ = ["run"]

@@ -26,7 +26,7 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import AskError, NoScriptError
 
-from ...scripts import Script
+from ..scripts import Script
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .collect import collect, read_other
 from .node import Node
