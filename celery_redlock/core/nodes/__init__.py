@@ -1,60 +1,40 @@
-"""Kinds of lock node, and the one protocol the core speaks to all of them.
+"""Kinds of lock node, and the one seam the core speaks to all of them.
 
 A lock node is anything that runs the primitives' operations atomically on the
 names of one key. The core (quorum, lease, fencing, permits, claims, rates,
-the heartbeat, inspection) never sees a kind: it names an operation and gets
-one reply, or the node's error, per node.
+the heartbeat, inspection) never sees a kind: it builds an operation value
+(:mod:`celery_redlock.core.ops`), hands it to :func:`perform` with the nodes,
+and gets one typed result, or the node's error, per node.
 
-**Operations.** An operation is a :class:`~celery_redlock.core.scripts.Script`
-record. Its *name* (``"acquire"``, ``"extend"``, ``"release"``, ...) is what
-every kind dispatches on, and its contract (the keys, the arguments and the
-reply, written above each one in :mod:`celery_redlock.core.scripts`) is what
-every kind implements; the record's Lua text is the Redis kind's own
-implementation. A reply is built from ints, bytes, ``None`` and lists, so every
-kind answers an operation with the same values and the decoders above the
-seam (:mod:`~celery_redlock.core.records`) serve them all. A few plain reads
-go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
-WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
+**Under the seam.** The codec (:mod:`.codec`) is the one place that turns an
+operation into what the kinds run, a Lua script of :mod:`.scripts` with its
+KEYS and ARGV (a plain read: a Redis command), and the kinds' Lua-shaped
+replies back into results, so every kind answers with the same values.
 
 **A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`,
-:mod:`.zookeeper`, :mod:`.memory`) whose ``KIND`` is an instance of a subclass of
-:class:`~.kind.Kind`, the protocol mypy checks every kind against: ``schemes``
-(the URL schemes it takes, which :data:`KINDS` maps to it, as kombu maps URL
-schemes to transports), ``make``, ``accepts``, ``run``, ``command``, ``send``
-and ``node_info``, and where they apply ``ddl``/``install`` (the SQL a node
-needs before use, ``celery redlock schema``), ``check_ttl`` (refuse a TTL its
-nodes cannot honour: etcd's minimum lease TTL) and ``check_together`` (refuse
-names held together that its nodes cannot take in one call: a Redis Cluster's
-hash slots). A kind is imported at its first node, so a kind's client library
-is needed only where its nodes are used. Kinds that can only read and
-conditionally write (etcd, ZooKeeper, memory) share the primitives' semantics in
-:mod:`.virtual`. A kind's ``node_timeout`` and ``connect_timeout`` are its
-defaults, in seconds, where ``redlock_node_timeout`` / ``redlock_connect_timeout``
-are not set: what one call costs there (:func:`default_timeouts`).
+:mod:`.zookeeper`, :mod:`.memory`) whose ``KIND`` implements the protocol of
+:mod:`.kind`, which mypy checks: ``schemes`` (mapped by :data:`SCHEMES` and
+:data:`KINDS`), ``make``, ``accepts``, ``run``, ``command``, ``send``,
+``node_info`` and, where they apply, ``ddl``/``install``, ``check_ttl`` and
+``check_together``. A kind is imported at its first node, so its client library
+is needed only where its nodes are used. Redis runs the scripts itself,
+PostgreSQL runs them rewritten as SQL functions, and the kinds that can only
+read and conditionally write (etcd, ZooKeeper, memory) run the same Lua over a
+few store verbs in :mod:`.virtual`. A kind's ``node_timeout`` and
+``connect_timeout`` are its defaults where the settings are not given
+(:func:`default_timeouts`).
 
-A round (``run``, ``command``) given ``needed`` is decided once that many nodes
-answered: the others get as long again as that took or a quarter of
-``timeout`` (:func:`cut_at`), then a node still connecting or unanswered gets a
-"not answering" error, so a dead minority never holds a round its quorum
-decided (what was sent there is released by the protocol or left to its TTL,
-as for any node that did not answer).
+**Rounds.** A round (``run``, ``command``) given ``needed`` is decided once
+that many nodes answered: the others get until :func:`cut_at`, then are "not
+answering", so a dead minority never holds a round its quorum decided. A
+quorum of one kind is one ``run`` of that kind; a mixed one runs each kind's
+part at once (:func:`scatter`).
 
-A node has ``name`` (its URL, password masked), ``identity`` (equal for two
-specs of one server), ``kind`` (its kind's name, a key of :data:`KINDS`), ``cluster`` (True for
-a Redis Cluster: its keys route by hash slot), ``timeout`` and ``connect_timeout``
-(its effective ones), ``members()`` (the servers a
-``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
-fast the same way: ``timeout`` bounds a call, a new connection gets its
+**Fail-fast.** ``timeout`` bounds a call, a new connection gets its
 ``connect_timeout`` first, nothing retries in the client, a node that keeps
 timing out is skipped for a while, and an unanswered call is "not answering",
-never "free". A write that stands on the node but that its replicas did not
-confirm (``redlock_min_replicas``) is answered as a :class:`NotReplicated`
-error carrying the node's reply.
-
-:func:`scatter` is the one scatter-gather across kinds: a quorum of one kind
-(the common case) is a call of that kind's ``run``; a mixed one runs each
-kind's round at once, the others in threads of
-:func:`~celery_redlock.core.connect.connector`.
+never "free". A write its replicas did not confirm (``redlock_min_replicas``)
+is a :class:`NotReplicated` error carrying the node's reply.
 """
 
 from __future__ import annotations
@@ -164,7 +144,11 @@ NodeSpec = Any
 
 
 class Node(Protocol):
-    """What the core sees of a node of any kind (see the module's docstring)."""
+    """What the core sees of a node of any kind: ``name`` (its URL, password
+    masked), ``identity`` (equal for two specs of one server), ``kind`` (a key of
+    :data:`KINDS`), ``cluster`` (a Redis Cluster: its keys route by hash slot),
+    ``timeout`` and ``connect_timeout`` (its effective ones), ``members()`` (the
+    servers a ``SCAN`` visits: itself, or a cluster's shard masters), ``close()``."""
 
     name: str
     kind: str
