@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import queue
 import re
 import time
@@ -78,41 +79,6 @@ __all__ = [
 ]
 
 
-@functools.cache
-def _redis() -> Kind:
-    from .redis import KIND
-
-    return KIND
-
-
-@functools.cache
-def _postgres() -> Kind:
-    from .postgres import KIND
-
-    return KIND
-
-
-@functools.cache
-def _etcd() -> Kind:
-    from .etcd import KIND
-
-    return KIND
-
-
-@functools.cache
-def _zookeeper() -> Kind:
-    from .zookeeper import KIND
-
-    return KIND
-
-
-@functools.cache
-def _memory() -> Kind:
-    from .memory import KIND
-
-    return KIND
-
-
 #: URL scheme -> the name of the kind of node it names (a node's ``kind``).
 SCHEMES: dict[str, str] = {
     "redis": "redis",
@@ -128,13 +94,14 @@ SCHEMES: dict[str, str] = {
     "zookeeper": "zookeeper",
     "memory": "memory",
 }
-_LOADERS: dict[str, Callable[[], Kind]] = {
-    "redis": _redis,
-    "postgres": _postgres,
-    "etcd": _etcd,
-    "zookeeper": _zookeeper,
-    "memory": _memory,
-}
+
+
+def _loader(name: str) -> Callable[[], Kind]:
+    """The kind named ``name`` (its subpackage's ``KIND``), imported at the first call."""
+    return functools.cache(lambda: importlib.import_module(f"{__name__}.{name}").KIND)
+
+
+_LOADERS = {name: _loader(name) for name in dict.fromkeys(SCHEMES.values())}
 #: URL scheme (and a node's ``kind``) -> its kind, imported at first use.
 KINDS: dict[str, Callable[[], Kind]] = {scheme: _LOADERS[name] for scheme, name in SCHEMES.items()}
 
@@ -186,7 +153,7 @@ def kind_of(node: Any) -> Kind:
 def _kind_for(spec: Any) -> Kind | None:
     """The kind ``spec`` names (a URL; any other object: Redis), or None for a URL of no kind."""
     if not isinstance(spec, str):
-        return _redis()
+        return KINDS["redis"]()
     scheme = urlsplit(spec).scheme
     return KINDS[scheme]() if scheme in KINDS else None
 
@@ -201,7 +168,7 @@ def kind_timeouts(kind: str) -> tuple[float, float]:
 def default_timeouts(specs: Sequence[Any]) -> tuple[float, float]:
     """The longest of the default node timeouts and of the default connect
     timeouts of the kinds of ``specs`` (their nodes each take their own kind's)."""
-    kinds = [kind for kind in map(_kind_for, specs) if kind is not None] or [_redis()]
+    kinds = [kind for kind in map(_kind_for, specs) if kind is not None] or [KINDS["redis"]()]
     return max(k.node_timeout for k in kinds), max(k.connect_timeout for k in kinds)
 
 
@@ -223,7 +190,7 @@ def node_for(
             raise ConfigurationError(_unknown_scheme(spec))
         kind = KINDS[scheme]()
     else:
-        kind = _redis()
+        kind = KINDS["redis"]()
         if not kind.accepts(spec):
             raise ConfigurationError(
                 f"a lock node must be a URL or a redis.Redis client, not {type(spec).__name__}"
