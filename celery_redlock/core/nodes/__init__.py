@@ -332,19 +332,13 @@ def _spread(
 
 
 def scatter(
-    op: Any,
-    nodes: Sequence[Any],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float | None = None,
-    needed: int | None = None,
+    call: codec.Call, nodes: Sequence[Any], timeout: float | None = None, needed: int | None = None
 ) -> list[Any]:
-    """Run ``op`` on ``nodes`` at once: one reply or exception per node. Each
-    node's kind gets its nodes' timeout (no longer than ``timeout``, if given);
-    ``needed``: the answers that end the round (see the module's docstring)."""
-    return _spread(
-        nodes, timeout, needed, lambda kind, some, t, n: kind.run(op, some, keys, args, t, n)
-    )
+    """Run ``call`` (a script, its KEYS and ARGV) on ``nodes`` at once: one reply or
+    exception per node. Each node's kind gets its nodes' timeout (no longer than
+    ``timeout``, if given); ``needed``: the answers that end the round (see the
+    module's docstring)."""
+    return _spread(nodes, timeout, needed, lambda kind, some, t, n: kind.run(call, some, t, n))
 
 
 def perform(
@@ -359,14 +353,14 @@ def perform(
     :class:`NotReplicated` error carries the typed result of its node. ``timeout``
     None: each node's own; ``needed``: the answers that decide the round."""
     encode, decode = codec.PLANS[type(op)]  # one look-up per call: both halves
-    script, keys, args = encode(op)
-    if script is None:  # a plain read: ``keys`` is its command
-        replies = command(nodes, tuple(keys), timeout, needed)
+    call = encode(op)
+    if call[0] is None:  # a plain read: the KEYS' place holds its command
+        replies = command(nodes, tuple(call[1]), timeout, needed)
     elif kind is not None:
         limit = timeout if timeout is not None else max(node.timeout for node in nodes)
-        replies = kind.run(script, nodes, keys, args, limit, needed)
+        replies = kind.run(call, nodes, limit, needed)
     else:
-        replies = scatter(script, nodes, keys, args, timeout, needed)
+        replies = scatter(call, nodes, timeout, needed)
     try:
         return decode(op, replies, NotReplicated)
     except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone

@@ -80,10 +80,10 @@ async def _memory(node: Any, script: Any, keys: Any, args: Any, limit: float) ->
     kind = kind_of(node)
     if node.store.faults.blocking:  # a hook that waits: not in the loop's thread
         call = asyncio.get_running_loop().run_in_executor(
-            carrier(), kind.run, script, [node], keys, args, limit
+            carrier(), kind.run, (script, keys, args), [node], limit
         )
         return await _bounded(node, call, limit + 1.0)
-    return kind.run(script, [node], keys, args, limit)[0]
+    return kind.run((script, keys, args), [node], limit)[0]
 
 
 async def _decided(calls: Sequence[Awaitable[Any]], nodes: Sequence[Any], needed: int | None,

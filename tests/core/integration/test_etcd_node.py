@@ -228,7 +228,7 @@ def test_a_renewal_of_more_leases_than_one_txn_takes_goes_in_parts(etcd_node1):
         args += [lease.owner, 30_000]
     keys.append("redlock:lock:{nobody}")
     args += ["someone", 30_000]
-    got = scatter(scripts.EXTEND, rl.nodes, keys, args, 10.0)[0]
+    got = scatter((scripts.EXTEND, keys, args), rl.nodes, 10.0)[0]
     assert got == [1] * 250 + [0]
     with etcd_node1[0].client() as c:
         assert 20_000 < c.pttl(leases[-1].key) <= 30_000

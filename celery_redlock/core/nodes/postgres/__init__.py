@@ -23,6 +23,7 @@ from typing import Any
 from ...records import NodeInfo, PostgresInfo
 from ...values import error_text
 from .. import glob_regex, ping_latency
+from ..codec import Call
 from ..kind import Kind
 from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
@@ -67,15 +68,11 @@ def accepts(spec: Any) -> bool:
 
 
 def run(
-    op: Any,
-    nodes: Sequence[PostgresNode],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    needed: int | None = None,
+    call: Call, nodes: Sequence[PostgresNode], timeout: float, needed: int | None = None
 ) -> list[Any]:
-    """One round of ``op`` on ``nodes``: one statement each, all at once (ended
+    """One round of ``call`` on ``nodes``: one statement each, all at once (ended
     once ``needed`` answered, if given)."""
+    op, keys, args = call
     # a replicated call sets its commit's wait in run(): the general statement
     plain = None if any(node.min_replicas for node in nodes) else _plain(op.name, keys, args)
     if plain is not None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import codec
 from ..kind import Kind
 from .reads import plain
 from .scripting import run_script
@@ -110,24 +111,19 @@ class VirtualKind(Kind):
         return each(nodes, guarded, timeout, self.inline(nodes), needed)
 
     def run(
-        self,
-        op: Any,
-        nodes: Sequence[Any],
-        keys: Sequence[str],
-        args: Sequence[Any],
-        timeout: float,
-        needed: int | None = None,
+        self, call: codec.Call, nodes: Sequence[Any], timeout: float, needed: int | None = None
     ) -> list[Any]:
-        """One round of ``op`` on ``nodes`` (decided once ``needed`` answered). A
+        """One round of ``call`` on ``nodes`` (decided once ``needed`` answered). A
         heartbeat's renewal of more keys than one commit may touch goes in parts
         (each key's renewal stands alone)."""
+        op, keys, args = call
         k = [_bytes(key) for key in keys]
         a = [_bytes(arg) for arg in args]
 
         def body(ks: list[bytes], ar: list[bytes]) -> Callable[[Any], Any]:
             return lambda view: run_script(op, view, ks, ar)
 
-        def call(node: Any, deadline: float) -> Any:
+        def one(node: Any, deadline: float) -> Any:
             store: Store = node.store
             part = store.max_keys
             if op.name != "extend" or part is None or len(k) <= part:
@@ -138,7 +134,7 @@ class VirtualKind(Kind):
                 out += execute(store, ks, body(ks, ar), deadline)
             return out
 
-        return self.round(nodes, call, timeout, needed)
+        return self.round(nodes, one, timeout, needed)
 
     def command(
         self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None
