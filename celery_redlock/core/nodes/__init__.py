@@ -71,6 +71,7 @@ __all__ = [
     "kind_of",
     "kind_timeouts",
     "mask_url",
+    "next_reply",
     "node_for",
     "perform",
     "ping_latency",
@@ -251,6 +252,21 @@ def cut_at(started: float, now: float, timeout: float) -> float:
     return now + max(now - started, timeout / 4, GRACE)
 
 
+def next_reply(
+    done: queue.SimpleQueue, started: float, until: float, decided: bool, timeout: float
+) -> tuple[Any, float]:
+    """The next item put on ``done`` by a round's threads, waited for until ``until``
+    or, once the round is ``decided``, until :func:`cut_at` if that is sooner: the
+    item (None if none came in time) and the wait's end, for the next call."""
+    now = time.monotonic()
+    if decided:
+        until = min(until, cut_at(started, now, timeout))
+    try:
+        return done.get(timeout=max(until - now, 0.001)), until
+    except queue.Empty:
+        return None, until
+
+
 def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
@@ -314,13 +330,12 @@ def _spread(
     deadline = time.monotonic() + budget + longest + 1.0
     answered, until = 0, deadline
     for _ in groups:
-        now = time.monotonic()
-        if needed is not None and answered >= needed:
-            until = min(until, cut_at(started, now, longest))
-        try:
-            at, got = done.get(timeout=max(until - now, 0.001))
-        except queue.Empty:
+        item, until = next_reply(
+            done, started, until, needed is not None and answered >= needed, longest
+        )
+        if item is None:
             break
+        at, got = item
         for i, reply in zip(at, got):
             replies[i] = reply
             answered += not isinstance(reply, Exception)

@@ -60,7 +60,7 @@ def each(
     if inline or len(nodes) == 1:
         return [one(node) for node in nodes]
     from ...connect import connector
-    from .. import cut_at
+    from .. import next_reply
 
     done: queue.SimpleQueue = queue.SimpleQueue()
     for i, node in enumerate(nodes):
@@ -69,13 +69,12 @@ def each(
     pending = set(range(len(nodes)))
     answered, until = 0, deadline + 0.5
     while pending:
-        now = time.monotonic()
-        if needed is not None and answered >= needed:
-            until = min(until, cut_at(started, now, timeout))
-        try:
-            i, reply = done.get(timeout=max(until - now, 0.001))
-        except queue.Empty:
+        item, until = next_reply(
+            done, started, until, needed is not None and answered >= needed, timeout
+        )
+        if item is None:
             break
+        i, reply = item
         replies[i] = reply
         pending.discard(i)
         answered += not isinstance(reply, Exception)
