@@ -72,15 +72,15 @@ def run(
 ) -> list[Any]:
     """One round of ``call`` on ``nodes``: one statement each, all at once (ended
     once ``needed`` answered, if given)."""
-    op, keys, args = call
+    script, keys, args = call
     # a replicated call sets its commit's wait in run(): the general statement
-    plain = None if any(node.min_replicas for node in nodes) else _plain(op.name, keys, args)
+    plain = None if any(node.min_replicas for node in nodes) else _plain(script.name, keys, args)
     if plain is not None:
         attr, params = plain
         return gather(
             nodes, [(getattr(node, attr), params) for node in nodes], timeout, needed=needed
         )
-    params = [op.name.encode(), text_array(keys), text_array(args)]
+    params = [script.name.encode(), text_array(keys), text_array(args)]
     return gather(
         nodes,
         [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],

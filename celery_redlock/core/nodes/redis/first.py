@@ -32,12 +32,12 @@ def run(call: Call, nodes: Sequence[Any], timeout: float, needed: int | None = N
     """:func:`.rounds.run_script` of ``call`` (the kind protocol's ``run``), by the bare
     ``SET NX`` first where it applies (a round decided once ``needed`` nodes
     answered, if given)."""
-    op, keys, args = call
-    bare = _FIRST.get(op)
+    script, keys, args = call
+    bare = _FIRST.get(script)
     if bare is None or args[2] != bare:  # a fenced acquire, a release: the script
         return run_script(call, nodes, timeout, needed)
-    won: list = [1] if op is scripts.ACQUIRE else [1, None, 0]
-    if len(keys) != 1 + (op is scripts.ACQUIRE) or any(
+    won: list = [1] if script is scripts.ACQUIRE else [1, None, 0]
+    if len(keys) != 1 + (script is scripts.ACQUIRE) or any(
         node.cluster or node.min_replicas for node in nodes
     ):
         return run_script(call, nodes, timeout, needed)

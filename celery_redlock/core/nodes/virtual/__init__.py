@@ -115,17 +115,17 @@ class VirtualKind(Kind):
         """One round of ``call`` on ``nodes`` (decided once ``needed`` answered). A
         heartbeat's renewal of more keys than one commit may touch goes in parts
         (each key's renewal stands alone)."""
-        op, keys, args = call
+        script, keys, args = call
         k = [_bytes(key) for key in keys]
         a = [_bytes(arg) for arg in args]
 
         def body(ks: list[bytes], ar: list[bytes]) -> Callable[[Any], Any]:
-            return lambda view: run_script(op, view, ks, ar)
+            return lambda view: run_script(script, view, ks, ar)
 
         def one(node: Any, deadline: float) -> Any:
             store: Store = node.store
             part = store.max_keys
-            if op.name != "extend" or part is None or len(k) <= part:
+            if script.name != "extend" or part is None or len(k) <= part:
                 return execute(store, k, body(k, a), deadline)
             out: list[Any] = []
             for i in range(0, len(k), part):
