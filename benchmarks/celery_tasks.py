@@ -92,7 +92,7 @@ sys.path.insert(0, HERE)
 import adapters as _adapters  # noqa: E402  (benchmarks/adapters.py, next to this file)
 from locks import cpu_model, finish, loadavg, log, versions  # noqa: E402
 
-from celery_redlock.core import scripts  # noqa: E402
+from celery_redlock.core.nodes import scripts  # noqa: E402
 from celery_redlock.core.nodes.redis.wire import Partial, pack, parse  # noqa: E402  (the floor's wire)
 
 HOST = "127.0.0.1"

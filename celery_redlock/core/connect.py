@@ -9,13 +9,16 @@ node or sentinel then costs its own timeout, never the others' time.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Connector", "connector"]
+__all__ = ["Connector", "PerProcess", "connector"]
+
+T = TypeVar("T")
 
 
 class Connector:
@@ -62,24 +65,33 @@ class Connector:
 #: Seconds a connecting thread waits for work before it ends.
 _THREAD_IDLE = 30.0
 
-_CONNECTOR: Connector | None = None
-_CONNECTOR_LOCK = threading.Lock()
+
+class PerProcess(Generic[T]):
+    """A function's value, made at its first call in this process (one maker at a
+    time); a forked child makes its own (the parent's threads did not come along)."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        functools.update_wrapper(self, make)
+        #: The value once made, else None.
+        self.value: T | None = None
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def __call__(self) -> T:
+        value = self.value
+        if value is None:
+            with self._lock:
+                if self.value is None:
+                    self.value = self._make()
+                value = self.value
+        return value
+
+    def _forget(self) -> None:
+        self.value, self._lock = None, threading.Lock()
 
 
+@PerProcess
 def connector() -> Connector:
     """This process's :class:`Connector`, created at first use."""
-    global _CONNECTOR
-    if _CONNECTOR is None:
-        with _CONNECTOR_LOCK:
-            if _CONNECTOR is None:
-                _CONNECTOR = Connector()
-    return _CONNECTOR
-
-
-def _forget_connector() -> None:
-    # The parent's threads did not come along through fork: start afresh.
-    global _CONNECTOR, _CONNECTOR_LOCK
-    _CONNECTOR, _CONNECTOR_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_connector)
+    return Connector()

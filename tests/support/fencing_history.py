@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from celery_redlock.core import scripts
+from celery_redlock.core.nodes import scripts
 from celery_redlock.core.nodes.redis.rounds import run_script
 from celery_redlock.redlock import Redlock, make_owner
 
@@ -70,10 +70,10 @@ def one_phase_grant(rl: Redlock, name: str, ttl: float = 10.0) -> int | None:
     counter = f"{rl.key_prefix}:one-phase-counter:{{{name}}}"
     owner = make_owner()
     replies = run_script(
-        ONE_PHASE_ACQUIRE, rl.nodes, (key, counter), (owner, int(ttl * 1000)), rl.node_timeout
+        (ONE_PHASE_ACQUIRE, (key, counter), (owner, int(ttl * 1000))), rl.nodes, rl.node_timeout
     )
     grants = [int(r[1]) for r in replies if isinstance(r, list) and int(r[0]) == 1]
-    run_script(scripts.RELEASE, rl.nodes, (key,), (owner,), rl.node_timeout)
+    run_script((scripts.RELEASE, (key,), (owner,)), rl.nodes, rl.node_timeout)
     return max(grants) if len(grants) >= rl.quorum else None
 
 

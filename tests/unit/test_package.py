@@ -177,7 +177,7 @@ def test_the_import_walk_sees_relative_and_function_imports():
         and "core.nodes.redis.rounds" in graph["core.nodes.redis"]
     )
     assert "core.nodes.redis.wire" in graph["core.nodes.redis.rounds"]
-    assert "core.scripts.shared" in graph["core.scripts.lease"]
+    assert "core.nodes.scripts.shared" in graph["core.nodes.scripts.lease"]
     assert "conf" in graph["keys"]
     assert "cli.status" in graph["cli"] and "cli.base" in graph["cli.status"]
     assert "slot_claims" in graph["beat"] and "testing.nodes" in graph["testing.plugin"]
@@ -207,7 +207,7 @@ def test_no_import_cycle_among_the_package_modules():
 
 def test_the_core_imports_only_the_core():
     graph = _package_graph()
-    assert "core.lease" in CORE and "core.scripts.shared" in CORE
+    assert "core.lease" in CORE and "core.nodes.scripts.shared" in CORE
     for module in CORE:
         outside = graph[module] - set(CORE)
         assert not outside, f"core module {module} imports {sorted(outside)}"
@@ -318,9 +318,9 @@ def test_the_primitives_name_operations_not_scripts():
     ARGV and reply slots are the codec's, under the seam)."""
     graph = _package_graph()
     for name, deps in graph.items():
-        if not name.startswith("core") or name.startswith(("core.nodes", "core.scripts")):
+        if not name.startswith("core") or name.startswith("core.nodes"):
             continue
-        assert not {d for d in deps if d.startswith("core.scripts")}, name
+        assert not {d for d in deps if d.startswith("core.nodes.scripts")}, name
 
 
 def test_redis_internals_live_in_one_module():

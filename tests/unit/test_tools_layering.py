@@ -22,7 +22,7 @@ PACKAGE = Path(celery_redlock.__file__).parent
 
 
 def _dotted(path: Path) -> str:
-    """``task``, ``cli.status``, ``core.scripts`` (a package by its own name)."""
+    """``task``, ``cli.status``, ``core.nodes.scripts`` (a package by its own name)."""
     return ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
 
 
@@ -77,7 +77,7 @@ def test_the_walk_resolves_relative_imports_in_subpackages():
     assert ("_format", "glob_escape") in imports("web.pager")
     assert ("", "signals") in imports("task")
     assert {"cli.status", "cli.web"} <= modules_imported("cli")
-    assert "core.lease" in INNER and "core.scripts" in INNER and "cli.base" in MODULES
+    assert "core.lease" in INNER and "core.nodes.scripts" in INNER and "cli.base" in MODULES
     assert "core.nodes.redis.wire" in INNER and "core.connect" in INNER
 
 

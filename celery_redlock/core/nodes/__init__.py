@@ -1,66 +1,47 @@
-"""Kinds of lock node, and the one protocol the core speaks to all of them.
+"""Kinds of lock node, and the one seam the core speaks to all of them.
 
 A lock node is anything that runs the primitives' operations atomically on the
 names of one key. The core (quorum, lease, fencing, permits, claims, rates,
-the heartbeat, inspection) never sees a kind: it names an operation and gets
-one reply, or the node's error, per node.
+the heartbeat, inspection) never sees a kind: it builds an operation value
+(:mod:`celery_redlock.core.ops`), hands it to :func:`perform` with the nodes,
+and gets one typed result, or the node's error, per node.
 
-**Operations.** An operation is a :class:`~celery_redlock.core.scripts.Script`
-record. Its *name* (``"acquire"``, ``"extend"``, ``"release"``, ...) is what
-every kind dispatches on, and its contract (the keys, the arguments and the
-reply, written above each one in :mod:`celery_redlock.core.scripts`) is what
-every kind implements; the record's Lua text is the Redis kind's own
-implementation. A reply is built from ints, bytes, ``None`` and lists, so every
-kind answers an operation with the same values and the decoders above the
-seam (:mod:`~celery_redlock.core.records`) serve them all. A few plain reads
-go as commands (``PING``, ``GET``, ``DEL``, ``HGETALL``, ``ZRANGE ...
-WITHSCORES``, ``SCAN``, ``SET ... NX PX``), with Redis's reply shapes.
+**Under the seam.** The codec (:mod:`.codec`) is the one place that turns an
+operation into what the kinds run, a Lua script of :mod:`.scripts` with its
+KEYS and ARGV (a plain read: a Redis command), and the kinds' Lua-shaped
+replies back into results, so every kind answers with the same values.
 
 **A kind** is a subpackage (:mod:`.redis`, :mod:`.postgres`, :mod:`.etcd`,
-:mod:`.zookeeper`, :mod:`.memory`) whose ``KIND`` is an instance of a subclass of
-:class:`~.kind.Kind`, the protocol mypy checks every kind against: ``schemes``
-(the URL schemes it takes, which :data:`KINDS` maps to it, as kombu maps URL
-schemes to transports), ``make``, ``accepts``, ``run``, ``command``, ``send``
-and ``node_info``, and where they apply ``ddl``/``install`` (the SQL a node
-needs before use, ``celery redlock schema``), ``check_ttl`` (refuse a TTL its
-nodes cannot honour: etcd's minimum lease TTL) and ``check_together`` (refuse
-names held together that its nodes cannot take in one call: a Redis Cluster's
-hash slots). A kind is imported at its first node, so a kind's client library
-is needed only where its nodes are used. Kinds that can only read and
-conditionally write (etcd, ZooKeeper, memory) share the primitives' semantics in
-:mod:`.virtual`. A kind's ``node_timeout`` and ``connect_timeout`` are its
-defaults, in seconds, where ``redlock_node_timeout`` / ``redlock_connect_timeout``
-are not set: what one call costs there (:func:`default_timeouts`).
+:mod:`.zookeeper`, :mod:`.memory`) whose ``KIND`` implements the protocol of
+:mod:`.kind`, which mypy checks: ``schemes`` (mapped by :data:`SCHEMES` and
+:data:`KINDS`), ``make``, ``accepts``, ``run``, ``command``, ``send``,
+``node_info`` and, where they apply, ``ddl``/``install``, ``check_ttl`` and
+``check_together``. A kind is imported at its first node, so its client library
+is needed only where its nodes are used. Redis runs the scripts itself,
+PostgreSQL runs them rewritten as SQL functions, and the kinds that can only
+read and conditionally write (etcd, ZooKeeper, memory) run the same Lua over a
+few store verbs in :mod:`.virtual`. A kind's ``node_timeout`` and
+``connect_timeout`` are its defaults where the settings are not given
+(:func:`default_timeouts`).
 
-A round (``run``, ``command``) given ``needed`` is decided once that many nodes
-answered: the others get as long again as that took or a quarter of
-``timeout`` (:func:`cut_at`), then a node still connecting or unanswered gets a
-"not answering" error, so a dead minority never holds a round its quorum
-decided (what was sent there is released by the protocol or left to its TTL,
-as for any node that did not answer).
+**Rounds.** A round (``run``, ``command``) given ``needed`` is decided once
+that many nodes answered: the others get until :func:`cut_at`, then are "not
+answering", so a dead minority never holds a round its quorum decided. A
+quorum of one kind is one ``run`` of that kind; a mixed one runs each kind's
+part at once (:func:`scatter`).
 
-A node has ``name`` (its URL, password masked), ``identity`` (equal for two
-specs of one server), ``kind`` (its kind's name, a key of :data:`KINDS`), ``cluster`` (True for
-a Redis Cluster: its keys route by hash slot), ``timeout`` and ``connect_timeout``
-(its effective ones), ``members()`` (the servers a
-``SCAN`` visits: itself, or a cluster's shard masters) and ``close()``. Every kind fails
-fast the same way: ``timeout`` bounds a call, a new connection gets its
+**Fail-fast.** ``timeout`` bounds a call, a new connection gets its
 ``connect_timeout`` first, nothing retries in the client, a node that keeps
 timing out is skipped for a while, and an unanswered call is "not answering",
-never "free". A write that stands on the node but that its replicas did not
-confirm (``redlock_min_replicas``) is answered as a :class:`NotReplicated`
-error carrying the node's reply.
-
-:func:`scatter` is the one scatter-gather across kinds: a quorum of one kind
-(the common case) is a call of that kind's ``run``; a mixed one runs each
-kind's round at once, the others in threads of
-:func:`~celery_redlock.core.connect.connector`.
+never "free". A write its replicas did not confirm (``redlock_min_replicas``)
+is a :class:`NotReplicated` error carrying the node's reply.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import queue
 import re
 import time
@@ -90,47 +71,13 @@ __all__ = [
     "kind_of",
     "kind_timeouts",
     "mask_url",
+    "next_reply",
     "node_for",
     "perform",
     "ping_latency",
     "scatter",
     "send",
 ]
-
-
-@functools.cache
-def _redis() -> Kind:
-    from .redis import KIND
-
-    return KIND
-
-
-@functools.cache
-def _postgres() -> Kind:
-    from .postgres import KIND
-
-    return KIND
-
-
-@functools.cache
-def _etcd() -> Kind:
-    from .etcd import KIND
-
-    return KIND
-
-
-@functools.cache
-def _zookeeper() -> Kind:
-    from .zookeeper import KIND
-
-    return KIND
-
-
-@functools.cache
-def _memory() -> Kind:
-    from .memory import KIND
-
-    return KIND
 
 
 #: URL scheme -> the name of the kind of node it names (a node's ``kind``).
@@ -148,13 +95,14 @@ SCHEMES: dict[str, str] = {
     "zookeeper": "zookeeper",
     "memory": "memory",
 }
-_LOADERS: dict[str, Callable[[], Kind]] = {
-    "redis": _redis,
-    "postgres": _postgres,
-    "etcd": _etcd,
-    "zookeeper": _zookeeper,
-    "memory": _memory,
-}
+
+
+def _loader(name: str) -> Callable[[], Kind]:
+    """The kind named ``name`` (its subpackage's ``KIND``), imported at the first call."""
+    return functools.cache(lambda: importlib.import_module(f"{__name__}.{name}").KIND)
+
+
+_LOADERS = {name: _loader(name) for name in dict.fromkeys(SCHEMES.values())}
 #: URL scheme (and a node's ``kind``) -> its kind, imported at first use.
 KINDS: dict[str, Callable[[], Kind]] = {scheme: _LOADERS[name] for scheme, name in SCHEMES.items()}
 
@@ -164,7 +112,11 @@ NodeSpec = Any
 
 
 class Node(Protocol):
-    """What the core sees of a node of any kind (see the module's docstring)."""
+    """What the core sees of a node of any kind: ``name`` (its URL, password
+    masked), ``identity`` (equal for two specs of one server), ``kind`` (a key of
+    :data:`KINDS`), ``cluster`` (a Redis Cluster: its keys route by hash slot),
+    ``timeout`` and ``connect_timeout`` (its effective ones), ``members()`` (the
+    servers a ``SCAN`` visits: itself, or a cluster's shard masters), ``close()``."""
 
     name: str
     kind: str
@@ -202,7 +154,7 @@ def kind_of(node: Any) -> Kind:
 def _kind_for(spec: Any) -> Kind | None:
     """The kind ``spec`` names (a URL; any other object: Redis), or None for a URL of no kind."""
     if not isinstance(spec, str):
-        return _redis()
+        return KINDS["redis"]()
     scheme = urlsplit(spec).scheme
     return KINDS[scheme]() if scheme in KINDS else None
 
@@ -217,7 +169,7 @@ def kind_timeouts(kind: str) -> tuple[float, float]:
 def default_timeouts(specs: Sequence[Any]) -> tuple[float, float]:
     """The longest of the default node timeouts and of the default connect
     timeouts of the kinds of ``specs`` (their nodes each take their own kind's)."""
-    kinds = [kind for kind in map(_kind_for, specs) if kind is not None] or [_redis()]
+    kinds = [kind for kind in map(_kind_for, specs) if kind is not None] or [KINDS["redis"]()]
     return max(k.node_timeout for k in kinds), max(k.connect_timeout for k in kinds)
 
 
@@ -239,7 +191,7 @@ def node_for(
             raise ConfigurationError(_unknown_scheme(spec))
         kind = KINDS[scheme]()
     else:
-        kind = _redis()
+        kind = KINDS["redis"]()
         if not kind.accepts(spec):
             raise ConfigurationError(
                 f"a lock node must be a URL or a redis.Redis client, not {type(spec).__name__}"
@@ -298,6 +250,21 @@ def cut_at(started: float, now: float, timeout: float) -> float:
     round nothing like a connect budget, and the healthy ones, answering
     together, are all heard."""
     return now + max(now - started, timeout / 4, GRACE)
+
+
+def next_reply(
+    done: queue.SimpleQueue, started: float, until: float, decided: bool, timeout: float
+) -> tuple[Any, float]:
+    """The next item put on ``done`` by a round's threads, waited for until ``until``
+    or, once the round is ``decided``, until :func:`cut_at` if that is sooner: the
+    item (None if none came in time) and the wait's end, for the next call."""
+    now = time.monotonic()
+    if decided:
+        until = min(until, cut_at(started, now, timeout))
+    try:
+        return done.get(timeout=max(until - now, 0.001)), until
+    except queue.Empty:
+        return None, until
 
 
 def _groups(nodes: Sequence[Any]) -> dict[str, list[int]]:
@@ -363,13 +330,12 @@ def _spread(
     deadline = time.monotonic() + budget + longest + 1.0
     answered, until = 0, deadline
     for _ in groups:
-        now = time.monotonic()
-        if needed is not None and answered >= needed:
-            until = min(until, cut_at(started, now, longest))
-        try:
-            at, got = done.get(timeout=max(until - now, 0.001))
-        except queue.Empty:
+        item, until = next_reply(
+            done, started, until, needed is not None and answered >= needed, longest
+        )
+        if item is None:
             break
+        at, got = item
         for i, reply in zip(at, got):
             replies[i] = reply
             answered += not isinstance(reply, Exception)
@@ -381,19 +347,13 @@ def _spread(
 
 
 def scatter(
-    op: Any,
-    nodes: Sequence[Any],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float | None = None,
-    needed: int | None = None,
+    call: codec.Call, nodes: Sequence[Any], timeout: float | None = None, needed: int | None = None
 ) -> list[Any]:
-    """Run ``op`` on ``nodes`` at once: one reply or exception per node. Each
-    node's kind gets its nodes' timeout (no longer than ``timeout``, if given);
-    ``needed``: the answers that end the round (see the module's docstring)."""
-    return _spread(
-        nodes, timeout, needed, lambda kind, some, t, n: kind.run(op, some, keys, args, t, n)
-    )
+    """Run ``call`` (a script, its KEYS and ARGV) on ``nodes`` at once: one reply or
+    exception per node. Each node's kind gets its nodes' timeout (no longer than
+    ``timeout``, if given); ``needed``: the answers that end the round (see the
+    module's docstring)."""
+    return _spread(nodes, timeout, needed, lambda kind, some, t, n: kind.run(call, some, t, n))
 
 
 def perform(
@@ -408,14 +368,14 @@ def perform(
     :class:`NotReplicated` error carries the typed result of its node. ``timeout``
     None: each node's own; ``needed``: the answers that decide the round."""
     encode, decode = codec.PLANS[type(op)]  # one look-up per call: both halves
-    script, keys, args = encode(op)
-    if script is None:  # a plain read: ``keys`` is its command
-        replies = command(nodes, tuple(keys), timeout, needed)
+    call = encode(op)
+    if call[0] is None:  # a plain read: the KEYS' place holds its command
+        replies = command(nodes, tuple(call[1]), timeout, needed)
     elif kind is not None:
         limit = timeout if timeout is not None else max(node.timeout for node in nodes)
-        replies = kind.run(script, nodes, keys, args, limit, needed)
+        replies = kind.run(call, nodes, limit, needed)
     else:
-        replies = scatter(script, nodes, keys, args, timeout, needed)
+        replies = scatter(call, nodes, timeout, needed)
     try:
         return decode(op, replies, NotReplicated)
     except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone

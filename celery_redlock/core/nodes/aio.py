@@ -23,11 +23,11 @@ raises.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..connect import PerProcess
 from . import NotReplicated, codec, cut_at, kind_of, perform
 
 __all__ = ["CARRIERS", "carrier", "native", "perform_async"]
@@ -35,18 +35,11 @@ __all__ = ["CARRIERS", "carrier", "native", "perform_async"]
 #: Threads that carry the rounds of nodes without a native asyncio transport.
 CARRIERS = 8
 
-_carrier: ThreadPoolExecutor | None = None
-_carrier_lock = threading.Lock()
 
-
+@PerProcess
 def carrier() -> ThreadPoolExecutor:
     """The bounded thread pool that carries the other kinds' rounds."""
-    global _carrier
-    if _carrier is None:
-        with _carrier_lock:
-            if _carrier is None:
-                _carrier = ThreadPoolExecutor(CARRIERS, thread_name_prefix="redlock-aio")
-    return _carrier
+    return ThreadPoolExecutor(CARRIERS, thread_name_prefix="redlock-aio")
 
 
 def native(node: Any) -> bool:
@@ -87,10 +80,10 @@ async def _memory(node: Any, script: Any, keys: Any, args: Any, limit: float) ->
     kind = kind_of(node)
     if node.store.faults.blocking:  # a hook that waits: not in the loop's thread
         call = asyncio.get_running_loop().run_in_executor(
-            carrier(), kind.run, script, [node], keys, args, limit
+            carrier(), kind.run, (script, keys, args), [node], limit
         )
         return await _bounded(node, call, limit + 1.0)
-    return kind.run(script, [node], keys, args, limit)[0]
+    return kind.run((script, keys, args), [node], limit)[0]
 
 
 async def _decided(calls: Sequence[Awaitable[Any]], nodes: Sequence[Any], needed: int | None,

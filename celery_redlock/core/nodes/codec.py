@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import ops, scripts
-from ..scripts import Script
+from .. import ops
 from ..values import text
 from ..windows import RateKey
+from . import scripts
+from .scripts import Script
 
 __all__ = ["PLANS", "decode", "decode_all", "decode_each", "encode", "flags", "rate_args"]
 

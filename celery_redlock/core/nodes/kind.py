@@ -9,9 +9,12 @@ defaults here (no schema, no TTL limit, any names together).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..records import NodeInfo
+
+if TYPE_CHECKING:
+    from .codec import Call
 
 __all__ = ["Ask", "Kind"]
 
@@ -39,16 +42,11 @@ class Kind(Protocol):
         ...
 
     def run(
-        self,
-        op: Any,
-        nodes: Sequence[Any],
-        keys: Sequence[str],
-        args: Sequence[Any],
-        timeout: float,
-        needed: int | None = None,
+        self, call: Call, nodes: Sequence[Any], timeout: float, needed: int | None = None
     ) -> list[Any]:
-        """One round of ``op`` on ``nodes``, at once, within ``timeout``: one
-        reply or exception per node; decided once ``needed`` answered, if given."""
+        """One round of ``call`` (a script, its KEYS and ARGV: :data:`.codec.Call`)
+        on ``nodes``, at once, within ``timeout``: one reply or exception per node;
+        decided once ``needed`` answered, if given."""
         ...
 
     def command(

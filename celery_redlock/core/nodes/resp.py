@@ -18,27 +18,13 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from .redis.wire import pack
+
 __all__ = ["call_script"]
 
 _INCOMPLETE = object()
 # event loop -> node -> its connection (or the task opening it)
 _conns: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
-
-
-def _arg(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return str(value).encode()
-
-
-def pack(args: tuple) -> bytes:
-    """A command as RESP2."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in map(_arg, args):
-        parts.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(parts)
 
 
 def _error(text: bytes) -> ResponseError:

@@ -218,8 +218,7 @@ def test_conflicting_writers_retry_and_the_limit_holds(etcd_node1):
 def test_a_renewal_of_more_leases_than_one_txn_takes_goes_in_parts(etcd_node1):
     """One EXTEND of 250 leases (etcd takes 128 operations a Txn): every one renewed,
     a key not held refused, as in one call on Redis."""
-    from celery_redlock.core import scripts
-    from celery_redlock.core.nodes import scatter
+    from celery_redlock.core.nodes import scatter, scripts
 
     rl = Redlock(etcd_node1.urls, node_timeout=5.0)
     leases = [rl.acquire(f"n{i}", ttl=10, fence=False) for i in range(250)]
@@ -229,7 +228,7 @@ def test_a_renewal_of_more_leases_than_one_txn_takes_goes_in_parts(etcd_node1):
         args += [lease.owner, 30_000]
     keys.append("redlock:lock:{nobody}")
     args += ["someone", 30_000]
-    got = scatter(scripts.EXTEND, rl.nodes, keys, args, 10.0)[0]
+    got = scatter((scripts.EXTEND, keys, args), rl.nodes, 10.0)[0]
     assert got == [1] * 250 + [0]
     with etcd_node1[0].client() as c:
         assert 20_000 < c.pttl(leases[-1].key) <= 30_000

@@ -13,7 +13,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from celery_redlock.core.nodes.redis.node import Node
 from celery_redlock.core.nodes.redis.rounds import gather, run_script
-from celery_redlock.core.scripts import Script
+from celery_redlock.core.nodes.scripts import Script
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ SCRIPT = Script("nested", "return {1, false, {'x', {2}}, redis.call('GET', KEYS[
 def test_round_replies_and_connection_reuse(redis_nodes3):
     nodes = [Node(url, 1.0) for url in redis_nodes3.urls]
     assert gather(nodes, ("SET", "k", "v"), 1) == [b"OK"] * 3
-    assert run_script(SCRIPT, nodes, ("k",), (), 1) == [[1, None, [b"x", [2]], b"v"]] * 3
+    assert run_script((SCRIPT, ("k",), ()), nodes, 1) == [[1, None, [b"x", [2]], b"v"]] * 3
     assert [len(node._idle) for node in nodes] == [1, 1, 1]
 
 

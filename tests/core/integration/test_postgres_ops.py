@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from celery_redlock.core import scripts
-from celery_redlock.core.nodes import command, node_for, scatter
+from celery_redlock.core.nodes import command, node_for, scatter, scripts
 from celery_redlock.testing.memory import MemoryNodes
 from tests.support.kinds import NODE_SETS
 from tests.support.pg_nodes import TTL_SLACK, pg_urls, same_reply
@@ -92,7 +91,7 @@ class Both:
         return a, b
 
     def op(self, op: scripts.Script, keys: list[str], args: list[Any]) -> Any:
-        a, b = self._timed(lambda node: scatter(op, [node], keys, args, T)[0])
+        a, b = self._timed(lambda node: scatter((op, keys, args), [node], T)[0])
         return self._check(f"{op.name} {keys} {args}", a, b)
 
     def cmd(self, *cmd: Any) -> Any:
@@ -320,11 +319,11 @@ def test_a_grant_takes_the_fence_moved_on_or_the_clocks_whichever_is_larger(both
         lock3, fence3 = both.k("lock", name), both.k("fence", name)
         command([node], ("SET", fence3, "999", "PX", 60000), T)
         before = time.time_ns() // 1000
-        reply = scatter(scripts.ACQUIRE, [node], [lock3, fence3], ["o", 5000, "60000", "0"], T)[0]
+        reply = scatter((scripts.ACQUIRE, [lock3, fence3], ["o", 5000, "60000", "0"]), [node], T)[0]
         # a clock the kind estimates (ZooKeeper's, from a znode's mtime and a round
         # trip) may read a little late: never early, and never a second on
         assert before <= int(reply[1]) <= time.time_ns() // 1000 + 100_000
-        again = scatter(scripts.ACQUIRE, [node], [lock3, fence3], ["o", 5000, "60000", "0"], T)[0]
+        again = scatter((scripts.ACQUIRE, [lock3, fence3], ["o", 5000, "60000", "0"]), [node], T)[0]
         assert again == reply  # a re-sent acquire keeps its value, clock or not
         command([node], ("DEL", lock3, fence3), T)
 

@@ -1,7 +1,7 @@
 """Claims and receipts in the Redlock core, on real redis-server nodes.
 
 A claim names the id meant to take a name next; a receipt records that an id
-finished. Both ride in the acquire and release rounds (see ``celery_redlock.core.scripts``).
+finished. Both ride in the acquire and release rounds (see ``celery_redlock.core.nodes.scripts``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ back as typed results."""
 
 from __future__ import annotations
 
-from celery_redlock.core import ops, scripts
-from celery_redlock.core.nodes import NotReplicated, codec
+from celery_redlock.core import ops
+from celery_redlock.core.nodes import NotReplicated, codec, scripts
 
 
 def test_a_gated_throttled_acquire_packs_as_before():

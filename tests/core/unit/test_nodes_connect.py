@@ -150,12 +150,12 @@ def test_no_thread_per_round(peers):
 def test_a_forked_child_opens_its_own_connections(peers):
     nodes = [Node(url, 1.0) for url in peers(3, netproxy.BLACKHOLE_CONNECT, hung=(0,))]
     timed(nodes)
-    assert nodes[0]._backoff and connect._CONNECTOR is not None
+    assert nodes[0]._backoff and connect.connector.value is not None
     with warnings.catch_warnings():  # Python 3.12+ frowns on fork with threads running
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: no connector thread, no idle connection, no breaker of the parent's
-        ok = connect._CONNECTOR is None
+        ok = connect.connector.value is None
         replies = gather(nodes, ("ANY",), 1.0)
         ok = ok and replies[1:] == [PONG, PONG] and isinstance(replies[0], redis.TimeoutError)
         os._exit(0 if ok else 1)

@@ -23,9 +23,9 @@ from celery_redlock.core import (
     Redlock,
     full_jitter,
     make_owner,
-    scripts,
 )
 from celery_redlock.core.nodes import redis as redis_kind
+from celery_redlock.core.nodes import scripts
 from celery_redlock.core.nodes.redis import first as redis_first
 from celery_redlock.exceptions import LockLost, QuorumUnavailable
 
@@ -124,9 +124,9 @@ def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatc
     """Elapsed time during phase 1 is taken off the validity."""
     real = redis_kind.run
 
-    def slow_nodes(script, *args, **kwargs):
-        replies = real(script, *args, **kwargs)
-        if script is scripts.ACQUIRE:
+    def slow_nodes(call, *args, **kwargs):
+        replies = real(call, *args, **kwargs)
+        if call[0] is scripts.ACQUIRE:
             clock.advance(3.0)  # the acquire round took 3 s by the client's clock
         return replies
 
@@ -144,10 +144,10 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
     real = redis_kind.run
     scripts_run = []
 
-    def slow_nodes(script, *args, **kwargs):
-        replies = real(script, *args, **kwargs)
-        scripts_run.append(script.name)
-        if script.name == slow_script:
+    def slow_nodes(call, *args, **kwargs):
+        replies = real(call, *args, **kwargs)
+        scripts_run.append(call[0].name)
+        if call[0].name == slow_script:
             clock.advance(TTL)
         return replies
 
@@ -171,9 +171,9 @@ def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(server
     scripts = []
     real = redis_kind.run
 
-    def recording(script, *args, **kwargs):
-        scripts.append(script.name)
-        return real(script, *args, **kwargs)
+    def recording(call, *args, **kwargs):
+        scripts.append(call[0].name)
+        return real(call, *args, **kwargs)
 
     rl = redlock(servers)
     lock_key, fence_key = rl.keys("job")
@@ -421,11 +421,11 @@ def count_scripts(monkeypatch, delay: float = 0.0) -> list[str]:
     real = redis_first.run_script
     calls: list[str] = []
 
-    def spy(script, *args, **kwargs):
-        calls.append(script.name)
-        if script is scripts.ISSUE and delay:
+    def spy(call, *args, **kwargs):
+        calls.append(call[0].name)
+        if call[0] is scripts.ISSUE and delay:
             time.sleep(delay)
-        return real(script, *args, **kwargs)
+        return real(call, *args, **kwargs)
 
     monkeypatch.setattr(redis_first, "run_script", spy)
     return calls

@@ -4,7 +4,7 @@ One database is one lock node. Its keys live in a table of a schema of its
 own, with Redis's semantics (strings, hashes, sorted sets; expiry on the
 server's clock, ``clock_timestamp()``), and each operation is a PL/pgSQL
 function written as the Lua script of the same name
-(:mod:`celery_redlock.core.scripts`), so it answers with the same values. A
+(:mod:`celery_redlock.core.nodes.scripts`), so it answers with the same values. A
 call is one statement in its own transaction, which first takes a
 transaction-scoped advisory lock on each of its keys: the calls on one key
 run one after another, as scripts do on Redis. The two calls of every lock
@@ -23,6 +23,7 @@ from typing import Any
 from ...records import NodeInfo, PostgresInfo
 from ...values import error_text
 from .. import glob_regex, ping_latency
+from ..codec import Call
 from ..kind import Kind
 from .node import NodeError, PostgresNode, execute, gather, text_array
 from .schema import ddl, install_sql
@@ -67,23 +68,19 @@ def accepts(spec: Any) -> bool:
 
 
 def run(
-    op: Any,
-    nodes: Sequence[PostgresNode],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    needed: int | None = None,
+    call: Call, nodes: Sequence[PostgresNode], timeout: float, needed: int | None = None
 ) -> list[Any]:
-    """One round of ``op`` on ``nodes``: one statement each, all at once (ended
+    """One round of ``call`` on ``nodes``: one statement each, all at once (ended
     once ``needed`` answered, if given)."""
+    script, keys, args = call
     # a replicated call sets its commit's wait in run(): the general statement
-    plain = None if any(node.min_replicas for node in nodes) else _plain(op.name, keys, args)
+    plain = None if any(node.min_replicas for node in nodes) else _plain(script.name, keys, args)
     if plain is not None:
         attr, params = plain
         return gather(
             nodes, [(getattr(node, attr), params) for node in nodes], timeout, needed=needed
         )
-    params = [op.name.encode(), text_array(keys), text_array(args)]
+    params = [script.name.encode(), text_array(keys), text_array(args)]
     return gather(
         nodes,
         [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],

@@ -5,7 +5,7 @@ operations, in a schema of its own (``redlock`` unless the URL says
 The SQL files beside this module hold the text, with ``{schema}`` where the
 schema's name goes: ``storage.sql`` (keys with Redis's semantics on the
 server's clock), then one file per primitive, each operation written as the
-Lua script of the same name (:mod:`celery_redlock.core.scripts`).
+Lua script of the same name (:mod:`celery_redlock.core.nodes.scripts`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``unix://``), a Sentinel-managed master (``sentinel://``) or a Redis Cluster
 (``redis+cluster://``, ``rediss+cluster://``).
 
-Operations run as the Lua scripts of :mod:`celery_redlock.core.scripts` (by
+Operations run as the Lua scripts of :mod:`celery_redlock.core.nodes.scripts` (by
 ``EVALSHA``, one round for every node at once: :mod:`.rounds`, bytes on the
 wire by :mod:`.wire`; on plain masters an acquire goes as one ``SET NX``
 first, :mod:`.first`); a cluster routes by hash slot (:mod:`.cluster`);

@@ -41,9 +41,9 @@ from redis.exceptions import RedisError
 from ...connect import connector
 from ...exceptions import ConfigurationError
 from ...keyspace import tagged
-from ...scripts import Script
 from .. import mask_url
-from .node import Node
+from ..scripts import Script
+from .node import BaseNode, Node
 from .urls import client_for
 
 __all__ = [
@@ -143,7 +143,7 @@ class Part:
         self.cross, self.asking = cross, asking
 
 
-class ClusterNode:
+class ClusterNode(BaseNode):
     """One Redis Cluster, a single node of a quorum.
 
     Args:
@@ -160,16 +160,7 @@ class ClusterNode:
     kind = "redis"
     cluster = True
 
-    def __init__(
-        self,
-        spec: Any,
-        timeout: float,
-        min_replicas: int = 0,
-        connect_timeout: float | None = None,
-    ):
-        self.min_replicas = min_replicas
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
+    def _from_spec(self, spec: Any) -> None:
         self._lock = threading.Lock()
         if isinstance(spec, str):
             self._seeds, self._url = _parse(spec)

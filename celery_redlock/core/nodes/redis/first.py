@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ... import scripts
-from ...scripts import Script
+from .. import scripts
+from ..codec import Call
 from .rounds import gather, run_script
 
 __all__ = ["run"]
@@ -28,30 +28,24 @@ __all__ = ["run"]
 _FIRST = {scripts.ACQUIRE: "", scripts.CLAIM_NEXT: ""}
 
 
-def run(
-    op: Script,
-    nodes: Sequence[Any],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    needed: int | None = None,
-) -> list[Any]:
-    """:func:`.rounds.run_script` of the script ``op`` (the kind protocol's ``run``), by
-    the bare ``SET NX`` first where it applies (a round decided once ``needed`` nodes
+def run(call: Call, nodes: Sequence[Any], timeout: float, needed: int | None = None) -> list[Any]:
+    """:func:`.rounds.run_script` of ``call`` (the kind protocol's ``run``), by the bare
+    ``SET NX`` first where it applies (a round decided once ``needed`` nodes
     answered, if given)."""
-    bare = _FIRST.get(op)
+    script, keys, args = call
+    bare = _FIRST.get(script)
     if bare is None or args[2] != bare:  # a fenced acquire, a release: the script
-        return run_script(op, nodes, keys, args, timeout, needed)
-    won: list = [1] if op is scripts.ACQUIRE else [1, None, 0]
-    if len(keys) != 1 + (op is scripts.ACQUIRE) or any(
+        return run_script(call, nodes, timeout, needed)
+    won: list = [1] if script is scripts.ACQUIRE else [1, None, 0]
+    if len(keys) != 1 + (script is scripts.ACQUIRE) or any(
         node.cluster or node.min_replicas for node in nodes
     ):
-        return run_script(op, nodes, keys, args, timeout, needed)
+        return run_script(call, nodes, timeout, needed)
     first = gather(nodes, ("SET", keys[0], args[0], "NX", "PX", args[1]), timeout, needed=needed)
     replies = [r if r is None or isinstance(r, Exception) else list(won) for r in first]
     refused = [i for i, r in enumerate(replies) if r is None]
     if refused:
-        again = run_script(op, [nodes[i] for i in refused], keys, args, timeout)
+        again = run_script(call, [nodes[i] for i in refused], timeout)
         for i, reply in zip(refused, again):
             replies[i] = reply
     return replies

@@ -21,7 +21,7 @@ from ...exceptions import ConfigurationError
 from .. import mask_url
 from .urls import address, client_for, describe
 
-__all__ = ["BREAKER_MAX", "Node", "NodeSpec"]
+__all__ = ["BREAKER_MAX", "BaseNode", "Node", "NodeSpec"]
 
 NodeSpec = Union[str, "redis.Redis"]
 
@@ -42,7 +42,30 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-class Node:
+class BaseNode:
+    """What a Redis node (a master, a cluster) is made with, its kind's ``make``
+    arguments: the timeouts and replicas set here, the rest of ``spec`` read by
+    the node's own ``_from_spec``."""
+
+    __slots__ = ("min_replicas", "timeout", "connect_timeout")
+
+    def __init__(
+        self,
+        spec: Any,
+        timeout: float,
+        min_replicas: int = 0,
+        connect_timeout: float | None = None,
+    ):
+        self.min_replicas = min_replicas
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._from_spec(spec)
+
+    def _from_spec(self, spec: Any) -> None:
+        raise NotImplementedError
+
+
+class Node(BaseNode):
     """One independent Redis master.
 
     Args:
@@ -65,23 +88,13 @@ class Node:
     cluster = False
 
     __slots__ = (
-        "name", "pool", "lean", "min_replicas", "timeout", "connect_timeout", "_identity", "_idle",
-        "owed",
+        "name", "pool", "lean", "_identity", "_idle", "owed",
         "_generation", "_backoff", "_retry_at", "_probing",
     )  # fmt: skip
 
-    def __init__(
-        self,
-        spec: NodeSpec,
-        timeout: float,
-        min_replicas: int = 0,
-        connect_timeout: float | None = None,
-    ):
-        self.min_replicas = min_replicas
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
+    def _from_spec(self, spec: NodeSpec) -> None:
         if isinstance(spec, str):
-            client = client_for(spec, timeout, connect_timeout)
+            client = client_for(spec, self.timeout, self.connect_timeout)
             self.name = mask_url(spec)
         elif isinstance(spec, redis.Redis):
             client = spec

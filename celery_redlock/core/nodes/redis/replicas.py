@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...scripts import Script
 from .. import NotReplicated
+from ..scripts import Script
 from .cluster import LockNode
 
 __all__ = ["CONFIRMED", "confirmed", "wait_after"]

@@ -26,7 +26,8 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import AskError, NoScriptError
 
-from ...scripts import Script
+from .. import codec
+from ..scripts import Script
 from .cluster import BATCHES, LockNode, Part, combine, cross_call, cross_slot, map_all
 from .collect import collect, read_other
 from .node import Node
@@ -156,15 +157,10 @@ def gather_each(
 
 
 def run_script(
-    script: Script,
-    nodes: Sequence[LockNode],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    needed: int | None = None,
+    call: codec.Call, nodes: Sequence[LockNode], timeout: float, needed: int | None = None
 ) -> list[Any]:
-    """Run a script on every node in one :func:`gather` round (ended once
-    ``needed`` nodes answered, if given).
+    """Run ``call`` (a script, its KEYS and ARGV) on every node in one :func:`gather`
+    round (ended once ``needed`` nodes answered, if given).
 
     Sent as EVALSHA; a node that lost its script cache (restart, SCRIPT FLUSH)
     gets EVAL in a second round, with a timeout of its own: a hung node must
@@ -176,24 +172,19 @@ def run_script(
     so it counts as a node that did not answer; such a round waits for every
     node (a reply is known to count only once its replicas are checked).
     """
-    wait = wait_after(script, nodes, timeout)
+    wait = wait_after(call[0], nodes, timeout)
     if wait is not None:
         needed = None
     if _some_cluster(nodes):
-        return _spread_script(script, nodes, keys, args, timeout, wait, needed)
-    return _masters_script(script, nodes, keys, args, timeout, wait, needed)  # type: ignore[arg-type]
+        return _spread_script(call, nodes, timeout, wait, needed)
+    return _masters_script(call, nodes, timeout, wait, needed)  # type: ignore[arg-type]
 
 
 def _masters_script(
-    script: Script,
-    nodes: Sequence[Node],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    wait: tuple | None,
-    needed: int | None = None,
+    call: codec.Call, nodes: Sequence[Node], timeout: float, wait: tuple | None, needed: int | None
 ) -> list[Any]:
     """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
+    script, keys, args = call
     replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait, needed)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
@@ -214,19 +205,14 @@ def _masters_script(
 
 
 def _spread_script(
-    script: Script,
-    nodes: Sequence[Any],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    wait: tuple | None,
-    needed: int | None = None,
+    call: codec.Call, nodes: Sequence[Any], timeout: float, wait: tuple | None, needed: int | None
 ) -> list[Any]:
     """:func:`run_script` when some nodes are clusters: each cluster's call goes
     to the shard masters of its keys (one call per shard), every call of every
     node in the same round; a ``MOVED`` or ``ASK`` is followed once, within
     what is left of the round's timeout. A cluster's reply is put together
     from its shards' (:func:`~celery_redlock.core.nodes.redis.cluster.combine`)."""
+    script, keys, args = call
     deadline = time.monotonic() + timeout
     replies: list[Any] = [None] * len(nodes)
     map_all(nodes, timeout)
@@ -235,7 +221,7 @@ def _spread_script(
         # (the lean path, one packing); only a redirect takes the long way.
         slot = key_slot(keys[0].encode())
         shards = [node.at_slot(slot) if node.cluster else node for node in nodes]
-        replies = _masters_script(script, shards, keys, args, timeout, wait, needed)
+        replies = _masters_script(call, shards, timeout, wait, needed)
         every = list(range(len(keys)))
         sent = [
             (i, Part(node, shards[i], keys, args, every, False))

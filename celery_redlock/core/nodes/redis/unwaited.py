@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...scripts import Script
+from ..scripts import Script
 from .cluster import LockNode
 from .node import Node
 from .wire import Call, pack, start

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import codec
 from ..kind import Kind
 from .reads import plain
 from .scripting import run_script
@@ -59,7 +60,7 @@ def each(
     if inline or len(nodes) == 1:
         return [one(node) for node in nodes]
     from ...connect import connector
-    from .. import cut_at
+    from .. import next_reply
 
     done: queue.SimpleQueue = queue.SimpleQueue()
     for i, node in enumerate(nodes):
@@ -68,13 +69,12 @@ def each(
     pending = set(range(len(nodes)))
     answered, until = 0, deadline + 0.5
     while pending:
-        now = time.monotonic()
-        if needed is not None and answered >= needed:
-            until = min(until, cut_at(started, now, timeout))
-        try:
-            i, reply = done.get(timeout=max(until - now, 0.001))
-        except queue.Empty:
+        item, until = next_reply(
+            done, started, until, needed is not None and answered >= needed, timeout
+        )
+        if item is None:
             break
+        i, reply = item
         replies[i] = reply
         pending.discard(i)
         answered += not isinstance(reply, Exception)
@@ -110,27 +110,22 @@ class VirtualKind(Kind):
         return each(nodes, guarded, timeout, self.inline(nodes), needed)
 
     def run(
-        self,
-        op: Any,
-        nodes: Sequence[Any],
-        keys: Sequence[str],
-        args: Sequence[Any],
-        timeout: float,
-        needed: int | None = None,
+        self, call: codec.Call, nodes: Sequence[Any], timeout: float, needed: int | None = None
     ) -> list[Any]:
-        """One round of ``op`` on ``nodes`` (decided once ``needed`` answered). A
+        """One round of ``call`` on ``nodes`` (decided once ``needed`` answered). A
         heartbeat's renewal of more keys than one commit may touch goes in parts
         (each key's renewal stands alone)."""
+        script, keys, args = call
         k = [_bytes(key) for key in keys]
         a = [_bytes(arg) for arg in args]
 
         def body(ks: list[bytes], ar: list[bytes]) -> Callable[[Any], Any]:
-            return lambda view: run_script(op, view, ks, ar)
+            return lambda view: run_script(script, view, ks, ar)
 
-        def call(node: Any, deadline: float) -> Any:
+        def one(node: Any, deadline: float) -> Any:
             store: Store = node.store
             part = store.max_keys
-            if op.name != "extend" or part is None or len(k) <= part:
+            if script.name != "extend" or part is None or len(k) <= part:
                 return execute(store, k, body(k, a), deadline)
             out: list[Any] = []
             for i in range(0, len(k), part):
@@ -138,7 +133,7 @@ class VirtualKind(Kind):
                 out += execute(store, ks, body(ks, ar), deadline)
             return out
 
-        return self.round(nodes, call, timeout, needed)
+        return self.round(nodes, one, timeout, needed)
 
     def command(
         self, nodes: Sequence[Any], cmd: tuple, timeout: float, needed: int | None = None

@@ -1,7 +1,7 @@
 """The operations' own Lua, run in this process on a :class:`~.keyspace.View`.
 
 A kind that runs no code of ours (etcd, memory) runs each operation's Lua
-script, the Redis kind's implementation (:mod:`celery_redlock.core.scripts`),
+script, the Redis kind's implementation (:mod:`celery_redlock.core.nodes.scripts`),
 in an embedded Lua 5.1 (lupa, Redis's Lua version), its ``redis.call``
 answered by the view of the keys the call read. The reply is converted as
 Redis converts a script's reply (numbers to integers, ``false`` to nil, a

@@ -1,5 +1,5 @@
 -- The lease's operations and the helpers composed into them: each mirrors the
--- Lua script of the same name (celery_redlock/core/scripts/), keys k and
+-- Lua script of the same name (celery_redlock/core/nodes/scripts/), keys k and
 -- arguments a as KEYS and ARGV, the reply as JSON (strings, integers, null).
 
 -- Digits-only comparison: true when token a > token b.
