@@ -83,7 +83,7 @@ class Pager:
         of several, a cluster's shard masters): the next cursor and the keys.
 
         Raises:
-            Exception: the error of a server that did not answer.
+            NodeError: a server that did not answer (or any error listing its servers).
         """
         servers = node.members()
         parts = at.split(".")
