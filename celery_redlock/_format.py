@@ -6,11 +6,9 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlsplit
 
-from .core import Holder, NodeView, mask_url, node_name
+from .core import Holder, NodeView, mask_url, node_name, specific_type
 from .core.exceptions import named_once
-from .core.nodes import SCHEMES
 from .exceptions import ConfigurationError
 
 __all__ = [
@@ -209,22 +207,5 @@ def nodes_text(names: Sequence[str], quorum: int, from_broker: bool) -> str:
         if from_broker
         else "the only node of redlock_nodes"
     )
-    kind = SCHEMES.get(urlsplit(names[0]).scheme, "redis")
-    if kind in ("etcd", "zookeeper"):  # its members agree among themselves
-        what = "an etcd cluster" if kind == "etcd" else "a ZooKeeper ensemble"
-        return (
-            f"lock node: {names[0]} ({source}): ONE node, {what}: the locks are "
-            "as safe as its members' quorum (a minority of members down changes nothing)"
-        )
-    if kind == "postgres":
-        return (
-            f"lock node: {names[0]} ({source}): ONE node, a PostgreSQL database: the locks "
-            "are as safe as its commits (each grant is on disk before its task runs, with "
-            "fsync on); a failover to an asynchronous standby may lose the last grants "
-            "(redlock_min_replicas=1 waits for a synchronous one)"
-        )
-    what = "Redis Cluster" if "+cluster://" in names[0] else "Redis server"
-    return (
-        f"lock node: {names[0]} ({source}): ONE node, so the locks are only as safe as this "
-        f"one {what}; set redlock_nodes to 3 or 5 independent masters (or clusters) for a quorum"
-    )
+    alone = specific_type(names[0]).words(names[0]).alone
+    return f"lock node: {names[0]} ({source}): ONE node, {alone}"

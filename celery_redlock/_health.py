@@ -7,8 +7,15 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ._format import ms_text, plural
-from .core import EtcdInfo, NodeInfo, PostgresInfo, RedisInfo, ZookeeperInfo
-from .core.nodes import kind_timeouts
+from .core import (
+    EtcdInfo,
+    KindWords,
+    NodeInfo,
+    PostgresInfo,
+    RedisInfo,
+    ZookeeperInfo,
+    kind_timeouts,
+)
 
 __all__ = ["HEADER", "SAFE_POLICIES", "Check", "checks", "findings", "node_row"]
 
@@ -18,9 +25,6 @@ SAFE_POLICIES = ("noeviction",)
 
 #: The header of the ``nodes`` table (:func:`node_row`).
 HEADER = ["NODE", "PING", "VERSION", "ROLE", "DURABILITY"]
-
-#: What a kind calls a server's identity (:attr:`NodeInfo.server_id`).
-_SERVER_ID = {"redis": "run_id", "postgres": "system identifier", "etcd": "cluster id"}
 
 Add = Callable[[str, str, str], None]
 
@@ -107,7 +111,7 @@ def findings(
                 add(
                     "WARNING",
                     p.node,
-                    f"same server as {other} ({_SERVER_ID.get(p.kind, 'id')} {p.server_id}): "
+                    f"same server as {other} ({_words(p).identity} {p.server_id}): "
                     "one server counted twice breaks the quorum arithmetic.",
                 )
         bound = node_timeout if node_timeout is not None else kind_timeouts(p.kind)[0]
@@ -246,9 +250,15 @@ def _zookeeper(p: NodeInfo, z: ZookeeperInfo, add: Add) -> None:
         )
 
 
+def _words(p: NodeInfo) -> KindWords:
+    """``p``'s kind's words (the defaults, a replica's, for a node that said nothing)."""
+    return p.specific.words(p.node) if p.specific is not None else KindWords()
+
+
 def _replicas(p: NodeInfo, min_replicas: int, add: Add) -> None:
     replicas = p.replicas or 0
-    noun = "standby" if p.kind == "postgres" else "replica"
+    words = _words(p)
+    noun = words.copy
     count = plural(replicas, noun)
     if replicas < min_replicas:
         add(
@@ -258,11 +268,7 @@ def _replicas(p: NodeInfo, min_replicas: int, add: Add) -> None:
             "be confirmed, so the node never counts toward a quorum.",
         )
     elif replicas and not min_replicas:
-        fix = (
-            "makes each grant wait for a synchronous standby to apply it"
-            if p.kind == "postgres"
-            else "makes each grant wait for one to confirm it"
-        )
+        fix = words.copy_wait
         add(
             "note",
             p.node,

@@ -35,8 +35,7 @@ from celery import exceptions as celery_exceptions
 from celery.app.defaults import NAMESPACES, flatten
 
 from . import exceptions
-from .core import Redlock, mask_url
-from .core.nodes import default_timeouts
+from .core import Redlock, default_timeouts, mask_url
 from .sentinel_broker import sentinel_node
 from .settings import (
     BEAT_SETTINGS,
@@ -434,7 +433,7 @@ class Provenance(NamedTuple):
 _DERIVED_FROM = {
     "redlock_nodes": "broker_url",
     "redlock_heartbeat_interval": "ttl / 3",
-    # None stays: each node takes its kind's own (core.nodes.default_timeouts)
+    # None stays: each node takes its kind's own (core.default_timeouts)
     "redlock_node_timeout": "each node's kind",
     "redlock_connect_timeout": "each node's kind",
 }

@@ -27,9 +27,8 @@ from typing import Any
 
 from celery import signals as celery_signals
 
-from .core import Redlock
+from .core import Redlock, ping
 from .core.exceptions import heals
-from .core.nodes import command
 from .exceptions import RedlockError
 from .outage import cause_and_fix
 from .plan import plan_of
@@ -91,7 +90,7 @@ def unhealed(settings: Any, timeout: float = START_CHECK_TIMEOUT) -> list[str]:
         options = {**settings.redlock_options(), "node_timeout": timeout}
         client = Redlock(settings.node_list, **options)
     try:
-        replies = command(client.nodes, ("PING",), timeout)
+        replies = ping(client)
         return [
             cause_and_fix(node.name, reply)
             for node, reply in zip(client.nodes, replies)

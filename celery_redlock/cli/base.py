@@ -15,9 +15,14 @@ from celery.bin.base import (
     CeleryOption,
     handle_preload_options,
 )
-from redis.exceptions import RedisError
 
-from ..exceptions import ConfigurationError, LockKeyError, QuorumUnavailable, RedlockError
+from ..exceptions import (
+    ConfigurationError,
+    LockKeyError,
+    NodeError,
+    QuorumUnavailable,
+    RedlockError,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -143,10 +148,10 @@ def command(name: str, *params: Callable[..., Any], timeout: bool = True) -> Cal
                 raise click.ClickException(f"configuration: {exc}") from exc
             except LockKeyError as exc:
                 raise click.ClickException(f"cannot build the lock key: {exc}") from exc
+            except NodeError as exc:  # not OSError: a closed stdout pipe is no node's outage
+                raise Unavailable(f"lock node error: {exc}") from exc
             except RedlockError as exc:
                 raise click.ClickException(str(exc)) from exc
-            except RedisError as exc:  # not OSError: a closed stdout pipe is no Redis outage
-                raise Unavailable(f"Redis error: {type(exc).__name__}: {exc}") from exc
 
         wrapped = click.pass_context(handle_preload_options(run))
         for param in reversed((*params, TIMEOUT) if timeout else params):

@@ -10,9 +10,8 @@ from .. import conf
 from .._format import ms_text, nodes_text, outage, plural, spare_text, table
 from .._health import HEADER, findings, node_row
 from .._reading import connect
+from ..core import kind_timeouts, ping
 from ..core.exceptions import heals
-from ..core.nodes import command as ask
-from ..core.nodes import kind_timeouts
 from ..outage import cause_and_fix
 from .base import TASK, Degraded, NeedsFix, Unavailable, command
 from .targets import target_settings
@@ -49,7 +48,7 @@ def nodes(app: Any, echo: Callable, task: str | None, timeout: float, **kwargs: 
         asked = [node for node in client.nodes if node.name in failed]
         fixes = [
             cause_and_fix(node.name, error)
-            for node, error in zip(asked, ask(asked, ("PING",), timeout) if asked else [])
+            for node, error in zip(asked, ping(client, asked) if asked else [])
             if isinstance(error, Exception) and not heals(error)
         ]
     quorum, total = client.quorum, len(client.nodes)

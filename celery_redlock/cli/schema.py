@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..core.nodes import kind_of, node_for
+from ..core import NodeError, has_schema, install_schema, open_node, schema_sql
 from .base import TASK, command, option
 from .targets import target_settings
 
@@ -62,24 +62,23 @@ def schema(
     nodes = []
     try:
         for spec in specs:
-            nodes.append(node_for(spec, timeout, connect_timeout=max(timeout, 2.0)))
-        with_schema = [node for node in nodes if kind_of(node).has_schema]
+            nodes.append(open_node(spec, timeout, connect_timeout=max(timeout, 2.0)))
+        with_schema = [node for node in nodes if has_schema(node)]
         if urls and len(with_schema) < len(nodes):
             other = next(node for node in nodes if node not in with_schema)
             raise click.BadParameter(f"{other.name} is not a PostgreSQL node", param_hint="--url")
         if not with_schema:
             raise click.ClickException(f"{label} has no PostgreSQL lock node (redlock_nodes)")
         for node in with_schema:
-            kind = kind_of(node)
             if apply:
                 try:
-                    kind.install(node)
-                except ConnectionError as exc:  # refused, or not answering
+                    install_schema(node)
+                except NodeError as exc:  # refused, or not answering
                     hint = "" if urls else "; to apply it as a role that may, give --url"
                     raise click.ClickException(f"cannot apply the schema: {exc}{hint}") from exc
                 echo(f"{node.name}: schema {node.schema!r} is installed")
             else:
-                echo(f"-- lock node {node.name}\n{kind.ddl(node.schema)}")
+                echo(f"-- lock node {node.name}\n{schema_sql(node)}")
     finally:
         for node in nodes:
             node.close()

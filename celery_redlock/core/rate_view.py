@@ -76,7 +76,7 @@ def _admits(reply: Any, log: Sequence[float], window: Window, counted: bool) -> 
     """When ``window`` admits a start again on the node that answered ``reply`` (its
     rate hash) and ``log`` (its bookings' instants, epoch ms, oldest first): the
     paced window's TAT, a full counted window's N-th latest booking plus the period
-    (see :data:`.scripts.rates.RATE`); None when it admits one now."""
+    (see :data:`.nodes.scripts.rates.RATE`); None when it admits one now."""
     if counted:
         if len(log) < window.starts:
             return None

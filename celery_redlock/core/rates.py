@@ -1,7 +1,7 @@
 """Rate limits on the quorum: at most N starts per key in any window of a period.
 
 This module is core: it imports neither celery nor kombu. Its Lua is
-:mod:`.scripts.rates`.
+:mod:`.nodes.scripts.rates`.
 
 A rate is one or several **windows** ``(count, period)``; a start is admitted
 only when every window of every key it names admits it. Each key's state is one
@@ -133,7 +133,7 @@ class RatedRound:
     """An acquire round that also books a rated start (or records one booked before).
 
     The lease, plain or permits, sends its acquire through :meth:`run`
-    (:func:`.scripts.rates.rated`: a grant books the start in the same call, a
+    (:func:`.nodes.scripts.rates.rated`: a grant books the start in the same call, a
     contended start books nothing; a node where the booked instant is not due
     lets the key go at once and answers {7}; each grant's booking is popped off
     its reply), and then, the keys found free on a quorum, asks :meth:`settle`

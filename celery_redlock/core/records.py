@@ -28,11 +28,13 @@ __all__ = [
     "Finished",
     "EtcdInfo",
     "Holder",
+    "KindWords",
     "NodeInfo",
     "PostgresInfo",
     "RateSlot",
     "RateView",
     "RedisInfo",
+    "SPECIFIC",
     "Schedule",
     "TooEarly",
     "agree",
@@ -261,6 +263,19 @@ class RateView(NamedTuple):
         return sum(1 for t in self.starts if now - period < t <= now)
 
 
+class KindWords(NamedTuple):
+    """A kind's words for the tools (``words()`` of its record of what only it reports)."""
+
+    #: What a copy of a node is called.
+    copy: str = "replica"
+    #: What waiting for a copy (``redlock_min_replicas=1``) does to each grant.
+    copy_wait: str = "makes each grant wait for one to confirm it"
+    #: What a server's identity (:attr:`NodeInfo.server_id`) is called.
+    identity: str = "id"
+    #: What one node alone promises (after "ONE node, ").
+    alone: str = ""
+
+
 class RedisInfo(NamedTuple):
     """What only a Redis server reports of itself (:attr:`NodeInfo.specific`)."""
 
@@ -270,6 +285,16 @@ class RedisInfo(NamedTuple):
     aof: bool | None = None
     #: ``appendfsync`` when AOF is on and CONFIG GET is allowed.
     appendfsync: str | None = None
+
+    @classmethod
+    def words(cls, url: str = "") -> KindWords:
+        """The kind's words for a node (``url``: a cluster is said to be one)."""
+        server = "Redis Cluster" if "+cluster://" in url else "Redis server"
+        alone = (
+            f"so the locks are only as safe as this one {server}; set redlock_nodes to 3 "
+            "or 5 independent masters (or clusters) for a quorum"
+        )
+        return KindWords(identity="run_id", alone=alone)
 
 
 class PostgresInfo(NamedTuple):
@@ -281,6 +306,20 @@ class PostgresInfo(NamedTuple):
     full_page_writes: str = "?"
     #: ``synchronous_standby_names`` ("" when none).
     synchronous_standbys: str = ""
+
+    @classmethod
+    def words(cls, url: str = "") -> KindWords:
+        return _POSTGRES_WORDS
+
+
+_POSTGRES_WORDS = KindWords(
+    copy="standby",
+    copy_wait="makes each grant wait for a synchronous standby to apply it",
+    identity="system identifier",
+    alone="a PostgreSQL database: the locks are as safe as its commits (each grant is on "
+    "disk before its task runs, with fsync on); a failover to an asynchronous standby may "
+    "lose the last grants (redlock_min_replicas=1 waits for a synchronous one)",
+)
 
 
 class EtcdInfo(NamedTuple):
@@ -295,6 +334,10 @@ class EtcdInfo(NamedTuple):
     def quorum(self) -> int:
         """How many members must agree for a write: a majority."""
         return self.members // 2 + 1
+
+    @classmethod
+    def words(cls, url: str = "") -> KindWords:
+        return KindWords(identity="cluster id", alone=_agreeing_members("an etcd cluster"))
 
 
 class ZookeeperInfo(NamedTuple):
@@ -314,6 +357,27 @@ class ZookeeperInfo(NamedTuple):
     def quorum(self) -> int:
         """How many members must agree for a write: a majority."""
         return self.members // 2 + 1
+
+    @classmethod
+    def words(cls, url: str = "") -> KindWords:
+        return KindWords(alone=_agreeing_members("a ZooKeeper ensemble"))
+
+
+def _agreeing_members(what: str) -> str:
+    """One node of members that agree among themselves (a quorum of its own)."""
+    return (
+        f"{what}: the locks are as safe as its members' quorum (a minority of members "
+        "down changes nothing)"
+    )
+
+
+#: A kind's name (a node's ``kind``) -> the record of what only it reports.
+SPECIFIC: dict[str, type[RedisInfo | PostgresInfo | EtcdInfo | ZookeeperInfo]] = {
+    "redis": RedisInfo,
+    "postgres": PostgresInfo,
+    "etcd": EtcdInfo,
+    "zookeeper": ZookeeperInfo,
+}
 
 
 class NodeInfo(NamedTuple):

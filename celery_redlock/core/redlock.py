@@ -43,7 +43,8 @@ its own:
 * :mod:`.queues`: a name's calls waiting in publish order, and the hand-over;
 * :mod:`.inspect`: read-only views for the tools, and the force release;
 * :mod:`.rates`: rate reservations, at most N starts per window (GCRA on the quorum);
-* :mod:`.scripts`: the Lua, grouped the same way, its helpers written once;
+* :mod:`.nodes`: the node seam: typed operations to every kind, and under it the
+  Lua of the Redis kind (also run by the kinds of :mod:`.nodes.virtual`);
 * :mod:`.settings`: every setting and option, declared once.
 
 Each operation is one round trip (one script call per node, sent to every

@@ -33,9 +33,7 @@ from importlib import resources
 from typing import Any, Union
 from urllib.parse import parse_qs, urlsplit
 
-from redis.exceptions import RedisError
-
-from ..exceptions import ConfigurationError, QuorumUnavailable, RedlockError
+from ..exceptions import ConfigurationError, NodeError, QuorumUnavailable, RedlockError
 from .actions import ActionRefused, release, withdraw
 from .reads import FAMILIES, Board
 
@@ -173,7 +171,7 @@ class DashboardApp:
             }
             try:
                 state = self.board.state(cursors, task)
-            except (RedlockError, RedisError) as exc:  # e.g. the app's settings are wrong
+            except RedlockError as exc:  # a node's failure (NodeError), or the app's settings
                 raise _Reply("503 Service Unavailable", f"{type(exc).__name__}: {exc}") from exc
             state.update(actions=self.actions, refresh=self.refresh)
             return self._json(state)
@@ -207,6 +205,8 @@ class DashboardApp:
             raise _Reply(exc.status, str(exc)) from exc
         except QuorumUnavailable as exc:
             raise _Reply("503 Service Unavailable", f"lock quorum unavailable: {exc}") from exc
+        except NodeError as exc:
+            raise _Reply("503 Service Unavailable", f"lock node error: {exc}") from exc
         return self._json(done)
 
     # -- authentication -------------------------------------------------------

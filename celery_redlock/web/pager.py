@@ -12,20 +12,19 @@ string) starts a pass; a pass has ended when every node's cursor is ``-``.
 A node that is a Redis Cluster sends one SCAN to each of its shard masters:
 its cursor is theirs joined by ``.`` (``"2048.-.96"``).
 
-The reads go through the node seam (:func:`celery_redlock.core.nodes.command`),
-so they work on a node of any kind, within the client's node timeout (a new
+The reads are the core's typed ones (:func:`celery_redlock.core.read`), so they
+work on a node of any kind, within the client's node timeout (a new
 connection gets its connect timeout first); a key is read on every node at
 once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .._format import glob_escape
-from ..core import Redlock
-from ..core.nodes import command
+from ..core import Get, ReadHash, ReadScores, ReadTtl, ReadType, Redlock, Scan, read
 
 __all__ = ["Page", "Pager", "RawKey", "END"]
 
@@ -58,8 +57,8 @@ class RawKey(NamedTuple):
     error: str | None = None
 
 
-def _text(value: Any) -> Any:
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+def _error(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 class Pager:
@@ -70,10 +69,6 @@ class Pager:
         self.count = count
         #: SCAN calls sent, per node name (read by tests and the ``/api/state`` timing).
         self.scan_calls = 0
-
-    def _ask(self, cmd: tuple, nodes: Sequence[Any]) -> list[Any]:
-        """``cmd`` on ``nodes`` at once: a reply or an exception each."""
-        return command(nodes, cmd, self.client.node_timeout)
 
     def split(self, cursor: str | None) -> list[str]:
         """The per-node cursors of ``cursor`` (a fresh pass for a cursor that does not fit)."""
@@ -88,7 +83,7 @@ class Pager:
         of several, a cluster's shard masters): the next cursor and the keys.
 
         Raises:
-            Exception: the error of a server that did not answer.
+            NodeError: a server that did not answer (or any error listing its servers).
         """
         servers = node.members()
         parts = at.split(".")
@@ -102,12 +97,11 @@ class Pager:
                 nexts.append(END)
                 continue
             self.scan_calls += 1
-            reply = self._ask(("SCAN", int(part), "MATCH", match, "COUNT", count), [server])[0]
-            if isinstance(reply, Exception):
-                raise reply
-            after, keys = reply
-            found += keys
-            nexts.append(END if int(after) == 0 else _text(after))
+            page = read(self.client, Scan(part, match, count), [server])[0]
+            if isinstance(page, Exception):
+                raise page
+            found += page.keys
+            nexts.append(END if int(page.cursor) == 0 else page.cursor)
         return (END if all(n == END for n in nexts) else ".".join(nexts)), found
 
     def page(
@@ -127,10 +121,10 @@ class Pager:
             try:
                 after, keys = self._scan(node, at, match)
             except Exception as exc:  # noqa: BLE001 - whatever the kind's error, the node failed
-                skip[node.name] = str(exc) or type(exc).__name__
+                skip[node.name] = _error(exc)
                 nexts.append(at)  # read again from here once the node is back
                 continue
-            found.update(_text(k)[len(base) :] for k in keys)
+            found.update(k[len(base) :] for k in keys)
             nexts.append(after)
         live = [n for node, n in zip(self.client.nodes, nexts) if node.name not in skip]
         ended = all(n == END for n in live)
@@ -157,39 +151,33 @@ class Pager:
 
     def _read(self, key: str, nodes: Sequence[Any]) -> list[RawKey]:
         """Type, PTTL and value of ``key`` on ``nodes``."""
-        types = self._ask(("TYPE", key), nodes)
-        ttls = self._ask(("PTTL", key), nodes)
+        types = read(self.client, ReadType(key), nodes)
+        ttls = read(self.client, ReadTtl(key), nodes)
         views: list[RawKey | None] = [None] * len(nodes)
         wanted: dict[str, list[int]] = {}
-        for i, (node, kind, pttl) in enumerate(zip(nodes, types, ttls)):
-            failed = kind if isinstance(kind, Exception) else pttl
+        for i, (node, kind, ttl) in enumerate(zip(nodes, types, ttls)):
+            failed = kind if isinstance(kind, Exception) else ttl
             if isinstance(failed, Exception):
-                views[i] = RawKey(node.name, error=str(failed) or type(failed).__name__)
+                views[i] = RawKey(node.name, error=_error(failed))
             else:
-                wanted.setdefault(_text(kind), []).append(i)
+                wanted.setdefault(kind.name, []).append(i)
         for kind, at in wanted.items():
-            cmd = _VALUE_OF.get(kind)
-            values = self._ask((cmd[0], key, *cmd[1:]), [nodes[i] for i in at]) if cmd else []
+            value_of = _VALUE_OF.get(kind)
+            values = read(self.client, value_of[0](key), [nodes[i] for i in at]) if value_of else []
             for j, i in enumerate(at):
-                value = values[j] if cmd else None
+                value = values[j] if value_of else None
                 if isinstance(value, Exception):
-                    views[i] = RawKey(nodes[i].name, error=str(value) or type(value).__name__)
+                    views[i] = RawKey(nodes[i].name, error=_error(value))
                 else:
-                    views[i] = RawKey(nodes[i].name, kind, int(ttls[i]), _value(kind, value))
+                    shown = value_of[1](value) if value_of else None
+                    views[i] = RawKey(nodes[i].name, kind, ttls[i].pttl_ms, shown)
         return views  # type: ignore[return-value]
 
 
-#: The read that gives a key's value, by its type.
-_VALUE_OF = {"string": ("GET",), "hash": ("HGETALL",), "zset": ("ZRANGE", 0, -1, "WITHSCORES")}
-
-
-def _value(kind: str, reply: Any) -> Any:
-    if kind == "string":
-        return _text(reply)
-    if kind == "hash":  # field, value, field, value...
-        pairs = list(zip(reply[0::2], reply[1::2]))[:FIELDS_SHOWN]
-        return {_text(k): _text(v) for k, v in pairs}
-    if kind == "zset":  # member, score, member, score...
-        pairs = list(zip(reply[0::2], reply[1::2]))[:FIELDS_SHOWN]
-        return [[_text(member), float(score)] for member, score in pairs]
-    return None
+#: The read that gives a key's value, by its type, and the value as shown: a
+#: string's text, a hash's first fields, a sorted set's first (member, score) pairs.
+_VALUE_OF: dict[str, tuple[Callable[[str], Any], Callable[[Any], Any]]] = {
+    "string": (Get, lambda got: got.value),
+    "hash": (ReadHash, lambda got: dict(got.items[:FIELDS_SHOWN])),
+    "zset": (ReadScores, lambda got: [list(pair) for pair in got.items[:FIELDS_SHOWN]]),
+}

@@ -379,7 +379,7 @@ def perform(
     try:
         return decode(op, replies, NotReplicated)
     except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone
-        return codec.decode_each(op, replies)
+        return codec.decode_each(op, replies, NotReplicated)
 
 
 def command(

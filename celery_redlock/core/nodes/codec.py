@@ -2,7 +2,7 @@
 the kinds' replies (Lua-shaped lists of ints, bytes, None) as typed results.
 
 The one place that knows argument positions, flag letters and reply slots
-(the contracts written above each script in :mod:`celery_redlock.core.scripts`).
+(the contracts written above each script in :mod:`celery_redlock.core.nodes.scripts`).
 Every kind answers with the same Lua-shaped replies, so :func:`decode` serves
 them all, applied once where the core runs an operation (:func:`.perform`).
 """
@@ -13,12 +13,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import ops
-from ..values import text
+from ..exceptions import NodeError, RedlockError
+from ..values import error_text, readable, text
 from ..windows import RateKey
 from . import scripts
 from .scripts import Script
 
-__all__ = ["PLANS", "decode", "decode_all", "decode_each", "encode", "flags", "rate_args"]
+__all__ = [
+    "PLANS",
+    "decode",
+    "decode_all",
+    "decode_each",
+    "encode",
+    "flags",
+    "node_error",
+    "rate_args",
+]
 
 #: A rated acquire's reply when the grant was booked for later and let go.
 LATER = 7
@@ -195,6 +205,8 @@ _COMMANDS: dict[type, Callable[[Any], tuple]] = {
     ops.Delete: lambda op: ("DEL", op.key),
     ops.ReadHash: lambda op: ("HGETALL", op.key),
     ops.ReadScores: lambda op: ("ZRANGE", op.key, 0, -1, "WITHSCORES"),
+    ops.ReadType: lambda op: ("TYPE", op.key),
+    ops.ReadTtl: lambda op: ("PTTL", op.key),
     ops.Scan: lambda op: ("SCAN", op.cursor, "MATCH", op.match, "COUNT", op.count),
 }
 
@@ -365,10 +377,12 @@ def _page(reply: Any) -> ops.Page:
 
 _READS: dict[type, Callable[[Any], Any]] = {
     ops.Ping: lambda r: _DONE[1],
-    ops.Get: lambda r: ops.Value(text(r)),
+    ops.Get: lambda r: ops.Value(_shown(r)),
     ops.Delete: _count,
-    ops.ReadHash: lambda r: ops.Fields(tuple((_s(k), _s(v)) for k, v in _pairs(r))),
-    ops.ReadScores: lambda r: ops.Scores(tuple((_s(m), float(s)) for m, s in _pairs(r))),
+    ops.ReadHash: lambda r: ops.Fields(tuple((readable(k), readable(v)) for k, v in _pairs(r))),
+    ops.ReadScores: lambda r: ops.Scores(tuple((readable(m), float(s)) for m, s in _pairs(r))),
+    ops.ReadType: lambda r: ops.KeyType(_s(r)),
+    ops.ReadTtl: lambda r: ops.Remaining(int(r)),
     ops.Scan: _page,
 }
 
@@ -398,12 +412,18 @@ def decode_all(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
     try:
         return _ROUNDS.get(type(op), _each)(op, replies, unconfirmed)
     except (TypeError, ValueError, IndexError, KeyError):  # one reply is not op's: each alone
-        return decode_each(op, replies)
+        return decode_each(op, replies, unconfirmed)
 
 
-def decode_each(op: ops.Op, replies: list[Any]) -> list[Any]:
-    """:func:`decode` of each reply alone (a round where some reply is not ``op``'s)."""
-    return [decode(op, r) if not isinstance(r, BaseException) else r for r in replies]
+def decode_each(
+    op: ops.Op, replies: list[Any], unconfirmed: type | tuple[type, ...] = ()
+) -> list[Any]:
+    """:func:`decode` of each reply alone (a round where some reply is not ``op``'s);
+    each error as :func:`_error` has it."""
+    return [
+        decode(op, r) if not isinstance(r, BaseException) else _error(op, r, unconfirmed)
+        for r in replies
+    ]
 
 
 def _each(op: ops.Op, replies: list[Any], unconfirmed: type) -> list[Any]:
@@ -461,10 +481,23 @@ PLANS: dict[type, tuple[Callable[[Any], Any], Callable[[Any, list, type], list]]
 }
 
 
-def _error(op: ops.Op, error: BaseException, unconfirmed: type) -> BaseException:
+def _error(op: ops.Op, error: BaseException, unconfirmed: type | tuple[type, ...]) -> BaseException:
     if isinstance(error, unconfirmed):
         error.reply = decode(op, error.reply)  # type: ignore[attr-defined]
-    return error
+        return error
+    return node_error(error)
+
+
+def node_error(error: BaseException) -> BaseException:
+    """A node's error as the core sees it: the core's own errors (a :class:`NodeError`,
+    a node refused as misconfigured) as they are; a kind's client error (redis-py's,
+    psycopg's, kazoo's, a timeout) as a :class:`NodeError` of the same text, raised
+    from it, so that nothing above the seam names a kind's library."""
+    if isinstance(error, RedlockError):
+        return error
+    wrapped = NodeError(error_text(error))
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _ms(seconds: float) -> int:

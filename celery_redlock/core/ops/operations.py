@@ -38,6 +38,8 @@ __all__ = [
     "Read",
     "ReadHash",
     "ReadScores",
+    "ReadTtl",
+    "ReadType",
     "Release",
     "ReleasePrefix",
     "Scan",
@@ -326,6 +328,20 @@ class ReadScores:
 
 
 @value
+class ReadType:
+    """Read what a key holds: :class:`KeyType` (``"none"``: no such key)."""
+
+    key: str
+
+
+@value
+class ReadTtl:
+    """Read a key's remaining time to live: :class:`Remaining`."""
+
+    key: str
+
+
+@value
 class Scan:
     """One step of a scan of the node's keys matching the glob ``match``: :class:`Page`."""
 
@@ -334,7 +350,7 @@ class Scan:
     count: int
 
 
-Read = Ping | Get | Delete | ReadHash | ReadScores | Scan
+Read = Ping | Get | Delete | ReadHash | ReadScores | ReadType | ReadTtl | Scan
 
 Op = (
     Acquire | AcquirePermit | Rate | Rated | Unstart | Extend | Release | ReleasePrefix | Issue

@@ -28,12 +28,14 @@ __all__ = [
     "InQueue",
     "Inspected",
     "Issued",
+    "KeyType",
     "Later",
     "Page",
     "Peeked",
     "QueueFull",
     "QueueHead",
     "QueueStep",
+    "Remaining",
     "Scheduled",
     "Scores",
     "Sooner",
@@ -286,6 +288,20 @@ class Scores:
     """A sorted set's (member, score) pairs, lowest score first."""
 
     items: tuple[tuple[str, float], ...]
+
+
+@value
+class KeyType:
+    """What a key holds: ``"string"``, ``"hash"``, ``"zset"``, or ``"none"`` (no such key)."""
+
+    name: str
+
+
+@value
+class Remaining:
+    """A key's remaining time to live in ms: -1 no TTL, -2 no such key."""
+
+    pttl_ms: int
 
 
 @value

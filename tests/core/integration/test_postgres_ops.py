@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from celery_redlock.core.nodes import command, node_for, scatter, scripts
+from celery_redlock.core import NodeError, ops
+from celery_redlock.core.nodes import command, node_for, perform, scatter, scripts
 from celery_redlock.testing.memory import MemoryNodes
 from tests.support.kinds import NODE_SETS
 from tests.support.pg_nodes import TTL_SLACK, pg_urls, same_reply
@@ -407,6 +408,32 @@ def test_errors_and_plain_commands(both):
     pattern = both.p_ + ":o:a[*X]b*"
     assert len(both.scan(both.r, pattern)) == len(both.scan(both.p, pattern)) == 2
     assert isinstance(command([both.p], ("INCR", lock), T)[0], Exception)
+
+
+def test_typed_reads_give_the_results_redis_gives(both):
+    """The plain reads the tools send as typed operations (a key's type, its TTL,
+    its value by type) answer alike on every kind."""
+    lock, thr, none = both.k("lock", "r"), both.k("thr", "r"), both.k("none", "r")
+    keys = [lock, both.k("fence", "r"), both.k("rc", "r"), both.k("cl", "r"), thr]
+    both.op(scripts.ACQUIRE, keys, ["t1|a", 60000, "", now_us(), "t1", "t", "60000", 1, ""])
+
+    def read(op: Any) -> Any:
+        a, b = both._timed(lambda node: perform(op, [node], T)[0])
+        both.steps.append(repr(op))
+        alike = isinstance(a, NodeError) and isinstance(b, NodeError) or type(a) is type(b)
+        assert alike, f"{op!r}: {a!r} on Redis, {b!r} on the other"
+        return a, b
+
+    for key, kind in ((lock, "string"), (thr, "hash"), (none, "none")):
+        assert read(ops.ReadType(key)) == (ops.KeyType(kind), ops.KeyType(kind))
+    (a, b) = read(ops.ReadTtl(lock))
+    assert abs(a.pttl_ms - b.pttl_ms) <= TTL_SLACK + 2 * both.spread and a.pttl_ms > 0
+    assert read(ops.ReadTtl(none)) == (ops.Remaining(-2), ops.Remaining(-2))
+    assert read(ops.Get(lock)) == (ops.Value("t1|a"), ops.Value("t1|a"))
+    assert read(ops.ReadHash(thr)) == (ops.Fields((("start", "1"),)),) * 2
+    assert read(ops.ReadScores(none)) == (ops.Scores(()), ops.Scores(()))
+    wrong = read(ops.Get(thr))  # WRONGTYPE on both: the node's error, as the core's
+    assert all(isinstance(error, NodeError) for error in wrong), wrong
 
 
 def test_ttls_run_out_alike(both):

@@ -4,7 +4,7 @@ back as typed results."""
 
 from __future__ import annotations
 
-from celery_redlock.core import ops
+from celery_redlock.core import ConfigurationError, NodeError, ops
 from celery_redlock.core.nodes import NotReplicated, codec, scripts
 
 
@@ -53,12 +53,24 @@ def test_a_round_decodes_once_and_keeps_errors():
     lost = TimeoutError("no reply")
     unconfirmed = NotReplicated("1 of 2 replicas", 1)
     got = codec.decode_all(release, [1, lost, unconfirmed, 0], NotReplicated)
-    assert got[0] == ops.Count(1) and got[1] is lost and got[3] == ops.Count(0)
+    assert got[0] == ops.Count(1) and got[3] == ops.Count(0)
+    # a kind's own error reaches the core as a NodeError of its text, raised from it
+    assert isinstance(got[1], NodeError) and got[1].__cause__ is lost
+    assert str(got[1]) == "no reply" and got[1].heals
     assert got[2] is unconfirmed and unconfirmed.reply == ops.Count(1)
     strange = codec.decode_all(
         ops.Acquire("k", "f", "o", 1, "", 5), [[1, b"7"], "?"], NotReplicated
     )
     assert strange[0] == ops.Granted("7") and isinstance(strange[1], ValueError)
+
+
+def test_the_core_errors_stay_and_each_reply_alone_wraps_a_kinds_error():
+    refused = NodeError("n: password refused", "n", heals=False)
+    misconfigured = ConfigurationError("n: no such schema")
+    lost = ConnectionError("")
+    got = codec.decode_each(ops.Get("k"), [refused, misconfigured, lost, b"v"])
+    assert got[0] is refused and got[1] is misconfigured and got[3] == ops.Value("v")
+    assert isinstance(got[2], NodeError) and str(got[2]) == "ConnectionError"
 
 
 def test_a_plain_read_is_a_command_and_its_reply_a_value():
@@ -67,3 +79,7 @@ def test_a_plain_read_is_a_command_and_its_reply_a_value():
     assert page == ops.Page("17", ("p:a", "p:b"))
     assert codec.decode(ops.ReadScores("z"), [b"m", b"1.5"]) == ops.Scores((("m", 1.5),))
     assert codec.decode(ops.ReadHash("h"), {b"f": b"9"}) == ops.Fields((("f", "9"),))
+    assert codec.encode(ops.ReadType("k")) == (None, ("TYPE", "k"), ())
+    assert codec.encode(ops.ReadTtl("k")) == (None, ("PTTL", "k"), ())
+    assert codec.decode(ops.ReadType("k"), b"zset") == ops.KeyType("zset")
+    assert codec.decode(ops.ReadTtl("k"), -2) == ops.Remaining(-2)
