@@ -56,7 +56,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import warnings
 import weakref
 from typing import Any
 
@@ -211,10 +210,7 @@ def _unanswered(client: Redlock) -> dict[str, str]:
 
 def _warn_unanswered(settings: conf.LockSettings) -> None:
     """One WARNING naming the nodes that do not answer now, and what that leaves."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the plan's own client gave its warnings
-        options = {**settings.redlock_options(), "node_timeout": START_CHECK_TIMEOUT}
-        client = Redlock(settings.node_list, **options)
+    client = startup.checking_client(settings, START_CHECK_TIMEOUT)
     try:
         down = _unanswered(client)
         if down:  # asked again: a stall of this process or of the host at start is no outage

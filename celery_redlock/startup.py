@@ -83,12 +83,17 @@ def problems(app: Any, timeout: float = START_CHECK_TIMEOUT) -> list[str]:
     return found
 
 
-def unhealed(settings: Any, timeout: float = START_CHECK_TIMEOUT) -> list[str]:
-    """The nodes of ``settings`` whose error cannot heal, each with its cause and fix."""
+def checking_client(settings: Any, timeout: float = START_CHECK_TIMEOUT) -> Redlock:
+    """A client of the nodes of ``settings`` for a check at start, with ``timeout``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the plan's own client gave its warnings
         options = {**settings.redlock_options(), "node_timeout": timeout}
-        client = Redlock(settings.node_list, **options)
+        return Redlock(settings.node_list, **options)
+
+
+def unhealed(settings: Any, timeout: float = START_CHECK_TIMEOUT) -> list[str]:
+    """The nodes of ``settings`` whose error cannot heal, each with its cause and fix."""
+    client = checking_client(settings, timeout)
     try:
         replies = ping(client)
         return [
