@@ -76,20 +76,20 @@ def run(
 ) -> list[Any]:
     """One round of ``op`` on ``nodes``: one statement each, all at once (ended
     once ``needed`` answered, if given)."""
+    return gather(nodes, statements(op, nodes, keys, args), timeout, needed=needed)
+
+
+def statements(
+    op: Any, nodes: Sequence[PostgresNode], keys: Sequence[str], args: Sequence[Any]
+) -> list[tuple[bytes, list[bytes | None]]]:
+    """Each node's statement of ``op`` and its parameters (the sync and the async calls')."""
     # a replicated call sets its commit's wait in run(): the general statement
     plain = None if any(node.min_replicas for node in nodes) else _plain(op.name, keys, args)
     if plain is not None:
         attr, params = plain
-        return gather(
-            nodes, [(getattr(node, attr), params) for node in nodes], timeout, needed=needed
-        )
+        return [(getattr(node, attr), params) for node in nodes]
     params = [op.name.encode(), text_array(keys), text_array(args)]
-    return gather(
-        nodes,
-        [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],
-        timeout,
-        needed=needed,
-    )
+    return [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes]
 
 
 def _plain(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, list[Any]] | None:
