@@ -1,4 +1,4 @@
-"""AsyncRedlock on real Redis nodes: the core's own steps driven from one event loop."""
+"""AsyncRedlock on real Redis and PostgreSQL nodes: the core's steps driven from one loop."""
 
 from __future__ import annotations
 
@@ -70,9 +70,11 @@ def test_the_asyncio_heartbeat_keeps_a_short_lease_a_sync_client_never_takes(red
     assert isinstance(sync.try_acquire("kept", ttl=1), Lease), "released after the block"
 
 
-def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(redis_nodes3):
-    rl = AsyncRedlock(redis_nodes3.urls)
-    sync = Redlock(redis_nodes3.urls)
+@pytest.mark.parametrize("fleet", ["redis_nodes3", "postgres_node1"])
+def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(fleet, request):
+    nodes = request.getfixturevalue(fleet)
+    rl = AsyncRedlock(nodes.urls)
+    sync = Redlock(nodes.urls)
 
     async def main() -> list[int]:
         tokens = []
@@ -127,12 +129,15 @@ def test_a_round_with_a_dead_node_is_decided_by_the_quorum(redis_nodes3):
     assert asyncio.run(main()) < 1.0
 
 
-def test_forty_coroutines_on_a_postgresql_node_carried_in_a_bounded_pool(postgres_node1):
+def test_forty_coroutines_on_a_postgresql_node_take_turns_on_the_loop(postgres_node1, monkeypatch):
     from celery_redlock.core.nodes import aio
 
+    carried: list[object] = []
+    monkeypatch.setattr(aio, "carrier", lambda: carried.append(1))  # a round there would fail
     rl = AsyncRedlock(postgres_node1.urls)
     inside = most = 0
     tokens: list[int] = []
+    threads: list[int] = []
 
     async def one() -> None:
         nonlocal inside, most
@@ -140,6 +145,7 @@ def test_forty_coroutines_on_a_postgresql_node_carried_in_a_bounded_pool(postgre
             inside += 1
             most = max(most, inside)
             tokens.append(lease.fencing_token)
+            threads.append(threading.active_count())
             await asyncio.sleep(0.002)
             inside -= 1
 
@@ -150,7 +156,8 @@ def test_forty_coroutines_on_a_postgresql_node_carried_in_a_bounded_pool(postgre
     asyncio.run(main())
     assert most == 1 and len(tokens) == 40
     assert all(a < b for a, b in zip(tokens, tokens[1:])), "tokens grow in grant order"
-    assert threading.active_count() - before <= aio.CARRIERS + 2
+    assert not carried, "PostgreSQL rounds run on the loop, not in the carrier threads"
+    assert max(threads) - before <= 2
 
 
 def test_a_flushed_script_cache_and_another_db_are_served(redis_nodes3):
