@@ -1,6 +1,7 @@
 """AsyncRedlock's native PostgreSQL calls under faults: the sync client's errors,
-types and ``heals`` alike, for a node killed, refusing, paused, or refusing the
-password; and a connection made before a fork left to the parent."""
+types and ``heals`` alike, for a node killed, refusing, paused, refusing the
+password or without the synchronous standby ``min_replicas`` needs; and a
+connection made before a fork left to the parent."""
 
 from __future__ import annotations
 
@@ -126,6 +127,19 @@ def test_a_wrong_password_cannot_heal_as_for_the_sync_client(password_url):
     (error,) = caught.value.errors.values()
     assert "password authentication failed" in str(error) and "pw-wrong" not in str(error)
     assert not caught.value.heals
+
+
+def test_min_replicas_without_a_synchronous_standby_cannot_heal_as_for_the_sync_client(
+    postgres_node1,
+):
+    sync = Redlock(postgres_node1.urls, node_timeout=2, min_replicas=1)
+    rl = AsyncRedlock(postgres_node1.urls, node_timeout=2, min_replicas=1)  # nodes of its own
+    with pytest.raises(QuorumUnavailable, match="needs a synchronous standby") as caught:
+        asyncio.run(rl.try_acquire("pay", ttl=5))
+    assert not caught.value.heals
+    with pytest.raises(QuorumUnavailable, match="needs a synchronous standby"):
+        sync.try_acquire("pay", ttl=5)
+    assert not postgres_node1[0].keys()
 
 
 def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents(postgres_node1):
