@@ -9,7 +9,9 @@ Redis, the same Lua scripts; only the carrying differs:
   script goes as ``EVALSHA`` (``EVAL`` on ``NOSCRIPT``).
 * **memory, native**: a memory node runs in this process; its call is made
   in the loop's thread, unless a fault hook makes it wait.
-* **every other node** (PostgreSQL, etcd, ZooKeeper, a TLS, Sentinel or
+* **PostgreSQL, native**: a few connections per node and event loop
+  (:mod:`.postgres.aio`), the sync node's statements and errors.
+* **every other node** (etcd, ZooKeeper, a TLS, Sentinel or
   Cluster Redis node, one with ``min_replicas``, and plain reads): the sync
   kind's own round, carried whole in a bounded thread pool (:data:`CARRIERS`
   threads), so no call blocks the event loop.
@@ -44,7 +46,7 @@ def carrier() -> ThreadPoolExecutor:
 
 def native(node: Any) -> bool:
     """Whether ``node``'s calls go natively from the event loop."""
-    if node.kind == "memory":
+    if node.kind in ("memory", "postgres"):
         return True
     return (
         node.kind == "redis"
@@ -64,6 +66,12 @@ async def _redis(node: Any, script: Any, keys: Any, args: Any, limit: float) -> 
         return TimeoutError(f"{node.name}: no reply in {limit:g}s")
     except Exception as exc:  # an error is the node's reply
         return exc
+
+
+async def _postgres(node: Any, script: Any, keys: Any, args: Any, limit: float) -> Any:
+    from .postgres import aio  # with the PostgreSQL kind (psycopg): imported at its first node
+
+    return await aio.call_script(node, script, keys, args, limit)
 
 
 async def _bounded(node: Any, call: Awaitable[Any], limit: float) -> Any:
@@ -141,6 +149,8 @@ async def perform_async(
         longest = max(longest, limit)
         if node.kind == "memory":
             calls.append(_memory(node, script, keys, args, limit))
+        elif node.kind == "postgres":
+            calls.append(_postgres(node, script, keys, args, limit))
         else:
             calls.append(_redis(node, script, keys, args, limit))
     replies = await _decided(calls, nodes, needed, longest)

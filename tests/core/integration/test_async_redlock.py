@@ -1,4 +1,4 @@
-"""AsyncRedlock on real Redis nodes: the core's own steps driven from one event loop."""
+"""AsyncRedlock on real Redis and PostgreSQL nodes: the core's steps driven from one loop."""
 
 from __future__ import annotations
 
@@ -13,32 +13,39 @@ from celery_redlock import AsyncRedlock, Holder, Lease, Redlock
 pytestmark = pytest.mark.integration
 
 
-def test_a_hundred_coroutines_on_one_loop_take_turns_with_growing_tokens(redis_nodes3):
-    rl = AsyncRedlock(redis_nodes3.urls)
-    inside = 0
-    most = 0
+def take_turns(rl: AsyncRedlock, name: str, callers: int, each: int = 1) -> tuple[int, list[int]]:
+    """``callers`` coroutines on one loop, ``each`` turns each holding ``name``: the
+    most inside at once and the tokens in grant order. Asserts the thread count
+    stayed flat: no round ran in a thread."""
+    inside = most = 0
     tokens: list[int] = []
     threads: list[int] = []
 
     async def one() -> None:
         nonlocal inside, most
-        async with rl.lock("hundred", ttl=5, timeout=120) as lease:
-            inside += 1
-            most = max(most, inside)
-            tokens.append(lease.fencing_token)
-            threads.append(threading.active_count())
-            await asyncio.sleep(0.002)
-            inside -= 1
+        for _ in range(each):
+            async with rl.lock(name, ttl=10, timeout=120) as lease:
+                inside += 1
+                most = max(most, inside)
+                tokens.append(lease.fencing_token)
+                threads.append(threading.active_count())
+                await asyncio.sleep(0.002)
+                inside -= 1
 
     async def main() -> None:
-        await asyncio.gather(*(one() for _ in range(100)))
+        await asyncio.gather(*(one() for _ in range(callers)))
 
     before = threading.active_count()
     asyncio.run(main())
+    assert max(threads) - before <= 2, "the rounds run on the loop, not in threads"
+    return most, tokens
+
+
+def test_a_hundred_coroutines_on_one_loop_take_turns_with_growing_tokens(redis_nodes3):
+    most, tokens = take_turns(AsyncRedlock(redis_nodes3.urls), "hundred", 100)
     assert most == 1
     assert len(tokens) == 100
     assert all(a < b for a, b in zip(tokens, tokens[1:])), "tokens grow in grant order"
-    assert max(threads) - before <= 2, "Redis rounds run on the loop, not in threads"
 
 
 def test_the_asyncio_heartbeat_keeps_a_short_lease_a_sync_client_never_takes(redis_nodes3):
@@ -70,9 +77,11 @@ def test_the_asyncio_heartbeat_keeps_a_short_lease_a_sync_client_never_takes(red
     assert isinstance(sync.try_acquire("kept", ttl=1), Lease), "released after the block"
 
 
-def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(redis_nodes3):
-    rl = AsyncRedlock(redis_nodes3.urls)
-    sync = Redlock(redis_nodes3.urls)
+@pytest.mark.parametrize("fleet", ["redis_nodes3", "postgres_node1"])
+def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(fleet, request):
+    nodes = request.getfixturevalue(fleet)
+    rl = AsyncRedlock(nodes.urls)
+    sync = Redlock(nodes.urls)
 
     async def main() -> list[int]:
         tokens = []
@@ -127,30 +136,28 @@ def test_a_round_with_a_dead_node_is_decided_by_the_quorum(redis_nodes3):
     assert asyncio.run(main()) < 1.0
 
 
-def test_forty_coroutines_on_a_postgresql_node_carried_in_a_bounded_pool(postgres_node1):
+def test_forty_coroutines_on_a_postgresql_node_take_turns_on_the_loop(postgres_node1, monkeypatch):
     from celery_redlock.core.nodes import aio
 
-    rl = AsyncRedlock(postgres_node1.urls)
-    inside = most = 0
-    tokens: list[int] = []
-
-    async def one() -> None:
-        nonlocal inside, most
-        async with rl.lock("forty", ttl=10, timeout=120) as lease:
-            inside += 1
-            most = max(most, inside)
-            tokens.append(lease.fencing_token)
-            await asyncio.sleep(0.002)
-            inside -= 1
-
-    async def main() -> None:
-        await asyncio.gather(*(one() for _ in range(40)))
-
-    before = threading.active_count()
-    asyncio.run(main())
+    carried: list[object] = []
+    monkeypatch.setattr(aio, "carrier", lambda: carried.append(1))  # a round there would fail
+    most, tokens = take_turns(AsyncRedlock(postgres_node1.urls), "forty", 40)
     assert most == 1 and len(tokens) == 40
     assert all(a < b for a, b in zip(tokens, tokens[1:])), "tokens grow in grant order"
-    assert threading.active_count() - before <= aio.CARRIERS + 2
+    assert not carried, "PostgreSQL rounds run on the loop, not in the carrier threads"
+
+
+def test_transaction_pooling_keeps_exclusion_and_growing_tokens_on_the_loop(postgres_node1):
+    """pgbouncer with two server connections in transaction pooling: a statement
+    prepared on one server connection may be missing on the other, and the call
+    then goes unprepared, as the sync node's does."""
+    from celery_redlock.testing.pgbouncer import PgBouncer
+
+    with PgBouncer(postgres_node1[0], pool_size=2) as bouncer:
+        rl = AsyncRedlock([bouncer.url], node_timeout=1.0)
+        most, tokens = take_turns(rl, "pooled", 6, each=10)
+    assert most == 1 and len(tokens) == 60
+    assert all(a < b for a, b in zip(tokens, tokens[1:])), "tokens grow in grant order"
 
 
 def test_a_flushed_script_cache_and_another_db_are_served(redis_nodes3):

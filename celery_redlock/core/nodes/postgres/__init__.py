@@ -72,21 +72,19 @@ def run(
 ) -> list[Any]:
     """One round of ``call`` on ``nodes``: one statement each, all at once (ended
     once ``needed`` answered, if given)."""
+    return gather(nodes, statements(call, nodes), timeout, needed=needed)
+
+
+def statements(call: Call, nodes: Sequence[PostgresNode]) -> list[tuple[Any, list[Any]]]:
+    """Each node's statement of ``call`` and its parameters (the sync and the async calls')."""
     script, keys, args = call
     # a replicated call sets its commit's wait in run(): the general statement
     plain = None if any(node.min_replicas for node in nodes) else _plain(script.name, keys, args)
     if plain is not None:
         attr, params = plain
-        return gather(
-            nodes, [(getattr(node, attr), params) for node in nodes], timeout, needed=needed
-        )
+        return [(getattr(node, attr), params) for node in nodes]
     params = [script.name.encode(), text_array(keys), text_array(args)]
-    return gather(
-        nodes,
-        [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes],
-        timeout,
-        needed=needed,
-    )
+    return [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes]
 
 
 def _plain(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, list[Any]] | None:

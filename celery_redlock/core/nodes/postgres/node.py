@@ -19,7 +19,7 @@ import os
 import re
 import select
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -42,7 +42,7 @@ _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 _generation = 0
 #: The reply to a call sent as a prepared statement its server connection lacks.
-_UNPREPARED = object()
+UNPREPARED = object()
 
 
 def _forked() -> None:
@@ -68,7 +68,7 @@ _NO_HEALING = re.compile(
 )
 
 
-def _refused(name: str, message: str) -> NodeError:
+def refused(name: str, message: str) -> NodeError:
     """A failed connect's error; one that cannot heal (see :data:`_NO_HEALING`) says so."""
     return NodeError(f"{name}: {message}", name, heals=not _NO_HEALING.search(message))
 
@@ -180,15 +180,26 @@ class PostgresNode:
     def check(self, conn: pq.abc.PGconn, deadline: float) -> Exception | None:
         """Check (or create) the schema on this node's first connection of the
         process: None when it is there at this version, else the error."""
-        reply = execute(conn, check_sql(self.schema), deadline)
+        steps = self.checking(conn, deadline)
+        try:
+            sql, until = next(steps)
+            while True:
+                sql, until = steps.send(execute(conn, sql, until))
+        except StopIteration as done:
+            return done.value
+
+    def checking(
+        self, conn: pq.abc.PGconn, deadline: float
+    ) -> Generator[tuple[str, float], Any, Exception | None]:
+        """:meth:`check` as steps (the async calls drive them too): each yields the
+        SQL to run and its deadline, and receives what :func:`execute` gives."""
+        reply = yield check_sql(self.schema), deadline
         if isinstance(reply, Exception):
             return reply
         found, revision, standbys = reply
         # made here if missing; functions of an earlier revision are brought up to date
         if found is None or (found == VERSION and revision < REVISION):
-            installed = execute(
-                conn, install_sql(self.schema), max(deadline, time.monotonic() + 30)
-            )
+            installed = yield install_sql(self.schema), max(deadline, time.monotonic() + 30)
             if isinstance(installed, TimeoutError) or conn.status != pq.ConnStatus.OK:
                 return installed  # an outage while creating it: the next connect tries again
             if isinstance(installed, Exception):
@@ -250,20 +261,20 @@ def redis_shaped(value: Any) -> Any:
     return value
 
 
-def _reply(result: Any, name: str) -> Any:
+def reply_of(result: Any, name: str) -> Any:
     """The JSON of a call's one value (its first result), or its error."""
     if result is None:
         return NodeError(f"{name}: no result")
     if result.status != pq.ExecStatus.TUPLES_OK:
         if result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":  # no such statement
-            return _UNPREPARED
+            return UNPREPARED
         message = (result.error_message or b"").decode(errors="replace").strip()
         return NodeError(f"{name}: {message or pq.ExecStatus(result.status).name}")
     raw = result.get_value(0, 0)
     return None if raw is None else json.loads(raw)
 
 
-def _results_read(conn: Any, results: list[Any]) -> bool:
+def results_read(conn: Any, results: list[Any]) -> bool:
     """Append to ``results`` what has arrived; True once the last one is read.
 
     ``get_result`` is only called while a result is ready: once the next one
@@ -379,7 +390,7 @@ def _step(call: _Call, timeout: float, now: float) -> None:
             status = conn.connect_poll()
             if status == pq.PollingStatus.FAILED:
                 message = conn.get_error_message().strip()
-                _fail(call, _refused(call.node.name, message or "cannot connect"))
+                _fail(call, refused(call.node.name, message or "cannot connect"))
                 return
             if status != pq.PollingStatus.OK:
                 call.want = select.POLLIN if status == pq.PollingStatus.READING else select.POLLOUT
@@ -407,10 +418,10 @@ def _step(call: _Call, timeout: float, now: float) -> None:
                 return
             call.state, call.want = "read", select.POLLIN
         if call.state == "read":
-            if not _results_read(conn, call.results):
+            if not results_read(conn, call.results):
                 return
-            call.reply = _reply(call.results[0] if call.results else None, call.node.name)
-            if call.reply is _UNPREPARED:  # nothing ran: again, unprepared from now on
+            call.reply = reply_of(call.results[0] if call.results else None, call.node.name)
+            if call.reply is UNPREPARED:  # nothing ran: again, unprepared from now on
                 call.node.prepares = False
                 _send(call, call.deadline)
                 return
@@ -471,11 +482,16 @@ def execute(conn: Any, sql: str, deadline: float) -> Any:
         while conn.flush() != 0:
             if not _wait(conn, select.POLLOUT, deadline):
                 return TimeoutError("no reply in time")
-        while not _results_read(conn, results):
+        while not results_read(conn, results):
             if not _wait(conn, select.POLLIN, deadline):
                 return TimeoutError("no reply in time")
     except Exception as exc:  # noqa: BLE001 - the connection broke
         return NodeError(str(exc))
+    return last_value(results)
+
+
+def last_value(results: list[Any]) -> Any:
+    """The last statement's first value as JSON (None without one), or the error."""
     last = None
     for res in results:
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
