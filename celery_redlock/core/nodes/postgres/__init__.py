@@ -25,8 +25,9 @@ from ...values import error_text
 from .. import glob_regex, ping_latency
 from ..codec import Call
 from ..kind import Kind
-from .node import NodeError, PostgresNode, execute, gather, text_array
+from .node import NodeError, PostgresNode, execute, gather
 from .schema import ddl, install_sql
+from .wire import text_array
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -174,7 +175,7 @@ def command(
         for sql, ps, _ in shaped
     ]
     reshape = shaped[0][2] if shaped else None
-    from .node import redis_shaped
+    from .wire import redis_shaped
 
     replies = gather(nodes, queries, timeout, post=lambda r: r, needed=needed)
     return [

@@ -35,11 +35,10 @@ from .node import (
     NodeError,
     PostgresNode,
     last_value,
-    redis_shaped,
     refused,
     reply_of,
-    results_read,
 )
+from .wire import redis_shaped, results_read
 
 __all__ = ["MAX_OPEN", "call_script"]
 

@@ -31,6 +31,7 @@ from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import cut_at, mask_url
 from .schema import REVISION, VERSION, check_sql, install_sql
+from .wire import redis_shaped, results_read
 
 __all__ = ["NodeError", "PostgresNode", "gather"]
 
@@ -234,33 +235,6 @@ class PostgresNode:
         return None
 
 
-def text_array(items: Sequence[Any]) -> bytes:
-    """A PostgreSQL text[] literal of ``items``, each encoded as redis-py would
-    send it (bytes as UTF-8, numbers as their repr)."""
-    out = []
-    for item in items:
-        s = (
-            item.decode()
-            if isinstance(item, bytes)
-            else repr(item)
-            if isinstance(item, float)
-            else str(item)
-        )
-        out.append('"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"')
-    return ("{" + ",".join(out) + "}").encode()
-
-
-def redis_shaped(value: Any) -> Any:
-    """A JSON reply as a Redis reply: strings as bytes, true as 1, false and null as None."""
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, list):
-        return [redis_shaped(v) for v in value]
-    if isinstance(value, bool):
-        return 1 if value else None
-    return value
-
-
 def reply_of(result: Any, name: str) -> Any:
     """The JSON of a call's one value (its first result), or its error."""
     if result is None:
@@ -272,21 +246,6 @@ def reply_of(result: Any, name: str) -> Any:
         return NodeError(f"{name}: {message or pq.ExecStatus(result.status).name}")
     raw = result.get_value(0, 0)
     return None if raw is None else json.loads(raw)
-
-
-def results_read(conn: Any, results: list[Any]) -> bool:
-    """Append to ``results`` what has arrived; True once the last one is read.
-
-    ``get_result`` is only called while a result is ready: once the next one
-    is incomplete (a reply cut off part-way), libpq would wait for the rest
-    with no timeout, so the caller polls for it instead."""
-    conn.consume_input()
-    while not conn.is_busy():
-        res = conn.get_result()
-        if res is None:
-            return True
-        results.append(res)
-    return False
 
 
 class _Call:
