@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import QuorumUnavailable
@@ -106,6 +107,40 @@ def log_missed(
         )
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who asks for a lock and the gates its acquire passes (see
+    :meth:`Redlock.try_acquire`): one value from the client down to the round."""
+
+    task_id: str | None = None
+    receipts: bool = False
+    claim: str | None = None
+    own_claim: bool = False
+    throttle: float | None = None
+    slot: str | None = None
+
+    def gates(self, space: KeySpace, name: str, stand_in: str | None = None) -> Gates | None:
+        """The gates of an acquire of ``name``; None where none applies. A plain lock's
+        has gates only where one is asked for; a permit's call names ``stand_in`` for
+        the keys of the gates not asked for (its keys keep their places)."""
+        ask = self.receipts or self.claim or self.throttle or stand_in is not None
+        if self.task_id is None or not ask:
+            return None
+        unused = "" if stand_in is None else stand_in
+        return Gates(
+            self.task_id,
+            space.receipt_key(name, self.task_id) if self.receipts or not unused else unused,
+            space.claim_key(name) if self.claim or not unused else unused,
+            self.receipts,
+            self.claim,
+            self.own_claim,
+            ms(self.throttle) if self.throttle else None,
+            space.coalesce_key(name, "throttle") if self.throttle else unused,
+            time.time_ns() // 1_000_000 if self.throttle else 0,
+            self.slot or "",
+        )
+
+
 class Leases:
     """The lease's operations on a plain lock (one key per name)."""
 
@@ -123,12 +158,7 @@ class Leases:
         ttl: float,
         owner: str,
         fence: bool,
-        task_id: str | None,
-        receipts: bool,
-        claim: str | None,
-        own_claim: bool,
-        throttle: float | None,
-        slot: str | None,
+        caller: Caller,
         rated: RatedRound | None = None,
         splits: int = SPLIT_RETRIES,
     ) -> Steps[Lease | Holder | Claim | Finished | TooEarly | RateSlot]:
@@ -142,28 +172,14 @@ class Leases:
         a split would have every contender drop its work while none runs."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
-        gate_id = task_id if receipts or claim or throttle else None  # the id the gates check
-        gates = None
-        if gate_id is not None:
-            gates = Gates(
-                gate_id,
-                space.receipt_key(name, gate_id),
-                space.claim_key(name),
-                receipts,
-                claim,
-                own_claim,
-                ms(throttle) if throttle else None,
-                space.coalesce_key(name, "throttle") if throttle else "",
-                time.time_ns() // 1_000_000 if throttle else 0,
-                slot or "",
-            )
+        gates = caller.gates(space, name)
         # A lazy lease moves no fence value: its token is issued on the first read.
         fencing = self.fencing.arg if fence else ""
         op = Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
         start = q.clock()
         replies = (yield op) if rated is None else rated.run(op, (key,))
         # Only the gates answer "finished" or "too early".
-        stop = None if gate_id is None else stopped_early(replies, task_id, q.needed)
+        stop = None if gates is None else stopped_early(replies, caller.task_id, q.needed)
         if stop is not None:
             yield from self._let_go(key, owner, rated, replies)
             return stop
@@ -194,13 +210,10 @@ class Leases:
                 return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         yield from self._let_go(key, owner, rated, replies)
         q.check(replies)
-        if splits and rated is None and gate_id is None and split(replies, q.needed):
+        if splits and rated is None and gates is None and split(replies, q.needed):
             yield Pause(q.rng() * q.node_timeout)  # out of step with the other contenders
-            return (yield from self.acquiring(
-                name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
-                rated, splits - 1,
-            ))  # fmt: skip
-        return in_the_way(replies, task_id)
+            return (yield from self.acquiring(name, ttl, owner, fence, caller, rated, splits - 1))
+        return in_the_way(replies, caller.task_id)
 
     def _let_go(
         self, key: str, owner: str, rated: RatedRound | None, replies: list[Any]

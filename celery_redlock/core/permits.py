@@ -79,9 +79,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import settings
-from .lease import Lease, Leases, granted_on
+from .lease import Caller, Lease, Leases, granted_on
 from .nodes import check_together
-from .ops import AcquirePermit, Gates, Granted, GrantedPermit, ReleasePrefix
+from .ops import AcquirePermit, Granted, GrantedPermit, ReleasePrefix
 from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
 from .values import checked, ms
 
@@ -113,12 +113,7 @@ class Permits:
         name: str,
         ttl: float,
         owner: str,
-        task_id: str | None,
-        receipts: bool,
-        claim: str | None,
-        own_claim: bool,
-        throttle: float | None,
-        slot: str | None,
+        caller: Caller,
         limit: int,
         also: Sequence[tuple[str, int]],
         rounds: tuple[int, float],
@@ -139,23 +134,10 @@ class Permits:
         if also:
             check_together(q.nodes, [n for n, _ in names])
         key = groups[0][0]
-        gates = None
-        if task_id is not None:
-            gates = Gates(
-                task_id,
-                space.receipt_key(name, task_id) if receipts else key,
-                space.claim_key(name) if claim else key,
-                receipts,
-                claim,
-                own_claim,
-                ms(throttle) if throttle else None,
-                space.coalesce_key(name, "throttle") if throttle else key,
-                0,
-                slot or "",
-            )
+        gates, task_id = caller.gates(space, name, key), caller.task_id
         prefer = ("",) * len(names)
         for round_ in range(count):
-            if gates is not None and throttle:  # the throttle's clock, per round
+            if gates is not None and caller.throttle:  # the throttle's clock, per round
                 gates = replace(gates, now_ms=time.time_ns() // 1_000_000)
             op = AcquirePermit(
                 tuple(map(tuple, groups)),

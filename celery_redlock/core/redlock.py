@@ -73,7 +73,7 @@ from .exceptions import ConfigurationError, LockContended, LockNotAcquired
 from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
-from .lease import Lease, Leases
+from .lease import Caller, Lease, Leases
 from .nodes import Node, NodeSpec, check_together
 from .permits import Permits
 from .queues import Queues
@@ -335,24 +335,20 @@ class Redlock:
         positive("ttl", ttl)
         owner = owner or make_owner()
         plain = limit == 1 and limit.__class__ is int and not also  # True == 1, but is no limit
+        caller = Caller(task_id, receipts, claim, own_claim, throttle, slot)
         if plain and not rates:
-            return self._leases.acquiring(
-                name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot
-            )
+            return self._leases.acquiring(name, ttl, owner, fence, caller)
 
         def rated_or_permits() -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
             rated = self._rated(name, rates, booked) if rates else None
             if isinstance(rated, RateSlot):
                 return rated
             if plain:
-                steps = self._leases.acquiring(
-                    name, ttl, owner, fence, task_id, receipts, claim, own_claim, throttle, slot,
-                    rated,
-                )  # fmt: skip
+                steps = self._leases.acquiring(name, ttl, owner, fence, caller, rated)
                 return drive(self._quorum, steps)
             return self._permits.try_acquire(
-                name, ttl, owner, task_id, receipts, claim, own_claim, throttle, slot, limit,
-                also, (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE), rated,
+                name, ttl, owner, caller, limit, also,
+                (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE), rated,
             )  # fmt: skip
 
         # the sync client's own calls (an asyncio client carries them in a thread)
