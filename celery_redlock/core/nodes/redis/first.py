@@ -39,8 +39,7 @@ def run(
     """:func:`.rounds.run_script` of the script ``op`` (the kind protocol's ``run``), by
     the bare ``SET NX`` first where it applies (a round decided once ``needed`` nodes
     answered, if given)."""
-    bare = _FIRST.get(op)
-    if bare is None or args[2] != bare:  # a fenced acquire, a release: the script
+    if op not in _FIRST or args[2] != _FIRST[op]:  # a fenced acquire, a release: the script
         return run_script(op, nodes, keys, args, timeout, needed)
     won: list = [1] if op is scripts.ACQUIRE else [1, None, 0]
     if len(keys) != 1 + (op is scripts.ACQUIRE) or any(

@@ -176,7 +176,8 @@ def run_script(
     so it counts as a node that did not answer; such a round waits for every
     node (a reply is known to count only once its replicas are checked).
     """
-    wait = wait_after(script, nodes, timeout)
+    # nodes share their min_replicas: a plain master's round (the rule) asks no further
+    wait = wait_after(script, nodes, timeout) if nodes and nodes[0].min_replicas else None
     if wait is not None:
         needed = None
     if _some_cluster(nodes):
@@ -194,20 +195,36 @@ def _masters_script(
     needed: int | None = None,
 ) -> list[Any]:
     """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
-    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait, needed)
-    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if missing:
-        resent = gather(
-            [nodes[i] for i in missing],
-            ("EVAL", script.text, len(keys), *keys, *args),
-            timeout,
-            wait,
-        )
-        for i, reply in zip(missing, resent):
-            replies[i] = reply
+    evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    # no cluster among masters: gather_each at once, without gather's look for one
+    command = Command(evalsha) if wait is None else Command(evalsha, wait)
+    replies = gather_each(nodes, [command] * len(nodes), timeout, needed)
+    for reply in replies:  # a loop, not a list: NOSCRIPT is rare, a comprehension is a call
+        if isinstance(reply, NoScriptError):
+            _evaluated(script, nodes, keys, args, timeout, wait, replies)
+            break
     if wait is not None:
         replies = [confirmed(node, reply) for node, reply in zip(nodes, replies)]
     return replies
+
+
+def _evaluated(
+    script: Script,
+    nodes: Sequence[Node],
+    keys: Sequence[str],
+    args: Sequence[Any],
+    timeout: float,
+    wait: tuple | None,
+    replies: list[Any],
+) -> None:
+    """Send EVAL, in a round of their own, to the nodes whose reply in ``replies``
+    is NOSCRIPT (their script cache was lost), and put their replies in its place."""
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    resent = gather(
+        [nodes[i] for i in missing], ("EVAL", script.text, len(keys), *keys, *args), timeout, wait
+    )
+    for i, reply in zip(missing, resent):
+        replies[i] = reply
 
 
 # -- nodes that are clusters -------------------------------------------------------------------
