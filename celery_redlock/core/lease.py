@@ -95,6 +95,11 @@ def log_missed(
 ) -> None:
     """One line naming the nodes (of indexes ``at``) a release of ``key`` did not
     reach, among the ones that ``granted`` it (None: wherever it may be)."""
+    for reply in replies:  # every node answered (the rule): no list to build
+        if isinstance(reply, Exception):
+            break
+    else:
+        return
     failed = [
         nodes[i].name
         for i, r in zip(at or range(len(replies)), replies)
@@ -368,6 +373,12 @@ class Leases:
         ordinary round. A release that fails on a node leaves the key there to
         its TTL, as when it is waited for.
         """
+        if wait and not lease.also and not (receipt or withdraw_claim):
+            # the usual release: its one round run here, no steps to drive
+            lease.mark_lost()
+            replies = self.quorum.run(Release(lease.key, lease.owner))
+            log_missed(self.quorum.nodes, lease.key, replies, None)
+            return
         drive(self.quorum, self.releasing(lease, receipt, withdraw_claim, wait))
 
     def releasing(
