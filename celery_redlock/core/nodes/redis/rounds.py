@@ -201,28 +201,22 @@ def _masters_script(
     replies = gather_each(nodes, [command] * len(nodes), timeout, needed)
     for reply in replies:  # a loop, not a list: NOSCRIPT is rare, a comprehension is a call
         if isinstance(reply, NoScriptError):
-            _evaluated(script, nodes, keys, args, timeout, wait, replies)
+            evaluated = ("EVAL", script.text, len(keys), *keys, *args)
+            _resend(nodes, evaluated, timeout, wait, replies)
             break
     if wait is not None:
         replies = [confirmed(node, reply) for node, reply in zip(nodes, replies)]
     return replies
 
 
-def _evaluated(
-    script: Script,
-    nodes: Sequence[Node],
-    keys: Sequence[str],
-    args: Sequence[Any],
-    timeout: float,
-    wait: tuple | None,
-    replies: list[Any],
+def _resend(
+    nodes: Sequence[Node], evaluated: tuple, timeout: float, wait: tuple | None, replies: list[Any]
 ) -> None:
-    """Send EVAL, in a round of their own, to the nodes whose reply in ``replies``
-    is NOSCRIPT (their script cache was lost), and put their replies in its place."""
+    """Send the script's EVAL (``evaluated``), in a round of their own, to the nodes whose
+    reply in ``replies`` is NOSCRIPT (their script cache was lost), and put their replies
+    in its place."""
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    resent = gather(
-        [nodes[i] for i in missing], ("EVAL", script.text, len(keys), *keys, *args), timeout, wait
-    )
+    resent = gather([nodes[i] for i in missing], evaluated, timeout, wait)
     for i, reply in zip(missing, resent):
         replies[i] = reply
 
