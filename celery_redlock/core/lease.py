@@ -48,7 +48,7 @@ from .records import (
     split,
     stopped_early,
 )
-from .steps import On, Pause, Steps, Unwaited, driven
+from .steps import On, Pause, Steps, Unwaited, drive, driven
 from .values import ms
 
 if TYPE_CHECKING:
@@ -96,6 +96,11 @@ def log_missed(
 ) -> None:
     """One line naming the nodes (of indexes ``at``) a release of ``key`` did not
     reach, among the ones that ``granted`` it (None: wherever it may be)."""
+    for reply in replies:  # every node answered (the rule): no list to build
+        if isinstance(reply, Exception):
+            break
+    else:
+        return
     failed = [
         nodes[i].name
         for i, r in zip(at or range(len(replies)), replies)
@@ -401,6 +406,28 @@ class Leases:
         log_missed(q.nodes, key, replies, granted, at)
 
     extend_many = driven(extending)
-    release = driven(releasing)
+
+    def release(
+        self,
+        lease: Lease,
+        *,
+        receipt: float | None = None,
+        withdraw_claim: bool = False,
+        wait: bool = True,
+    ) -> None:
+        """:meth:`releasing`, in this thread."""
+        if wait and not lease.also and not (receipt or withdraw_claim):
+            # the usual release: its one round run here, no steps to drive
+            lease.mark_lost()
+            try:
+                replies = self.quorum.run(Release(lease.key, lease.owner))
+            except Exception as exc:  # pragma: no cover - defensive: release never raises
+                logger.warning("release of %r failed: %s", lease.key, exc)
+                return
+            log_missed(self.quorum.nodes, lease.key, replies, None)
+            return
+        steps = self.releasing(lease, receipt=receipt, withdraw_claim=withdraw_claim, wait=wait)
+        drive(self.quorum, steps)
+
     release_prefix = driven(releasing_prefix)
     release_everywhere = driven(releasing_everywhere)

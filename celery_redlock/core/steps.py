@@ -77,24 +77,29 @@ class Carried:
         self.call = call
 
 
+#: The steps that are not an operation (one look for the usual step, an operation).
+_OTHER_STEPS = frozenset({On, Pause, Unwaited, Carried})
+
+
 def drive(q: Quorum, steps: Steps[T]) -> T:
     """Run ``steps`` in this thread: rounds through ``q``, pauses with its sleep."""
     send = steps.send
+    run = q.run
     try:
         need = send(None)
         while True:
             kind = type(need)
-            if kind is Pause:
+            if kind not in _OTHER_STEPS:
+                need = send(run(need))
+            elif kind is Pause:
                 q.sleep(need.seconds)
                 need = send(None)
             elif kind is On:
-                need = send(q.run(need.op, need.nodes, need.timeout))
+                need = send(run(need.op, need.nodes, need.timeout))
             elif kind is Unwaited:
                 need = send(q.send(need.op))
-            elif kind is Carried:
+            else:  # Carried
                 need = send(need.call())
-            else:
-                need = send(q.run(need))
     except StopIteration as done:
         return done.value
 

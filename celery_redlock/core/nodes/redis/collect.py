@@ -102,8 +102,9 @@ def collect(
         poller.register(call.fd, select.POLLOUT if call.out else select.POLLIN)
         waiting[call.fd] = call
 
-    for call in calls:
-        watch(call)
+    for call in calls:  # watch(call), inline: a call per node
+        poller.register(call.fd, select.POLLOUT if call.out else select.POLLIN)
+        waiting[call.fd] = call
     wake = -1
     if opening is not None:
         wake = opening.wake
@@ -147,16 +148,19 @@ def collect(
                 poller.unregister(fd)
                 if call.late:
                     _log_late(call)
-                if call.reused and isinstance(reply, Exception) and closed_by_server(reply):
+                # an answer (:func:`_answer`) counted inline, one check for a reply: the rule
+                if not isinstance(reply, Exception):
+                    answered += 1
+                elif call.reused and closed_by_server(reply):
                     if opening is None:
                         opening = Opening(commands, timeout)
                         wake = opening.wake
                         poller.register(wake, select.POLLIN)
                     opening.open(call.i, call.node, replies)
                     continue
+                elif isinstance(reply, NoScriptError):
+                    answered += 1
                 replies[call.i] = reply
-                if not isinstance(reply, Exception) or isinstance(reply, NoScriptError):
-                    answered += 1  # an answer (:func:`_answer`), inline: a call per reply
             if left <= 0 or not events:
                 break
     finally:

@@ -172,7 +172,8 @@ def run_script(
     so it counts as a node that did not answer; such a round waits for every
     node (a reply is known to count only once its replicas are checked).
     """
-    wait = wait_after(call[0], nodes, timeout)
+    # nodes share their min_replicas: a plain master's round (the rule) asks no further
+    wait = wait_after(call[0], nodes, timeout) if nodes and nodes[0].min_replicas else None
     if wait is not None:
         needed = None
     if _some_cluster(nodes):
@@ -185,20 +186,30 @@ def _masters_script(
 ) -> list[Any]:
     """:func:`run_script` on masters (plain nodes, or the shard masters of clusters)."""
     script, keys, args = call
-    replies = gather(nodes, ("EVALSHA", script.sha, len(keys), *keys, *args), timeout, wait, needed)
-    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if missing:
-        resent = gather(
-            [nodes[i] for i in missing],
-            ("EVAL", script.text, len(keys), *keys, *args),
-            timeout,
-            wait,
-        )
-        for i, reply in zip(missing, resent):
-            replies[i] = reply
+    evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    # no cluster among masters: gather_each at once, without gather's look for one
+    command = Command(evalsha) if wait is None else Command(evalsha, wait)
+    replies = gather_each(nodes, [command] * len(nodes), timeout, needed)
+    for reply in replies:  # a loop, not a list: NOSCRIPT is rare, a comprehension is a call
+        if isinstance(reply, NoScriptError):
+            evaluated = ("EVAL", script.text, len(keys), *keys, *args)
+            _resend(nodes, evaluated, timeout, wait, replies)
+            break
     if wait is not None:
         replies = [confirmed(node, reply) for node, reply in zip(nodes, replies)]
     return replies
+
+
+def _resend(
+    nodes: Sequence[Node], evaluated: tuple, timeout: float, wait: tuple | None, replies: list[Any]
+) -> None:
+    """Send the script's EVAL (``evaluated``), in a round of their own, to the nodes whose
+    reply in ``replies`` is NOSCRIPT (their script cache was lost), and put their replies
+    in its place."""
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    resent = gather([nodes[i] for i in missing], evaluated, timeout, wait)
+    for i, reply in zip(missing, resent):
+        replies[i] = reply
 
 
 # -- nodes that are clusters -------------------------------------------------------------------
