@@ -48,7 +48,7 @@ from .records import (
     split,
     stopped_early,
 )
-from .steps import On, Pause, Steps, Unwaited, drive, driven
+from .steps import On, Pause, Steps, Unwaited, dressed, drive, driven
 from .values import ms
 
 if TYPE_CHECKING:
@@ -407,16 +407,10 @@ class Leases:
 
     extend_many = driven(extending)
 
-    def release(
-        self,
-        lease: Lease,
-        *,
-        receipt: float | None = None,
-        withdraw_claim: bool = False,
-        wait: bool = True,
-    ) -> None:
+    def _release(self, lease: Lease, **options: Any) -> None:
         """:meth:`releasing`, in this thread."""
-        if wait and not lease.also and not (receipt or withdraw_claim):
+        usual = options.get("wait", True) and not options.get("receipt")
+        if usual and not lease.also and not options.get("withdraw_claim"):
             # the usual release: its one round run here, no steps to drive
             lease.mark_lost()
             try:
@@ -426,8 +420,9 @@ class Leases:
                 return
             log_missed(self.quorum.nodes, lease.key, replies, None)
             return
-        steps = self.releasing(lease, receipt=receipt, withdraw_claim=withdraw_claim, wait=wait)
-        drive(self.quorum, steps)
+        drive(self.quorum, self.releasing(lease, **options))
+
+    release = dressed(_release, releasing, "Leases.release")
 
     release_prefix = driven(releasing_prefix)
     release_everywhere = driven(releasing_everywhere)

@@ -12,8 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .exceptions import RedlockError
-from .nodes import SCHEMES, default_timeouts, kind_of, kind_timeouts, node_for, perform
-from .nodes.codec import node_error
+from .nodes import SCHEMES, default_timeouts, kind_of, kind_timeouts, node_error, node_for, perform
 from .ops import Ping, Read
 from .records import SPECIFIC, EtcdInfo, PostgresInfo, RedisInfo, ZookeeperInfo
 

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
 from . import codec
-from .util import glob_regex, mask_url, ping_latency
+from .util import glob_regex, mask_url, node_error, ping_latency
 
 if TYPE_CHECKING:
     from .kind import Kind
@@ -72,6 +72,7 @@ __all__ = [
     "kind_timeouts",
     "mask_url",
     "next_reply",
+    "node_error",
     "node_for",
     "perform",
     "ping_latency",

@@ -13,22 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import ops
-from ..exceptions import NodeError, RedlockError
-from ..values import error_text, readable, text
+from ..values import readable, text
 from ..windows import RateKey
 from . import scripts
 from .scripts import Script
+from .util import node_error
 
-__all__ = [
-    "PLANS",
-    "decode",
-    "decode_all",
-    "decode_each",
-    "encode",
-    "flags",
-    "node_error",
-    "rate_args",
-]
+__all__ = ["PLANS", "decode", "decode_all", "decode_each", "encode", "flags", "rate_args"]
 
 #: A rated acquire's reply when the grant was booked for later and let go.
 LATER = 7
@@ -486,18 +477,6 @@ def _error(op: ops.Op, error: BaseException, unconfirmed: type | tuple[type, ...
         error.reply = decode(op, error.reply)  # type: ignore[attr-defined]
         return error
     return node_error(error)
-
-
-def node_error(error: BaseException) -> BaseException:
-    """A node's error as the core sees it: the core's own errors (a :class:`NodeError`,
-    a node refused as misconfigured) as they are; a kind's client error (redis-py's,
-    psycopg's, kazoo's, a timeout) as a :class:`NodeError` of the same text, raised
-    from it, so that nothing above the seam names a kind's library."""
-    if isinstance(error, RedlockError):
-        return error
-    wrapped = NodeError(error_text(error))
-    wrapped.__cause__ = error
-    return wrapped
 
 
 def _ms(seconds: float) -> int:

@@ -11,9 +11,11 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, NodeError, RedlockError
+from ..values import error_text
 
 __all__ = [
+    "node_error",
     "OneNode",
     "PerProcess",
     "Skip",
@@ -179,3 +181,15 @@ class Skip:
 
     def timed_out(self) -> None:
         self.until = time.monotonic() + self.seconds
+
+
+def node_error(error: BaseException) -> BaseException:
+    """A node's error as the core sees it: the core's own errors (a :class:`NodeError`,
+    a node refused as misconfigured) as they are; a kind's client error (redis-py's,
+    psycopg's, kazoo's, a timeout) as a :class:`NodeError` of the same text, raised
+    from it, so that nothing above the seam names a kind's library."""
+    if isinstance(error, RedlockError):
+        return error
+    wrapped = NodeError(error_text(error))
+    wrapped.__cause__ = error
+    return wrapped
