@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .ops import Done, Fence, Issue, Issued
@@ -92,8 +92,10 @@ __all__ = ["Fencing", "candidate"]
 logger = logging.getLogger("celery_redlock.redlock")
 
 
-def candidate(fences: Iterable[Any]) -> tuple[int, int]:
+def candidate(fences: Sequence[Any]) -> tuple[int, int]:
     """The largest of the granting nodes' fence values, and how many nodes hold it."""
+    if fences and fences.count(fences[0]) == len(fences):  # the rule: all alike
+        return int(fences[0]), len(fences)
     values = [int(fence) for fence in fences]
     token = max(values)
     return token, values.count(token)
@@ -117,7 +119,7 @@ class Fencing:
         #: The acquire's fence argument: the retention in ms, or empty with fencing off.
         self.arg = str(ms(self.fence_retention)) if self.fencing else ""
 
-    def settled(self, fences: Iterable[Any]) -> tuple[int | None, bool]:
+    def settled(self, fences: Sequence[Any]) -> tuple[int | None, bool]:
         """The token of a grant whose granting nodes sent the fence values ``fences``,
         and whether it stands as it is: None with fencing off; else the largest,
         which stands where a quorum already holds it (else phase 2 writes it back)."""

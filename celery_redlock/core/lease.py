@@ -146,6 +146,10 @@ class Caller:
         )
 
 
+#: The caller of an acquire that names no task: no gate applies.
+NOBODY = Caller()
+
+
 class Leases:
     """The lease's operations on a plain lock (one key per name)."""
 
@@ -177,7 +181,7 @@ class Leases:
         a split would have every contender drop its work while none runs."""
         q, space = self.quorum, self.keyspace
         key, fence_key = space.keys(name)
-        gates = caller.gates(space, name)
+        gates = None if caller.task_id is None else caller.gates(space, name)
         # A lazy lease moves no fence value: its token is issued on the first read.
         fencing = self.fencing.arg if fence else ""
         op = Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
@@ -204,7 +208,7 @@ class Leases:
                     self.redlock, name, key, fence_key, owner, ttl, None, expires, pending,
                     self.fencing,
                 )  # fmt: skip
-            token, stands = self.fencing.settled(replies[i].fence for i in granted)
+            token, stands = self.fencing.settled([replies[i].fence for i in granted])
             if not stands:  # the nodes disagree: phase 2 writes the token back
                 assert token is not None  # fencing on: the largest value seen
                 written = yield from self.fencing.writing_back(

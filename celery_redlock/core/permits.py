@@ -247,7 +247,7 @@ class Permits:
     ) -> Lease | None:
         """The lease of a permit granted on a quorum, its token issued eagerly; None if
         the token could not be written on a quorum within validity."""
-        token, stands = self.fencing.settled(fences[i] for i in granted)
+        token, stands = self.fencing.settled([fences[i] for i in granted])
         if not stands:
             # A fresh value, written only where it is larger than the node's: two
             # holders can never both land one value on a quorum (module docstring).

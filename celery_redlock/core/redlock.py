@@ -73,7 +73,7 @@ from .exceptions import ConfigurationError, LockContended, LockNotAcquired
 from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
-from .lease import Caller, Lease, Leases
+from .lease import NOBODY, Caller, Lease, Leases
 from .nodes import Node, NodeSpec, check_together
 from .permits import Permits
 from .queues import Queues
@@ -335,7 +335,9 @@ class Redlock:
         positive("ttl", ttl)
         owner = owner or make_owner()
         plain = limit == 1 and limit.__class__ is int and not also  # True == 1, but is no limit
-        caller = Caller(task_id, receipts, claim, own_claim, throttle, slot)
+        caller = NOBODY  # (no task: no gate)
+        if task_id is not None:
+            caller = Caller(task_id, receipts, claim, own_claim, throttle, slot)
         if plain and not rates:
             return self._leases.acquiring(name, ttl, owner, fence, caller)
 
@@ -407,7 +409,6 @@ class Redlock:
         """
         if timeout is not None:
             checked("timeout", settings.check_non_negative, timeout)
-        positive("ttl", ttl)
 
         def attempt() -> Steps[object]:
             return self._trying(name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also)
