@@ -119,11 +119,12 @@ def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, m
     from celery_redlock.core.nodes.redis import rounds
 
     sent = []
-    real = rounds.gather
+    real = rounds.gather_each  # every masters' round goes through it
 
-    def spy(nodes, args, timeout, then=None, *rest, **options):
-        sent.append((args[0], then and then[0]))
-        return real(nodes, args, timeout, then, *rest, **options)
+    def spy(nodes, commands, *rest, **options):
+        parts = commands[0].parts  # the command, then WAIT where it is asked
+        sent.append((parts[0][0], parts[1][0] if len(parts) > 1 else None))
+        return real(nodes, commands, *rest, **options)
 
     primary, _ = pair
     rl = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
@@ -137,7 +138,7 @@ def test_min_replicas_adds_wait_only_to_writes_a_lease_or_claim_rests_on(pair, m
         rl.withdraw_claim("job", "task-1")
 
     cycle()  # the scripts are loaded: every round below is one EVALSHA
-    monkeypatch.setattr(rounds, "gather", spy)
+    monkeypatch.setattr(rounds, "gather_each", spy)
     cycle()
     assert [then for _, then in sent] == ["WAIT", "WAIT", None, None, "WAIT", None]
     sent.clear()

@@ -238,13 +238,13 @@ def test_a_booking_is_one_round(redis_nodes3, monkeypatch):
     rl = healthy(redis_nodes3.urls)
     rl.rate("rounds", "100/s")  # the script is loaded: each round below is one EVALSHA
     rounds = []
-    real = _nodes.gather
+    real = _nodes.gather_each  # every masters' round goes through it
 
-    def spy(nodes, args, *rest, **options):
-        rounds.append((args[0], len(nodes)))
-        return real(nodes, args, *rest, **options)
+    def spy(nodes, commands, *rest, **options):
+        rounds.append((commands[0].parts[0][0], len(nodes)))
+        return real(nodes, commands, *rest, **options)
 
-    monkeypatch.setattr(_nodes, "gather", spy)
+    monkeypatch.setattr(_nodes, "gather_each", spy)
     for _ in range(5):
         rl.rate("rounds", "100/s")
         rl.rate("rounds-and-api", "100/s", also={"api": ("10/s", "500/h")})
@@ -266,20 +266,20 @@ def test_a_rated_start_due_now_is_one_acquire_round(redis_nodes3, monkeypatch):
     api = rated_key(rl, "api-1r", "1000/s")
     rl.release(rl.try_acquire("warm", ttl=5, rates=[api]))  # scripts loaded
     sent = []
-    real = _nodes.gather
+    real = _nodes.gather_each  # every masters' round goes through it
 
-    def spy(nodes, args, *rest, **options):
-        sent.append((args[0], len(nodes)))
-        return real(nodes, args, *rest, **options)
+    def spy(nodes, commands, *rest, **options):
+        sent.append((commands[0].parts[0][0], len(nodes)))
+        return real(nodes, commands, *rest, **options)
 
-    monkeypatch.setattr(_nodes, "gather", spy)
+    monkeypatch.setattr(_nodes, "gather_each", spy)
     for i in range(5):
         lease = rl.try_acquire(f"job-{i}", ttl=5, rates=[api])
         assert isinstance(lease, Lease)
         assert sent == [("EVALSHA", 3)]
-        monkeypatch.setattr(_nodes, "gather", real)
+        monkeypatch.setattr(_nodes, "gather_each", real)
         rl.release(lease)
-        monkeypatch.setattr(_nodes, "gather", spy)
+        monkeypatch.setattr(_nodes, "gather_each", spy)
         sent.clear()
 
 
