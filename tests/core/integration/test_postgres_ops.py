@@ -102,9 +102,11 @@ class Both:
         return self._check(" ".join(map(str, cmd)), a, b)
 
     def settle(self) -> None:
-        """Wait out the short TTLs of the last step on both stores."""
+        """Wait out the short TTLs of the last step on both stores: a store whose clock is
+        its own (ZooKeeper's deadlines are set on the ensemble's time, a round trip on)
+        may see them run out as late as the slowest pair of calls took."""
         if self.short:
-            time.sleep(0.12)
+            time.sleep(0.12 + min(self.spread, 1000) / 1000)
             self.short = False
 
     def scan(self, node: Any, match: str) -> set[bytes]:
