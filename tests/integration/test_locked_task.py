@@ -282,14 +282,18 @@ def test_the_release_is_not_waited_for_yet_lands_before_the_next_run(
 
 def test_lock_name_shared_by_two_tasks_excludes_across_them(worker: WorkerHandle, run: str):
     shared_a, shared_b = worker.task("shared_a"), worker.task("shared_b")
-    holder = shared_a.apply_async((run, run), {"duration": 1.5})
+    go_key = f"{run}:go"  # the holder holds until the duplicate's fate is known, however late
+    holder = shared_a.apply_async((run, run), {"duration": 30.0, "go_key": go_key})
     wait_for(lambda: worker.records(run, "start"), 10, "shared_a to start")
-
-    duplicate = shared_b.apply_async((run, run))
-    with pytest.raises(TaskRevokedError, match=holder.id):
-        duplicate.get(timeout=5)
-    other_key = shared_b.apply_async((f"{run}-other", run))  # same lock name, another key
-    other_key.get(timeout=5)
+    try:
+        duplicate = shared_b.apply_async((run, run))
+        with pytest.raises(TaskRevokedError, match=holder.id):
+            duplicate.get(timeout=10)
+        other_key = shared_b.apply_async((f"{run}-other", run))  # same lock name, another key
+        other_key.get(timeout=10)
+    finally:
+        with worker.topology.recorder() as client:
+            client.set(go_key, 1, ex=60)
     holder.get(timeout=10)
 
     ran = {r["id"]: r for r in worker.records(run)}

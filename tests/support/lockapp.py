@@ -353,8 +353,8 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
         return body(self, key, run, duration, fencing_token)
 
     @task(name="lockapp.shared_a", lock_name="crl-shared")
-    def shared_a(self, key, run, duration=1.0, fencing_token=None):
-        return body(self, key, run, duration, fencing_token)
+    def shared_a(self, key, run, duration=1.0, fencing_token=None, go_key=None):
+        return body(self, key, run, duration, fencing_token, go_key)
 
     @task(name="lockapp.shared_b", lock_name="crl-shared")
     def shared_b(self, key, run, duration=0.1, fencing_token=None):
