@@ -228,7 +228,14 @@ def test_retry_that_runs_out_fails_loudly(worker: WorkerHandle, run: str):
 
 def test_different_lock_on_values_run_in_parallel(worker: WorkerHandle, run: str):
     slow = worker.task("slow")
-    results = [slow.apply_async((f"{run}-{i}", run), {"duration": 1.5}) for i in range(4)]
+    go_key = f"{run}:go"  # each holds until all four ran at once (or the wait gave up)
+    calls = [{"duration": 30.0, "go_key": go_key}] * 4
+    results = [slow.apply_async((f"{run}-{i}", run), kw) for i, kw in enumerate(calls)]
+    try:
+        wait_for(lambda: len(worker.records(run, "start")) == 4, 20, "four keys held at once")
+    finally:
+        with worker.topology.recorder() as client:
+            client.set(go_key, 1, ex=60)
     for result in results:
         result.get(timeout=20)
     ran = worker.records(run)
