@@ -35,8 +35,9 @@ from tests.support import harness
 
 # Not imported: test_debounce_runs_once_after_the_burst_with_the_last_arguments. On an
 # ensemble of three it ran one producer's earlier call beside the last (['0-8', '0-9'])
-# in one run of three: a producer whose claim round gets no answer in time publishes
-# unclaimed, as designed, and the test's one-run count cannot tell that apart yet.
+# in one run of three. A producer whose claim round gets no answer in time publishes
+# unclaimed, as designed; that this is the cause is not yet shown, and the count
+# cannot tell it apart from a claim lost.
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
