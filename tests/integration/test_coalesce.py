@@ -51,10 +51,27 @@ def _nothing_left_without_a_ttl(topology: Topology):
     topology.assert_every_key_expires("claim", "burst", "throttle", "receipt")
 
 
+class Unclaimed(logging.Handler):
+    """The ids of the calls a producer published without a claim: its claim round
+    had no answer in time (a loaded host past the node timeout), so the call runs
+    as published, by design (see enqueue._coalesce)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "could not plan" in record.msg:
+            self.ids.add(record.args[1])
+
+
 def _call_on_schedule(env, name, key, run, times, notes, out):
-    """Call at each of ``times`` (time.time()), with the matching note; report (time, note, id)."""
+    """Call at each of ``times`` (time.time()), with the matching note; report
+    (time, note, id, published without a claim)."""
     app = lockapp.app_from_env(env, main="producer")
     task = app.tasks[name]
+    unclaimed = Unclaimed()
+    logging.getLogger("celery_redlock.enqueue").addHandler(unclaimed)
     # the process's connections (a ZooKeeper session) opened before the burst: a call
     # whose claim round waits on a session opening on a loaded host publishes unclaimed
     ping(plan_of(task).redlock)
@@ -63,11 +80,12 @@ def _call_on_schedule(env, name, key, run, times, notes, out):
         time.sleep(max(0.0, at - time.time()))
         result = task.apply_async((key, run), {"note": note})
         sent.append((time.time(), note, result.id))
-    out.put(sent)
+    out.put([(*call, call[2] in unclaimed.ids) for call in sent])
 
 
 def call_from_processes(handle, name, key, run, plan):
-    """``plan``: a list of (time, note) per producer process. Every call, in time order."""
+    """``plan``: a list of (time, note) per producer process. Every call, in time
+    order, as (time, note, id, published without a claim)."""
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     env = worker_env(handle.topology)
@@ -92,26 +110,42 @@ def test_debounce_runs_once_after_the_burst_with_the_last_arguments(coalesce_wor
     # 30 calls over 2 s from 3 processes, interleaved 66 ms apart.
     plan = [[(t0 + (3 * i + p) * 0.066, f"{p}-{i}") for i in range(10)] for p in range(3)]
     sent = call_from_processes(coalesce_worker, "lockapp.debounced", run, run, plan)
-    last_at, last_note, last_id = sent[-1]
-    wait_for(lambda: coalesce_worker.records(run), 10, "the debounced run")
+    last_at, last_note, last_id, _ = sent[-1]
+
+    def ran() -> bool:
+        return last_note in [r["note"] for r in coalesce_worker.records(run)]
+
+    wait_for(ran, 10, "the debounced run")
     time.sleep(1.5)  # quiet: nothing else runs
     runs = coalesce_worker.records(run)
-    assert [r["note"] for r in runs] == [last_note] and runs[0]["id"] == last_id
+    # The last call runs, once, and no call it replaced. A call whose claim round had
+    # no answer in time (a loaded host past the node timeout; its producer logged it)
+    # was published unclaimed and runs too, by design; if its claim landed all the
+    # same, the claimed call it replaced does not run.
+    notes = [r["note"] for r in runs]
+    unclaimed = {note for _, note, _, blind in sent if blind}
+    claimed = [call for call in sent if not call[3]]
+    assert len(set(notes)) == len(notes) and last_note in notes, (notes, unclaimed)
+    assert set(notes) <= unclaimed | {call[1] for call in claimed[-1:]}, (notes, unclaimed)
+    last = next(r for r in runs if r["note"] == last_note)
+    assert last["id"] == last_id
     # due 1 s after the last call (which began at its planned time and had returned
     # by last_at), and not started before that; how late a loaded host then delivers
     # the ETA message is Celery's (3.7 s and 5.4 s seen beside busy loops)
     planned = {note: at for calls in plan for at, note in calls}
     earliest = planned[last_note] + 1.0 - 0.01
-    if runs[0]["retries"] == 0:
-        due = runs[0]["eta"]
+    if last["retries"] == last["attempt"] == 0 and last_note not in unclaimed:
+        due = last["eta"]
         assert earliest <= due <= last_at + 1.0 + 0.01, (due, last_at)
-        assert runs[0]["start"] >= due - 0.01, (runs[0]["start"], due)
-    else:  # it met a lock outage when due (a loaded host's node timeout): its ETA is the retry's
-        assert runs[0]["start"] >= earliest, (runs[0]["start"], earliest)
-    replaced = coalesce_worker.app.AsyncResult(sent[0][2])
-    with pytest.raises(TaskRevokedError, match="superseded by task"):
-        replaced.get(timeout=5)
-    assert superseded_by(replaced).id == last_id
+        assert last["start"] >= due - 0.01, (last["start"], due)
+    else:  # it met a lock outage when due (a loaded host's node timeout): its ETA is the
+        # retry's or the re-published message's
+        assert last["start"] >= earliest, (last["start"], earliest)
+    if not unclaimed:
+        replaced = coalesce_worker.app.AsyncResult(sent[0][2])
+        with pytest.raises(TaskRevokedError, match="superseded by task"):
+            replaced.get(timeout=5)
+        assert superseded_by(replaced).id == last_id
 
 
 def test_result_of_a_debounced_call_is_the_run_that_replaced_it(coalesce_worker, run):
