@@ -9,16 +9,14 @@ node or sentinel then costs its own timeout, never the others' time.
 
 from __future__ import annotations
 
-import functools
-import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-__all__ = ["Connector", "PerProcess", "connector"]
+from .nodes.guard import ProcessLocal
 
-T = TypeVar("T")
+__all__ = ["Connector", "connector"]
 
 
 class Connector:
@@ -66,32 +64,7 @@ class Connector:
 _THREAD_IDLE = 30.0
 
 
-class PerProcess(Generic[T]):
-    """A function's value, made at its first call in this process (one maker at a
-    time); a forked child makes its own (the parent's threads did not come along)."""
-
-    def __init__(self, make: Callable[[], T]) -> None:
-        self._make = make
-        functools.update_wrapper(self, make)
-        #: The value once made, else None.
-        self.value: T | None = None
-        self._lock = threading.Lock()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def __call__(self) -> T:
-        value = self.value
-        if value is None:
-            with self._lock:
-                if self.value is None:
-                    self.value = self._make()
-                value = self.value
-        return value
-
-    def _forget(self) -> None:
-        self.value, self._lock = None, threading.Lock()
-
-
-@PerProcess
+@ProcessLocal
 def connector() -> Connector:
     """This process's :class:`Connector`, created at first use."""
     return Connector()

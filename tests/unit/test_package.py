@@ -305,8 +305,9 @@ def test_the_core_above_the_seam_imports_no_kind_of_node():
     for name, deps in graph.items():
         if not name.startswith("core") or name.startswith("core.nodes"):
             continue
-        # the seam's own modules (the protocol, the codec, the async rounds) are no kind
-        seam = {"core.nodes.kind", "core.nodes.codec", "core.nodes.aio"}
+        # the seam's own modules (the protocol, the codec, the async rounds, the
+        # breaker and fork guard) are no kind
+        seam = {"core.nodes.kind", "core.nodes.codec", "core.nodes.aio", "core.nodes.guard"}
         kinds = sorted(dep for dep in deps if dep.startswith("core.nodes.") and dep not in seam)
         clients = {d.split(".")[0] for d in _imports(name, modules[name])} & {"redis", "psycopg"}
         assert not kinds and not clients, (name, kinds, clients)

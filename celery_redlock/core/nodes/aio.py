@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..connect import PerProcess
 from . import NotReplicated, codec, cut_at, kind_of, perform
+from .guard import ProcessLocal
 
 __all__ = ["CARRIERS", "carrier", "native", "perform_async"]
 
@@ -38,7 +38,7 @@ __all__ = ["CARRIERS", "carrier", "native", "perform_async"]
 CARRIERS = 8
 
 
-@PerProcess
+@ProcessLocal
 def carrier() -> ThreadPoolExecutor:
     """The bounded thread pool that carries the other kinds' rounds."""
     return ThreadPoolExecutor(CARRIERS, thread_name_prefix="redlock-aio")

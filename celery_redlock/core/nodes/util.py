@@ -3,12 +3,10 @@ password masked, a ``SCAN`` glob as a regular expression, a node's latency."""
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from ..exceptions import ConfigurationError, NodeError, RedlockError
@@ -17,8 +15,6 @@ from ..values import error_text
 __all__ = [
     "node_error",
     "OneNode",
-    "PerProcess",
-    "Skip",
     "glob_regex",
     "host_ports",
     "mask_url",
@@ -137,50 +133,6 @@ class OneNode:
 
     def members(self) -> list[Any]:
         return [self]
-
-
-class PerProcess(Generic[T]):
-    """What this process's nodes of one server share (a session, a store), by key,
-    made at first use. A forked child gets a new lock and passes the table to
-    ``forked`` (by default it forgets the parent's: their sockets are the parent's)."""
-
-    def __init__(self, forked: Callable[[dict[Any, T]], None] = dict.clear) -> None:
-        self.table: dict[Any, T] = {}
-        self.lock = threading.Lock()
-        self._forked = forked
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:
-        self.lock = threading.Lock()  # a thread of the parent may have held it
-        self._forked(self.table)
-
-    def get(self, key: Hashable, make: Callable[[], T]) -> T:
-        with self.lock:
-            got = self.table.get(key)
-            if got is None:
-                got = self.table[key] = make()
-            return got
-
-    def pop(self, key: Hashable) -> T | None:
-        with self.lock:
-            return self.table.pop(key, None)
-
-
-class Skip:
-    """A node skipped for ``seconds`` after a call timed out: its calls fail at
-    once (the call that follows a timed-out one, a failed acquire's release,
-    costs nothing more), and the next round asks again."""
-
-    def __init__(self, seconds: float = 1.0) -> None:
-        self.seconds, self.until = seconds, 0.0
-
-    def check(self, name: str) -> None:
-        """Raises TimeoutError, naming the node, while it is skipped."""
-        if time.monotonic() < self.until:
-            raise TimeoutError(f"{name}: skipped for a while after a call timed out")
-
-    def timed_out(self) -> None:
-        self.until = time.monotonic() + self.seconds
 
 
 def node_error(error: BaseException) -> BaseException:

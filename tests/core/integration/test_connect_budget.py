@@ -148,13 +148,13 @@ def test_the_breakers_probe_of_a_dead_node_never_delays_a_round(grid: ProxyGrid)
     node = rl.nodes[0]
     probes, took, until = 0, [], time.monotonic() + 6.0
     while time.monotonic() < until:
-        probing = node._probing
+        probing = node.breaker.probing
         started = time.monotonic()
         lease = rl.try_acquire("probed", ttl=10)
         took.append(time.monotonic() - started)
         assert isinstance(lease, Lease), lease
         rl.release(lease)
-        probes += node._probing and not probing
+        probes += node.breaker.probing and not probing
         time.sleep(0.02)
     assert probes >= 1, "the dead node was never probed"
     assert max(took) < 1.0, max(took)  # half the connect budget

@@ -20,7 +20,8 @@ import pytest
 import redis
 
 from celery_redlock.core import connect
-from celery_redlock.core.nodes.redis.node import BREAKER_MAX, Node
+from celery_redlock.core.nodes.guard import BREAKER_MAX
+from celery_redlock.core.nodes.redis.node import Node
 from celery_redlock.core.nodes.redis.rounds import gather
 from tests.core.unit.test_nodes_wire import REPLY, ScriptedPeer
 from tests.support import netproxy
@@ -100,37 +101,37 @@ def test_a_node_whose_connects_time_out_is_skipped_but_probed(peers):
     urls = peers(3, netproxy.BLACKHOLE_CONNECT, hung=(0,))
     nodes = [Node(url, 1.0) for url in urls]
     timed(nodes)
-    assert nodes[0]._backoff == TIMEOUT
+    assert nodes[0].breaker.backoff == TIMEOUT
     replies, took = timed(nodes)
     assert took < TIMEOUT / 2  # skipped at once, not waited for
     assert isinstance(replies[0], redis.ConnectionError)
-    assert "not connecting for now" in str(replies[0])
+    assert "its connects timed out" in str(replies[0])
     assert replies[1:] == [PONG, PONG]
     # Once the while is over, one probe goes out in the background, and the
     # round does not wait for it; the probe times out too: the while grows.
     time.sleep(TIMEOUT + 0.05)
     _, took = timed(nodes)
     assert took < TIMEOUT / 2
-    assert nodes[0]._probing
+    assert nodes[0].breaker.probing
     deadline = time.monotonic() + 2
-    while nodes[0]._probing and time.monotonic() < deadline:
+    while nodes[0].breaker.probing and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not nodes[0]._probing
-    assert nodes[0]._backoff == min(2 * TIMEOUT, BREAKER_MAX)
+    assert not nodes[0].breaker.probing
+    assert nodes[0].breaker.backoff == min(2 * TIMEOUT, BREAKER_MAX)
 
 
 def test_a_probe_that_connects_closes_the_breaker_and_its_connection_is_used(peers):
     urls = peers(1, netproxy.BLACKHOLE_CONNECT, hung=(0,))
     (node,) = [Node(url, 1.0) for url in urls]
     timed([node])
-    assert node._backoff
+    assert node.breaker.backoff
     peers.proxies[0].heal()
     time.sleep(TIMEOUT + 0.05)
     timed([node])  # due: the probe goes out
     deadline = time.monotonic() + 2
     while not node._idle and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert node._backoff == 0 and len(node._idle) == 1
+    assert node.breaker.backoff == 0 and len(node._idle) == 1
     replies, _ = timed([node])
     assert replies == [PONG]
 
@@ -150,7 +151,7 @@ def test_no_thread_per_round(peers):
 def test_a_forked_child_opens_its_own_connections(peers):
     nodes = [Node(url, 1.0) for url in peers(3, netproxy.BLACKHOLE_CONNECT, hung=(0,))]
     timed(nodes)
-    assert nodes[0]._backoff and connect.connector.value is not None
+    assert nodes[0].breaker.backoff and connect.connector.value is not None
     with warnings.catch_warnings():  # Python 3.12+ frowns on fork with threads running
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()

@@ -28,7 +28,8 @@ from urllib.parse import unquote, urlsplit
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import mask_url
-from ..util import OneNode, Skip, host_ports, refuse_min_replicas, url_options
+from ..guard import Breaker
+from ..util import OneNode, host_ports, refuse_min_replicas, url_options
 from ..virtual.store import Store
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
@@ -98,7 +99,7 @@ class EtcdNode(OneNode):
         self._skip: dict[str, float] = {}
         self._checked = False
         self._ssl: ssl.SSLContext | None = None
-        self._skip_after_timeout = Skip()
+        self.breaker = Breaker()  # on its calls: see post
         self._token: str | None = None
         self._lock = threading.Lock()
 
@@ -177,17 +178,21 @@ class EtcdNode(OneNode):
             TimeoutError: no member answered in time.
             NodeError: every member refused, or the cluster answered an error.
         """
-        self._skip_after_timeout.check(self.name)
+        if self.breaker.skipping():
+            raise TimeoutError(self.breaker.why(self.name))
         try:
             if not self._checked:
                 self._check(deadline)
-            return self._post(path, body, deadline)
+            reply = self._post(path, body, deadline)
         except TimeoutError:
-            self._skip_after_timeout.timed_out()
+            self.breaker.timed_out(self.timeout)
             raise
         except NodeError as exc:
             if self.user is None or "invalid auth token" not in str(exc):
                 raise
+        else:
+            self.breaker.answered()
+            return reply
         with self._lock:  # the token expired (--auth-token-ttl): authenticate again, once
             self._checked, self._token = False, None
         self._check(deadline)

@@ -24,8 +24,9 @@ from ...exceptions import ConfigurationError
 from ...records import NodeInfo
 from ...values import error_text
 from .. import ping_latency
+from ..guard import PerProcess
 from ..kind import Ask
-from ..util import OneNode, PerProcess, matching, refuse_min_replicas
+from ..util import OneNode, matching, refuse_min_replicas
 from ..virtual import Call
 from ..virtual.keyspace import Entry
 from ..virtual.kinds import NodeKind

@@ -19,7 +19,6 @@ After a fork, the child opens its own.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import weakref
 from collections import deque
@@ -28,9 +27,9 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from ..guard import FORKS
 from . import statements
 from .node import (
-    SKIP_AFTER_CONNECT_TIMEOUT,
     UNPREPARED,
     NodeError,
     PostgresNode,
@@ -123,7 +122,7 @@ class _Pool:
 
     def __init__(self, node: PostgresNode):
         self.node = node
-        self.pid = os.getpid()  # a forked child opens its own
+        self.forks = FORKS.count  # a forked child opens its own
         self.idle: list[psycopg.AsyncConnection[Any]] = []
         self.busy = 0
         self.turns: deque[asyncio.Future[bool]] = deque()
@@ -205,10 +204,11 @@ class _Pool:
         try:
             conn = await asyncio.wait_for(opening, budget)
         except asyncio.TimeoutError:
-            node._skip_until = time.monotonic() + SKIP_AFTER_CONNECT_TIMEOUT
+            node.breaker.timed_out(budget)
             raise TimeoutError(f"{node.name}: no connect in {budget:g}s") from None
         except psycopg.Error as exc:
             raise refused(node.name, str(exc).removeprefix("connection failed: ")) from None
+        node.breaker.answered()
         try:
             problem = None if node._checked else await self._checked(conn.pgconn, deadline)
             if problem is None and node.prepares:  # as is preparing the statements
@@ -244,7 +244,7 @@ def _close(conn: psycopg.AsyncConnection[Any]) -> None:
 def _forget(pools: dict[int, _Pool]) -> None:
     """Close a gone loop's connections, unless they are a parent process's."""
     for pool in pools.values():
-        if pool.pid == os.getpid():
+        if pool.forks == FORKS.count:
             for conn in pool.idle:
                 _close(conn)
 
@@ -256,7 +256,7 @@ def _pool(node: PostgresNode) -> _Pool:
         pools = _pools[loop] = {}
         weakref.finalize(loop, _forget, pools)
     pool = pools.get(id(node))
-    if pool is None or pool.pid != os.getpid():  # connections made before a fork: not ours
+    if pool is None or pool.forks != FORKS.count:  # connections made before a fork: not ours
         pool = pools[id(node)] = _Pool(node)
     return pool
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import select
 import time
@@ -30,29 +29,18 @@ from psycopg.errors import ProgrammingError
 from ...exceptions import ConfigurationError
 from ...exceptions import NodeError as _NodeError
 from .. import cut_at, mask_url
+from ..guard import FORKS, Breaker
 from .schema import REVISION, VERSION, check_sql, install_sql
 from .wire import redis_shaped, results_read
 
 __all__ = ["NodeError", "PostgresNode", "gather"]
 
-#: Seconds a node whose connect timed out is skipped before the next try.
-SKIP_AFTER_CONNECT_TIMEOUT = 1.0
 #: Idle connections kept per node and process.
 MAX_IDLE = 8
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-_generation = 0
 #: The reply to a call sent as a prepared statement its server connection lacks.
 UNPREPARED = object()
-
-
-def _forked() -> None:
-    # A child must not use its parent's sockets: each node forgets them.
-    global _generation
-    _generation += 1
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 class NodeError(_NodeError):
@@ -137,9 +125,9 @@ class PostgresNode:
         #: False once a pooler ran a call where its statements were not prepared.
         self.prepares = True
         self._idle: list[pq.abc.PGconn] = []
-        self._generation = _generation
+        self._forks = FORKS.count
         self._checked = False
-        self._skip_until = 0.0
+        self.breaker = Breaker()  # on its connects
 
     def __repr__(self) -> str:
         return f"<PostgresNode {self.name}>"
@@ -151,8 +139,9 @@ class PostgresNode:
     # -- connections --------------------------------------------------------------------------
 
     def idle_connection(self) -> pq.abc.PGconn | None:
-        if self._generation != _generation:  # forked: the parent's sockets are not ours
-            self._idle, self._generation, self._checked = [], _generation, False
+        if self._forks != FORKS.count:  # forked: the parent's sockets are not ours
+            self._idle, self._forks, self._checked = [], FORKS.count, False
+            self.breaker.forget()
         while self._idle:
             conn = self._idle.pop()
             if conn.status == pq.ConnStatus.OK:
@@ -168,8 +157,8 @@ class PostgresNode:
 
     def skipped(self) -> NodeError | None:
         """An error while this node is skipped after a connect timed out, else None."""
-        if time.monotonic() < self._skip_until:
-            return NodeError(f"{self.name}: skipped for a while after a connect timed out")
+        if self.breaker.skipping():
+            return NodeError(self.breaker.why(self.name, "connects"))
         return None
 
     def close(self) -> None:
@@ -368,6 +357,7 @@ def _step(call: _Call, timeout: float, now: float) -> None:
                     return
                 # refused (a pooler's server connection had them already, say): unprepared
                 node.prepares = not isinstance(prepared, Exception)
+            node.breaker.answered()
             # the reply's timeout starts now: the connect (and a first use's
             # schema creation) had budgets of their own
             _send(call, time.monotonic() + timeout)
@@ -414,7 +404,7 @@ def _drive(calls: list[_Call], timeout: float, needed: int | None = None) -> Non
                 continue
             if now >= call.deadline:
                 if call.state == "connect":
-                    call.node._skip_until = now + SKIP_AFTER_CONNECT_TIMEOUT
+                    call.node.breaker.timed_out(call.node.connect_timeout or timeout)
                 why = "connect" if call.state == "connect" else "reply"
                 _fail(call, TimeoutError(f"{call.node.name}: no {why} in {timeout:g}s"))
                 continue

@@ -26,7 +26,6 @@ as free.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -42,6 +41,7 @@ from ...connect import connector
 from ...exceptions import ConfigurationError
 from ...keyspace import tagged
 from .. import mask_url
+from ..guard import FORKS, Breaker
 from ..scripts import Script
 from .node import BaseNode, Node
 from .urls import client_for
@@ -181,8 +181,8 @@ class ClusterNode(BaseNode):
         #: The shard masters met so far, by address.
         self.shards: dict[tuple[str, int], Node] = {}
         self._slots: list[Node] | None = None
-        self._rereading = (0, False)  # (pid, a background read of the map is under way)
-        self._unmapped_until = 0.0
+        self._rereading = (0, False)  # (fork count, a background read of the map is under way)
+        self.unmapped = Breaker()  # on its slot map reads: see cold
 
     def __repr__(self) -> str:
         return f"<ClusterNode {self.name}>"
@@ -252,32 +252,32 @@ class ClusterNode(BaseNode):
             finally:
                 client.close()
             self._slots = self._map(reply, host)
-            self._unmapped_until = 0.0
+            self.unmapped.answered()
             return None
-        self._unmapped_until = time.monotonic() + min(max(timeout, 0.05), 1.0)
+        self.unmapped.timed_out(max(timeout, 0.05))
         return error or redis.exceptions.TimeoutError(f"{self.name}: no slot map in {timeout:g}s")
 
     def cold(self) -> bool:
         """True when the slot map is missing and may be read now (not within a
         while after a failed read: a cluster none of whose nodes answers then
         costs a round nothing, like a node behind its circuit breaker)."""
-        return self._slots is None and time.monotonic() >= self._unmapped_until
+        return self._slots is None and not self.unmapped.skipping()
 
     def suspect(self) -> None:
         """A shard master failed: read the slot map again in the background
         (one read at a time per process), so that once a replica has taken
         over, the next round reaches it."""
-        pid = os.getpid()
-        if self._rereading == (pid, True):
+        forks = FORKS.count  # a forked child rereads on its own
+        if self._rereading == (forks, True):
             return
-        self._rereading = (pid, True)
-        connector().submit(self._reread, pid)
+        self._rereading = (forks, True)
+        connector().submit(self._reread, forks)
 
-    def _reread(self, pid: int) -> None:
+    def _reread(self, forks: int) -> None:
         try:
             self.refresh(self.timeout + (self.connect_timeout or 0.0))
         finally:
-            self._rereading = (pid, False)
+            self._rereading = (forks, False)
 
     def _map(self, reply: Any, asked: str) -> list[Node]:
         slots: list[Any] = [None] * SLOTS

@@ -1,4 +1,5 @@
-"""One Redis node of a quorum: its client, its idle connections, its circuit breaker.
+"""One Redis node of a quorum: its client, its idle connections, its circuit breaker
+(:class:`~celery_redlock.core.nodes.guard.Breaker`, on its connects).
 
 A node is built from a URL (:mod:`~celery_redlock.core.nodes.redis.urls`, failing fast)
 or given as a ``redis.Redis`` (used as it is). Its connections are opened by
@@ -8,9 +9,7 @@ the bytes are exchanged by :mod:`~celery_redlock.core.nodes.redis.wire`.
 
 from __future__ import annotations
 
-import os
 import select
-import time
 from typing import Any, Union
 
 import redis
@@ -19,27 +18,12 @@ from redis.exceptions import RedisError
 
 from ...exceptions import ConfigurationError
 from .. import mask_url
+from ..guard import FORKS, Breaker
 from .urls import address, client_for, describe
 
-__all__ = ["BREAKER_MAX", "BaseNode", "Node", "NodeSpec"]
+__all__ = ["BaseNode", "Node", "NodeSpec"]
 
 NodeSpec = Union[str, "redis.Redis"]
-
-#: Seconds, at most, that a node whose connects time out is skipped before a probe.
-BREAKER_MAX = 1.0
-
-#: Forks this process descends from: a node that saw another number holds its
-#: parent's sockets. Compared on every checkout instead of ``os.getpid()``, a
-#: system call.
-_generation = 0
-
-
-def _forked() -> None:
-    global _generation
-    _generation += 1
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 class BaseNode:
@@ -89,7 +73,7 @@ class Node(BaseNode):
 
     __slots__ = (
         "name", "pool", "lean", "_identity", "_idle", "owed",
-        "_generation", "_backoff", "_retry_at", "_probing",
+        "_forks", "breaker",
     )  # fmt: skip
 
     def _from_spec(self, spec: NodeSpec) -> None:
@@ -145,9 +129,8 @@ class Node(BaseNode):
         #: round that takes the connection pops its count and reads those
         #: replies first (:class:`~celery_redlock.core.nodes.redis.wire.Call`).
         self.owed: dict[Any, int] = {}
-        self._generation = _generation
-        self._backoff = self._retry_at = 0.0  # the circuit breaker: see skips_connects
-        self._probing = False
+        self._forks = FORKS.count
+        self.breaker = Breaker()  # on its connects: see skips_connects
 
     def members(self) -> list[Node]:
         """The servers a scan visits: this one."""
@@ -155,7 +138,7 @@ class Node(BaseNode):
 
     def idle_connection(self) -> Any:
         """An idle connection of this process, or None."""
-        if self._generation != _generation:  # after fork: the parent's sockets are not ours
+        if self._forks != FORKS.count:  # after fork: the parent's sockets are not ours
             self._forget_parent()
         try:
             return self._idle.pop()
@@ -164,45 +147,31 @@ class Node(BaseNode):
 
     def _forget_parent(self) -> None:
         self._idle, self.owed = [], {}
-        self._backoff, self._retry_at, self._probing = 0.0, 0.0, False
-        self._generation = _generation
+        self.breaker.forget()
+        self._forks = FORKS.count
 
-    # The circuit breaker: a node whose connects time out (a blackholed
-    # address, a half-dead host) is not sent new connects for a while that
-    # grows from one timeout to BREAKER_MAX, but for one probe in the
-    # background when the while is over; the probe's connection, if it
-    # connects, is kept for the next round, and any outcome but a timeout
-    # closes the breaker. Per node and per process.
+    # The breaker's probe opens in the background: until it connects, every
+    # round skips the node (a blackholed address, a half-dead host).
 
     def skips_connects(self) -> RedisError | None:
         """None if a new connection may be opened now; else the error that
         stands for this node's reply."""
-        if not self._backoff:
+        if not self.breaker.backoff:
             return None
-        return redis.exceptions.ConnectionError(
-            f"{self.name}: not connecting for now: its connects timed out "
-            f"(next try within {max(self._retry_at - time.monotonic(), 0.0):.2f}s)"
-        )
+        return redis.exceptions.ConnectionError(self.breaker.why(self.name, "connects"))
 
     def probe_due(self) -> bool:
         """True, once, when a skipped node's while is over: the caller then
         opens one connection in the background, the probe, and reports how it
         ended to :meth:`connected` with ``probe=True``."""
-        if self._probing or time.monotonic() < self._retry_at:
-            return False
-        self._probing = True
-        return True
+        return self.breaker.probe_due()
 
     def connected(self, error: Exception | None, budget: float, probe: bool = False) -> None:
         """Record how a connect ended (called by the thread that made it)."""
-        if probe:
-            self._probing = False
         if isinstance(error, redis.exceptions.TimeoutError):
-            if probe or not self._backoff:  # connects of one outage grow the while once
-                self._backoff = min(max(2 * self._backoff, budget), BREAKER_MAX)
-                self._retry_at = time.monotonic() + self._backoff
+            self.breaker.timed_out(budget, probe)
         else:
-            self._backoff = 0.0
+            self.breaker.answered(probe)
 
     def new_connection(self) -> Any:
         return self.pool.connection_class(**self.pool.connection_kwargs)

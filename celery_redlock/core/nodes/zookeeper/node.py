@@ -8,7 +8,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ...exceptions import ConfigurationError
-from ..util import OneNode, PerProcess, host_ports, mask_url, refuse_min_replicas, url_options
+from ..guard import PerProcess
+from ..util import OneNode, host_ports, mask_url, refuse_min_replicas, url_options
 from .store import NodeError, ZookeeperStore
 
 __all__ = ["NodeError", "ZookeeperNode"]

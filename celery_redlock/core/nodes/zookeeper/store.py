@@ -11,7 +11,8 @@ from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 from ...exceptions import NodeError as _NodeError
-from ..util import Skip, matching
+from ..guard import Breaker
+from ..util import matching
 from ..virtual.keyspace import Entry, decode, encode
 from ..virtual.store import Cache, Store, Version, cursor_after, cursor_start, expired
 
@@ -46,7 +47,7 @@ class ZookeeperStore(Store):
     def __init__(self, node: Any) -> None:  # the first ZookeeperNode of the ensemble
         self.node, self.name, self.root, self.cache = node, node.name, node.root, Cache()
         self.session: Any = None  # kazoo's client, started at the first call
-        self.skip, self.lock, self.turn = Skip(), threading.Lock(), threading.Lock()
+        self.breaker, self.lock, self.turn = Breaker(), threading.Lock(), threading.Lock()
         # the last mtime seen (s), when its reply came (monotonic s), its round trip
         self._mtime, self._at, self._rtt = 0.0, 0.0, 0.0
         self._clock_lock = threading.Lock()
@@ -56,7 +57,8 @@ class ZookeeperStore(Store):
         """The connected client, a new session getting ``node``'s connect budget
         (TimeoutError: none in time, or the node is skipped for a while)."""
         node = node or self.node
-        self.skip.check(node.name)
+        if self.breaker.skipping():
+            raise TimeoutError(self.breaker.why(node.name))
         with self.lock:
             if self.session is None or _loop_ended(self.session):  # a dead one: socket closed
                 self.session = node.new_client()
@@ -65,7 +67,7 @@ class ZookeeperStore(Store):
         until = time.monotonic() + min(deadline - time.monotonic(), node.connect_timeout or 1e9)
         while not client.connected:
             if time.monotonic() >= until:
-                self.skip.timed_out()
+                self.breaker.timed_out(node.connect_timeout or node.timeout)
                 raise TimeoutError(f"{node.name}: no session in time ({client.state})")
             time.sleep(0.005)
         return client
@@ -77,14 +79,16 @@ class ZookeeperStore(Store):
         from kazoo.handlers.threading import KazooTimeoutError
 
         try:
-            return result.get(timeout=max(deadline - time.monotonic(), 0.001))
+            reply = result.get(timeout=max(deadline - time.monotonic(), 0.001))
         except KazooTimeoutError:
-            self.skip.timed_out()
+            self.breaker.timed_out(self.node.timeout)
             raise TimeoutError(f"{self.name}: no reply in time") from None
         except ke.NoNodeError:
             raise
         except ke.KazooException as exc:  # a session lost, or an error reply
             raise self._error(exc) from None
+        self.breaker.answered()
+        return reply
 
     def _error(self, exc: Exception) -> NodeError:
         """kazoo's error ``exc`` as the node's (refused for good where waiting won't cure it)."""
