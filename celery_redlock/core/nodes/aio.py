@@ -3,18 +3,21 @@
 The same operation values go through the same codec (:mod:`.codec`) and, on
 Redis, the same Lua scripts; only the carrying differs:
 
-* **Redis, native**: a plain master (``redis://``, ``unix://``, RESP2, no
-  ``min_replicas``) gets one pipelined connection per event loop
+* **Redis, native**: a node built from a ``redis://``, ``unix://``,
+  ``rediss://`` (TLS) or ``sentinel://`` URL (RESP2, replies undecoded), with
+  or without ``min_replicas``, gets one pipelined connection per event loop
   (:mod:`.resp`), with the node's own timeouts and no retries, and each
-  script goes as ``EVALSHA`` (``EVAL`` on ``NOSCRIPT``).
+  script goes as ``EVALSHA`` (``EVAL`` on ``NOSCRIPT``), followed by ``WAIT``
+  where the sync round sends it.
 * **memory, native**: a memory node runs in this process; its call is made
   in the loop's thread, unless a fault hook makes it wait.
 * **PostgreSQL, native**: a few connections per node and event loop
   (:mod:`.postgres.aio`), the sync node's statements and errors.
-* **every other node** (etcd, ZooKeeper, a TLS, Sentinel or
-  Cluster Redis node, one with ``min_replicas``, and plain reads): the sync
+* **every other node** (etcd, ZooKeeper, a Redis Cluster, a ``redis.Redis``
+  client given as it is, TLS with OCSP checks, and plain reads): the sync
   kind's own round, carried whole in a bounded thread pool (:data:`CARRIERS`
-  threads), so no call blocks the event loop.
+  threads), so no call blocks the event loop. A Cluster stays carried: its
+  slot routing, redirections and shard masters are the sync round's.
 
 One deadline covers the round's nodes, and a round of a quorum is decided as
 the sync one is: once ``needed`` nodes answered, the others get until
@@ -48,11 +51,22 @@ def native(node: Any) -> bool:
     """Whether ``node``'s calls go natively from the event loop."""
     if node.kind in ("memory", "postgres"):
         return True
+    if node.kind != "redis" or node.cluster:
+        return False
+    if getattr(node, "lean", False):  # redis:// or unix:// (the rule)
+        return True
+    # Only a client described as rediss:// or sentinel:// was built from its URL:
+    # one given as it is keeps its own settings, which only redis-py applies.
+    if not node.name.startswith(("rediss://", "sentinel://")):
+        return False
+    from . import resp  # with the Redis kind: imported at its first node
+
+    kw = node.pool.connection_kwargs
     return (
-        node.kind == "redis"
-        and not node.cluster
-        and getattr(node, "lean", False)
-        and not node.min_replicas
+        str(kw.get("protocol", 2)) == "2"
+        and not kw.get("decode_responses")
+        and kw.get("encoding", "utf-8") == "utf-8"
+        and resp.tls_served(kw)
     )
 
 

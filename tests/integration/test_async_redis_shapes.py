@@ -1,0 +1,245 @@
+"""AsyncRedlock on the Redis shapes beyond a plain master, natively on the loop:
+TLS (``rediss://``), ``min_replicas`` and Sentinel, each against real servers
+(:mod:`tests.support.deploy`). For each: no round goes to the carrier threads,
+sync and async clients exclude each other with one token sequence, and the
+failure case gives what the sync client gives."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from celery_redlock import AsyncRedlock, Holder, Lease, Redlock
+from celery_redlock.core.nodes import aio
+from celery_redlock.exceptions import QuorumUnavailable, heals
+from tests.support import deploy
+from tests.support.polling import wait_for
+
+pytestmark = pytest.mark.integration
+
+#: A TLS handshake with client certificates on a loaded 2-core host outlasted 1 s.
+HANDSHAKE = 5.0
+#: Generous for a loaded host; a WAIT that falls short answers at the next tick.
+TIMEOUT = 0.3
+
+
+@pytest.fixture
+def uncarried(monkeypatch):
+    """Fails a test whose round would go to the carrier threads."""
+    carried: list[int] = []
+    monkeypatch.setattr(aio, "carrier", lambda: carried.append(1))  # a round there would fail
+    yield
+    assert not carried, "the rounds run on the loop, not in the carrier threads"
+
+
+def alternate(sync: Redlock, rl: AsyncRedlock, name: str, turns: int = 2) -> list[int]:
+    """Sync and async holders in turn, each seeing the other hold: the tokens in order."""
+
+    async def main() -> list[int]:
+        tokens = []
+        for _ in range(turns):
+            held = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: sync.acquire(name, ttl=5)
+            )
+            assert held is not None
+            tokens.append(held.fencing_token)
+            got = await rl.try_acquire(name, ttl=5)
+            assert isinstance(got, Holder) and got.owner == held.owner
+            sync.release(held)
+            lease = await rl.acquire(name, ttl=5)
+            assert lease is not None
+            tokens.append(lease.fencing_token)
+            other = sync.try_acquire(name, ttl=5)
+            assert isinstance(other, Holder) and other.owner == lease.owner
+            assert await rl.extend(lease, 4)
+            await rl.release(lease)
+        return tokens
+
+    tokens = asyncio.run(main())
+    assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+    return tokens
+
+
+def refusal(attempt) -> dict:
+    """node -> (error type, heals) of the QuorumUnavailable ``attempt`` raises."""
+    with pytest.raises(QuorumUnavailable) as caught:
+        attempt()
+    return {node: (type(e), heals(e)) for node, e in caught.value.errors.items()}
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+TLS_BINARY = deploy.tls_binary()
+needs_tls = pytest.mark.skipif(
+    TLS_BINARY is None, reason="no redis-server built with TLS (Debian: redis-server)"
+)
+
+
+@pytest.fixture(scope="module")
+def tls_nodes(tmp_path_factory):
+    pytest.importorskip("trustme", reason="the TLS tests make their certificates with trustme")
+    certs = deploy.Certificates(str(tmp_path_factory.mktemp("certs")))
+    started = [deploy.tls_node(TLS_BINARY, certs) for _ in range(3)]
+    yield certs, started
+    for node, _ in started:
+        node.close()
+
+
+@needs_tls
+def test_tls_nodes_are_native_and_exclude_the_sync_client(tls_nodes, uncarried):
+    certs, started = tls_nodes
+    urls = [deploy.tls_url(port, certs) for _, port in started]
+    sync = Redlock(urls, node_timeout=0.5, connect_timeout=HANDSHAKE)
+    rl = AsyncRedlock(redlock=sync)
+    assert all(aio.native(node) and not node.lean for node in sync.nodes)
+    alternate(sync, rl, "tls")
+
+
+@needs_tls
+def test_a_wrong_ca_cannot_heal_as_for_the_sync_client(tls_nodes, uncarried):
+    certs, started = tls_nodes
+    port = started[0][1]
+    url = deploy.tls_url(port, certs, ca=certs.other_ca)
+    sync = Redlock([url], node_timeout=5.0, connect_timeout=HANDSHAKE)
+    rl = AsyncRedlock(redlock=sync)
+    by_sync = refusal(lambda: sync.try_acquire("job", ttl=5))
+    start = time.monotonic()
+    with pytest.raises(QuorumUnavailable) as caught:
+        asyncio.run(rl.try_acquire("job", ttl=5))
+    assert time.monotonic() - start < 5.0  # at the handshake's verdict
+    assert {n: (type(e), heals(e)) for n, e in caught.value.errors.items()} == by_sync
+    assert not caught.value.heals
+    text = str(caught.value)
+    assert f"127.0.0.1:{port}" in text and "CERTIFICATE_VERIFY_FAILED" in text
+    assert deploy.ACL_PASSWORD not in text
+
+
+# -- min_replicas ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair():
+    nodes = deploy.primary_with_replicas(1)
+    yield nodes
+    for node in nodes:
+        node.close()
+
+
+def test_replica_confirmed_grants_are_native_and_exclude_the_sync_client(pair, uncarried):
+    primary, replica = pair
+    sync = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+    rl = AsyncRedlock(redlock=sync)
+    assert aio.native(sync.nodes[0])
+    alternate(sync, rl, "confirmed")
+
+    async def confirmed() -> Lease:
+        lease = await rl.acquire("job", ttl=5)
+        assert lease is not None
+        return lease
+
+    lease = asyncio.run(confirmed())
+    with replica.client() as client:  # confirmed: on the replica when the grant returns
+        assert client.get(lease.key) == lease.owner
+
+
+def test_a_silent_replica_makes_the_node_not_count_as_for_the_sync_client(pair, uncarried):
+    primary, replica = pair
+    sync = Redlock([primary.url], node_timeout=TIMEOUT, min_replicas=1)
+    rl = AsyncRedlock(redlock=sync)
+    held = asyncio.run(rl.acquire("held", ttl=5))
+    assert held is not None
+    replica.pause()
+    try:
+        by_sync = refusal(lambda: sync.try_acquire("job", ttl=5))
+        with pytest.raises(QuorumUnavailable, match="replicas confirmed") as caught:
+            asyncio.run(rl.try_acquire("job", ttl=5))
+        assert {n: (type(e), heals(e)) for n, e in caught.value.errors.items()} == by_sync
+        with primary.client() as client:  # the unconfirmed grant withdrawn
+            assert client.get(sync.keys("job")[0]) is None
+        assert not asyncio.run(rl.extend(held))  # a renewal not confirmed loses the lease
+        assert held.lost
+    finally:
+        replica.resume()
+
+
+# -- Sentinel ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sentinels():
+    deployment = deploy.SentinelDeployment(replicas=1, sentinels=3)
+    yield deployment
+    deployment.close()
+
+
+def test_sentinel_nodes_are_native_and_follow_a_killed_master(sentinels, uncarried):
+    sync = Redlock([sentinels.url()], node_timeout=TIMEOUT, min_replicas=1)
+    rl = AsyncRedlock(redlock=sync)
+    other = AsyncRedlock([sentinels.url()], node_timeout=TIMEOUT)  # without min_replicas
+    assert aio.native(sync.nodes[0]) and aio.native(other.sync.nodes[0])
+    alternate(sync, rl, "sentinel")
+    loop = asyncio.new_event_loop()
+    try:
+        lease = loop.run_until_complete(rl.acquire("job", ttl=30))
+        assert lease is not None  # confirmed by the replica
+        seen = loop.run_until_complete(other.try_acquire("job", ttl=30))
+        assert isinstance(seen, Holder)  # both clients hold a connection to the master
+        old = sentinels.primary
+        old.kill()  # SIGKILL mid-hold: the loop's connections to it close
+        new = sentinels.wait_for_failover(old)
+        # the same loop asks the sentinels again and reaches the new master, which
+        # has no replica left to confirm: refused for that, not for the dead one
+        with pytest.raises(QuorumUnavailable, match="replicas confirmed"):
+            loop.run_until_complete(rl.try_acquire("after", ttl=10))
+        seen = loop.run_until_complete(other.try_acquire("job", ttl=10))
+        assert isinstance(seen, Holder) and seen.owner == lease.owner  # confirmed: kept
+        fresh = loop.run_until_complete(other.acquire("after", ttl=10))
+        assert isinstance(fresh, Lease)
+        with new.client() as client:
+            assert client.get(fresh.key) == fresh.owner
+        loop.run_until_complete(other.release(fresh))
+    finally:
+        loop.close()
+
+
+def test_a_demoted_master_sends_the_next_round_to_the_new_one(sentinels, uncarried):
+    rl = AsyncRedlock([sentinels.url()], node_timeout=TIMEOUT, min_replicas=1)
+    loop = asyncio.new_event_loop()
+    try:
+        lease = loop.run_until_complete(rl.acquire("job", ttl=30))
+        assert lease is not None
+        old = sentinels.primary
+        with sentinels.sentinels[0].client() as client:
+            client.execute_command("SENTINEL", "FAILOVER", sentinels.SERVICE)
+        new = sentinels.wait_for_failover(old)
+        wait_for(lambda: deploy.link_up(old), timeout=20, what="the old master to follow")
+        wait_for(lambda: deploy.confirms_writes(new), timeout=10, what="the new replica")
+        assert loop.run_until_complete(rl.extend(lease))  # one call: no round lost to the move
+        with new.client() as client:
+            assert client.get(lease.key) == lease.owner
+        loop.run_until_complete(rl.release(lease))
+    finally:
+        loop.close()
+
+
+def test_a_readonly_reply_drops_the_connection_and_asks_the_sentinels_again(sentinels, uncarried):
+    from celery_redlock.core.nodes import resp
+
+    rl = AsyncRedlock([sentinels.url()], node_timeout=TIMEOUT)
+    (node,) = rl.sync.nodes
+    replica = next(n for n in sentinels.data if n is not sentinels.primary)
+
+    async def main() -> None:
+        # as if the master had moved under the loop's connection
+        stale = await resp._open(node.pool, node.name, 1.0, (replica.host, replica.port))
+        resp._conns.setdefault(asyncio.get_running_loop(), {})[id(node)] = stale
+        with pytest.raises(QuorumUnavailable, match="replica now"):
+            await rl.try_acquire("job", ttl=10)
+        assert stale.closed
+        lease = await rl.try_acquire("job", ttl=10)  # a new connection, to the master
+        assert isinstance(lease, Lease)
+        await rl.release(lease)
+
+    asyncio.run(main())
