@@ -8,10 +8,11 @@ values, operations and fencing tokens are the same, so a sync
 exclude each other and share one token sequence.
 
 A plain lock (``try_acquire``, ``acquire``, ``release``, ``extend``,
-``extend_many``, ``lock``) runs on the event loop. Permits (``limit``,
-``also``), rated starts (``rates``) and the other primitives (claims, queues,
-rates, inspection: :data:`CARRIED`) are the sync client's calls, carried in a
-bounded thread pool (:func:`.nodes.aio.carrier`).
+``extend_many``, ``lock``) and the claims (``claim``, ``claim_next``,
+``debounce``, ``throttle``, ``withdraw_claim``, ``claimant``) run on the event
+loop. Permits (``limit``, ``also``), rated starts (``rates``) and the other
+primitives (queues, rates, inspection: :data:`CARRIED`) are the sync client's
+calls, carried in a bounded thread pool (:func:`.nodes.aio.carrier`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from .claims import Claims
 from .exceptions import LockContended, LockLost, LockNotAcquired
 from .held import Lease
 from .nodes.aio import carrier, perform_async
@@ -42,8 +44,7 @@ logger = logging.getLogger("celery_redlock.heartbeat")
 CARRIED = frozenset(
     {
         "holder", "inspect", "inspect_key", "agreed", "scan", "read_claim", "force_release",
-        "node_info", "claim", "claim_next", "debounce", "throttle", "withdraw_claim",
-        "claimant", "release_owned_by", "rate", "park", "queue_next", "queue_peek",
+        "node_info", "release_owned_by", "rate", "park", "queue_next", "queue_peek",
     }
 )  # fmt: skip
 #: Plain values and key names, read from the sync client as they are.
@@ -57,13 +58,15 @@ SHARED = frozenset(
 
 
 def _driven(
-    steps_of: Callable[Concatenate[Redlock, P], Steps[T]],
+    steps_of: Callable[Concatenate[Any, P], Steps[T]], part: str = ""
 ) -> Callable[Concatenate[AsyncRedlock, P], Coroutine[Any, Any, T]]:
-    """The coroutine method of the sync client's steps method ``steps_of``: its
-    arguments and docstring, its steps driven on the event loop."""
+    """The coroutine method of the sync client's steps method ``steps_of`` (one of
+    its ``part``, if given): its arguments and docstring, its steps driven on the
+    event loop."""
 
     async def call(self: AsyncRedlock, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self.drive(steps_of(self.sync, *args, **kwargs))
+        owner = getattr(self.sync, part) if part else self.sync
+        return await self.drive(steps_of(owner, *args, **kwargs))
 
     return dressed(call, steps_of, f"AsyncRedlock.driven({steps_of.__qualname__})")
 
@@ -135,6 +138,12 @@ class AsyncRedlock:
 
     try_acquire = _driven(Redlock._trying)
     acquire = _driven(Redlock._acquiring)
+    claim = _driven(Claims.claiming, "_claims")
+    claim_next = _driven(Claims.claiming_next, "_claims")
+    debounce = _driven(Claims.debouncing, "_claims")
+    throttle = _driven(Claims.throttling, "_claims")
+    withdraw_claim = _driven(Claims.withdrawing_claim, "_claims")
+    claimant = _driven(Claims.reading_claimant, "_claims")
 
     async def release(self, lease: Lease, *, receipt: float | None = None,
                       withdraw_claim: bool = False, wait: bool = True) -> None:  # fmt: skip

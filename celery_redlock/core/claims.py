@@ -35,6 +35,7 @@ from .ops import (
 )
 from .quorum import Quorum
 from .records import STARTED_MARK, Claim, Schedule, agree
+from .steps import On, Steps, driven
 from .values import ms, positive
 
 __all__ = ["Claims"]
@@ -50,7 +51,7 @@ class Claims:
         self.keyspace = keyspace
         self.leases = leases  # a short claim is withdrawn with the lease's release
 
-    def claim(self, key: str, value: str, *, ttl: float) -> bool:
+    def claiming(self, key: str, value: str, *, ttl: float) -> Steps[bool]:
         """Set ``{prefix}:{key}`` to ``value`` on a quorum unless another value is there.
 
         The claim is never released: it expires. Used for one-shot decisions
@@ -64,15 +65,18 @@ class Claims:
         positive("ttl", ttl)
         q = self.quorum
         full_key = self.keyspace.full(key)
-        replies = q.run(ClaimOp(full_key, value, ms(ttl)))
+        replies = yield ClaimOp(full_key, value, ms(ttl))
         if q.has_quorum(sum(1 for r in replies if r == Done(True))):
             return True
         # logged only where it was set: a node that never answered is an outage
-        self.leases.release_everywhere(full_key, value, granted=_where(replies, Done(True)))
+        granted = _where(replies, Done(True))
+        yield from self.leases.releasing_everywhere(full_key, value, granted=granted)
         q.check(replies)
         return False
 
-    def claim_next(self, name: str, claimant: str, *, ttl: float, replace: bool = False) -> Claim:
+    def claiming_next(
+        self, name: str, claimant: str, *, ttl: float, replace: bool = False
+    ) -> Steps[Claim]:
         """Point ``name``'s claim at ``claimant`` on a quorum, for ``ttl`` seconds.
 
         A claim says which id is meant to take the name next (an enqueued
@@ -90,7 +94,7 @@ class Claims:
         positive("ttl", ttl)
         q = self.quorum
         key = self.keyspace.claim_key(name)
-        replies = q.run(ClaimNext(key, claimant, ms(ttl), replace))
+        replies = yield ClaimNext(key, claimant, ms(ttl), replace)
         ours = [r for r in replies if isinstance(r, Taken)]
         if q.has_quorum(len(ours)):
             # Only a previous claimant a quorum agrees on was taken over: a node
@@ -109,7 +113,7 @@ class Claims:
         ]
         wrote = [node for node, r in written if isinstance(r, Taken) and not r.renewed]
         if wrote:
-            q.run(Release(key, claimant), wrote)
+            yield On(Release(key, claimant), wrote)
         q.check(replies)
         seen = [(r.claimant, r.pttl_ms) for r in replies if isinstance(r, Claimed)]
         other = agree(seen, q.needed)
@@ -122,14 +126,14 @@ class Claims:
         # first withdrawn before the second was written) without ever holding one.
         # Unless every node named it, a second read confirms it, so that a
         # duplicate is never handed the id of a call that did not win.
-        confirmed = self.claimant(name)
+        confirmed = yield from self.reading_claimant(name)
         if confirmed.claimant != other.owner:
             return Claim(None, None)  # split after all: the caller tries again
         return confirmed
 
-    def debounce(
+    def debouncing(
         self, name: str, claimant: str, *, delay: float, max_delay: float | None, ttl: float
-    ) -> Schedule:
+    ) -> Steps[Schedule]:
         """Take ``name``'s claim over for a call due ``delay`` seconds from now.
 
         A burst is the calls made while the name is claimed; none is due later
@@ -141,11 +145,15 @@ class Claims:
         """
         positive("delay", delay)
         cap = "" if max_delay is None else str(ms(max_delay))
-        return self._schedule(Debounce, name, "burst", claimant, str(ms(delay)), cap, ttl=ttl)
+        return (
+            yield from self._schedule(
+                Debounce, name, "burst", claimant, str(ms(delay)), cap, ttl=ttl
+            )
+        )
 
-    def throttle(
+    def throttling(
         self, name: str, claimant: str, *, period: float, trailing: bool, ttl: float
-    ) -> Schedule:
+    ) -> Steps[Schedule]:
         """Plan a call on a name started at most once per ``period`` seconds.
 
         A call on a quiet name is due now; a call inside the period of the last
@@ -160,8 +168,10 @@ class Claims:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         positive("period", period)
-        return self._schedule(
-            Throttle, name, "throttle", claimant, str(ms(period)), trailing, ttl=ttl
+        return (
+            yield from self._schedule(
+                Throttle, name, "throttle", claimant, str(ms(period)), trailing, ttl=ttl
+            )
         )
 
     def _schedule(
@@ -172,7 +182,7 @@ class Claims:
         claimant: str,
         *params: Any,
         ttl: float,
-    ) -> Schedule:
+    ) -> Steps[Schedule]:
         """Run a ``kind`` of planning on ``name``'s claim and its ``tag`` key, with
         ``params`` between the time now and the ``ttl``."""
         space = self.keyspace
@@ -180,10 +190,10 @@ class Claims:
         keys = (space.claim_key(name), space.coalesce_key(name, tag))
         op = kind(*keys, claimant, now, *params, str(ms(ttl)))
         q = self.quorum
-        replies = q.run(op)
+        replies = yield op
         answers = [r for r in replies if isinstance(r, Scheduled)]
         if not q.has_quorum(len(answers)):
-            self.leases.release_everywhere(
+            yield from self.leases.releasing_everywhere(
                 op.claim_key, op.claimant, granted=_where(replies, Scheduled)
             )
             q.check(replies)
@@ -197,28 +207,36 @@ class Claims:
         other = agree([(r.other, 0) for r in agreed if r.other], q.needed)
         return Schedule(state, due, other.owner, slot)
 
-    def withdraw_claim(self, name: str, claimant: str) -> int:
+    def withdrawing_claim(self, name: str, claimant: str) -> Steps[int]:
         """Withdraw ``name``'s claim where it names ``claimant``. Never raises.
 
         Returns how many nodes withdrew it.
         """
-        replies = self.quorum.run(Release(self.keyspace.claim_key(name), claimant))
+        replies = yield Release(self.keyspace.claim_key(name), claimant)
         return sum(1 for r in replies if r == Count(1))
 
-    def claimant(self, name: str) -> Claim:
+    def reading_claimant(self, name: str) -> Steps[Claim]:
         """The claim of ``name`` a quorum agrees on (``claimant=None`` if none).
 
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(Peek(self.keyspace.claim_key(name)))
+        replies = yield Peek(self.keyspace.claim_key(name))
         q.check(replies)
         found = [(r.value, r.pttl_ms) for r in replies if isinstance(r, Peeked) and r.value]
         seen = agree(found, q.needed)
         if seen.owner is not None and seen.owner.startswith(STARTED_MARK):
             return Claim(None, None)  # its run started: no claim is pending
         return Claim(seen.owner, seen.remaining)
+
+    # The sync methods; an AsyncRedlock drives the same steps on its event loop.
+    claim = driven(claiming)
+    claim_next = driven(claiming_next)
+    debounce = driven(debouncing)
+    throttle = driven(throttling)
+    withdraw_claim = driven(withdrawing_claim)
+    claimant = driven(reading_claimant)
 
 
 def _where(replies: Sequence[Any], granted: Any) -> list[int]:
