@@ -1,8 +1,9 @@
 """AsyncRedlock on the Redis shapes beyond a plain master, natively on the loop:
-TLS (``rediss://``), ``min_replicas`` and Sentinel, each against real servers
-(:mod:`tests.support.deploy`). For each: no round goes to the carrier threads,
-sync and async clients exclude each other with one token sequence, and the
-failure case gives what the sync client gives."""
+TLS (``rediss://``), ``min_replicas``, Sentinel and a Cluster's one-name calls,
+each against real servers (:mod:`tests.support.deploy`, the Cluster fixtures).
+For each: no round goes to the carrier threads, sync and async clients exclude
+each other with one token sequence, and the failure case gives what the sync
+client gives (a Cluster's redirects are its sync round, carried)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import time
 
 import pytest
+from redis.crc import key_slot
 
 from celery_redlock import AsyncRedlock, Holder, Lease, Redlock
 from celery_redlock.core.nodes import aio
@@ -189,10 +191,16 @@ def test_sentinel_nodes_are_native_and_follow_a_killed_master(sentinels, uncarri
         old = sentinels.primary
         old.kill()  # SIGKILL mid-hold: the loop's connections to it close
         new = sentinels.wait_for_failover(old)
+
+        def refused() -> str:
+            with pytest.raises(QuorumUnavailable) as caught:
+                loop.run_until_complete(rl.try_acquire("after", ttl=10))
+            return str(caught.value)
+
         # the same loop asks the sentinels again and reaches the new master, which
         # has no replica left to confirm: refused for that, not for the dead one
-        with pytest.raises(QuorumUnavailable, match="replicas confirmed"):
-            loop.run_until_complete(rl.try_acquire("after", ttl=10))
+        # (a loaded host may first let the WAIT outlast the round)
+        wait_for(lambda: "replicas confirmed" in refused(), timeout=10, what="the new master")
         seen = loop.run_until_complete(other.try_acquire("job", ttl=10))
         assert isinstance(seen, Holder) and seen.owner == lease.owner  # confirmed: kept
         fresh = loop.run_until_complete(other.acquire("after", ttl=10))
@@ -243,3 +251,86 @@ def test_a_readonly_reply_drops_the_connection_and_asks_the_sentinels_again(sent
         await rl.release(lease)
 
     asyncio.run(main())
+
+
+# -- Redis Cluster -----------------------------------------------------------------------------
+
+
+def test_cluster_one_name_calls_go_to_their_shard_on_the_loop(redis_clusters3, monkeypatch):
+    sync = Redlock(redis_clusters3.urls, node_timeout=0.5)
+    rl = AsyncRedlock(redlock=sync)
+    sync.release(sync.acquire("warm", ttl=5))  # the slot maps read (in the sync round)
+    carried: list[int] = []
+    monkeypatch.setattr(aio, "carrier", lambda: carried.append(1))  # a round there would fail
+    assert all(aio.native(node) for node in sync.nodes)
+    alternate(sync, rl, "cluster")
+    assert not carried, "one-name calls run on the loop, not in the carrier threads"
+
+
+def test_cluster_ask_and_moved_are_followed_by_the_carried_round(redis_clusters3, monkeypatch):
+    sync = Redlock(redis_clusters3.urls, node_timeout=0.5)
+    rl = AsyncRedlock(redlock=sync)
+    lease = sync.acquire("moving", ttl=30)
+    slot = key_slot(sync.keys("moving")[0].encode())
+    cluster = redis_clusters3[0]
+    to = next(m for m in cluster.masters if m is not cluster.master_of(slot))
+    carried: list[int] = []
+    real = aio.carrier
+    monkeypatch.setattr(aio, "carrier", lambda: carried.append(1) or real())
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(rl.extend(lease, 30))
+        assert not carried  # on the loop while the map holds
+        source = cluster.begin_reshard(slot, to)
+        assert cluster.move_keys(slot, source, to) == 2  # the lock and the fence
+        assert loop.run_until_complete(rl.extend(lease, 30))  # ASK: followed in the sync round
+        assert len(carried) == 1
+        assert cluster.finish_reshard(slot, source, to) == 0
+        assert loop.run_until_complete(rl.extend(lease, 30))  # MOVED: the map read again
+        assert len(carried) == 2 and not lease.lost
+        assert loop.run_until_complete(rl.extend(lease, 30))  # the new map: on the loop again
+        assert len(carried) == 2
+        other = sync.try_acquire("moving", ttl=5)
+        assert isinstance(other, Holder) and other.owner == lease.owner
+        loop.run_until_complete(rl.release(lease))
+    finally:
+        loop.close()
+
+
+def test_a_killed_shard_master_is_found_again_through_the_slot_map(
+    redis_cluster_factory, monkeypatch
+):
+    cluster = redis_cluster_factory(3, replicas=1)
+    owner = AsyncRedlock([cluster.url], node_timeout=0.5, min_replicas=1)
+    other = AsyncRedlock([cluster.url], node_timeout=0.5)  # the promoted master has no replica
+    carried: list[int] = []
+    real = aio.carrier
+    monkeypatch.setattr(aio, "carrier", lambda: carried.append(1) or real())
+    for rl in (owner, other):
+        rl.sync.release(rl.sync.acquire("warm", ttl=5))  # the slot maps read
+    loop = asyncio.new_event_loop()
+    try:
+        held = loop.run_until_complete(owner.acquire("held", ttl=30))
+        assert held is not None  # confirmed by the shard's replica
+        seen = loop.run_until_complete(other.try_acquire("held", ttl=5))
+        assert isinstance(seen, Holder) and not carried  # a connection to the old master
+        slot = key_slot(owner.sync.keys("held")[0].encode())
+        promoted = cluster.kill_master(cluster.masters.index(cluster.master_of(slot)))
+
+        def holder() -> object:
+            try:  # a shard that fails has the map read again in the background
+                return loop.run_until_complete(other.try_acquire("held", ttl=5))
+            except QuorumUnavailable:
+                return None
+
+        seen = wait_for(holder, timeout=20, what="the promoted replica to answer")
+        assert isinstance(seen, Holder) and seen.owner == held.owner  # WAIT had it there
+        with promoted.client() as client:
+            assert client.get(held.key) == held.owner
+        before = len(carried)
+        fresh = loop.run_until_complete(other.acquire("held-next", ttl=5))
+        assert fresh is not None and loop.run_until_complete(other.extend(fresh))
+        loop.run_until_complete(other.release(fresh))
+        assert len(carried) == before, "on the loop again, to the new master"
+    finally:
+        loop.close()

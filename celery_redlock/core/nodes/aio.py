@@ -8,16 +8,19 @@ Redis, the same Lua scripts; only the carrying differs:
   or without ``min_replicas``, gets one pipelined connection per event loop
   (:mod:`.resp`), with the node's own timeouts and no retries, and each
   script goes as ``EVALSHA`` (``EVAL`` on ``NOSCRIPT``), followed by ``WAIT``
-  where the sync round sends it.
+  where the sync round sends it. A Redis Cluster's call about one name (or a
+  batch on one slot) goes so to its slot's shard master, once the slot map
+  is read; the rest of a Cluster's calls (the map's first read, a batch over
+  several slots, a ``MOVED`` or ``ASK`` to follow) are its sync round, carried
+  as below.
 * **memory, native**: a memory node runs in this process; its call is made
   in the loop's thread, unless a fault hook makes it wait.
 * **PostgreSQL, native**: a few connections per node and event loop
   (:mod:`.postgres.aio`), the sync node's statements and errors.
-* **every other node** (etcd, ZooKeeper, a Redis Cluster, a ``redis.Redis``
+* **every other node** (etcd, ZooKeeper, a ``redis.Redis`` or ``RedisCluster``
   client given as it is, TLS with OCSP checks, and plain reads): the sync
   kind's own round, carried whole in a bounded thread pool (:data:`CARRIERS`
-  threads), so no call blocks the event loop. A Cluster stays carried: its
-  slot routing, redirections and shard masters are the sync round's.
+  threads), so no call blocks the event loop.
 
 One deadline covers the round's nodes, and a round of a quorum is decided as
 the sync one is: once ``needed`` nodes answered, the others get until
@@ -51,23 +54,13 @@ def native(node: Any) -> bool:
     """Whether ``node``'s calls go natively from the event loop."""
     if node.kind in ("memory", "postgres"):
         return True
-    if node.kind != "redis" or node.cluster:
+    if node.kind != "redis":
         return False
-    if getattr(node, "lean", False):  # redis:// or unix:// (the rule)
+    if node.cluster or getattr(node, "lean", False):  # a Cluster: per call (_redis)
         return True
-    # Only a client described as rediss:// or sentinel:// was built from its URL:
-    # one given as it is keeps its own settings, which only redis-py applies.
-    if not node.name.startswith(("rediss://", "sentinel://")):
-        return False
     from . import resp  # with the Redis kind: imported at its first node
 
-    kw = node.pool.connection_kwargs
-    return (
-        str(kw.get("protocol", 2)) == "2"
-        and not kw.get("decode_responses")
-        and kw.get("encoding", "utf-8") == "utf-8"
-        and resp.tls_served(kw)
-    )
+    return resp.served(node)
 
 
 async def _redis(node: Any, script: Any, keys: Any, args: Any, limit: float) -> Any:
@@ -75,7 +68,17 @@ async def _redis(node: Any, script: Any, keys: Any, args: Any, limit: float) -> 
     from . import resp  # with the Redis kind: imported at its first node
 
     try:
-        return await resp.call_script(node, script, keys, args, limit)
+        if not node.cluster:
+            return await resp.call_script(node, script, keys, args, limit)
+        reply = await resp.call_shard(node, script, keys, args, limit)
+        if reply is not resp.CARRY:
+            return reply
+        # the sync round's own steps (a slot map to read, a batch, a redirect)
+        call = asyncio.get_running_loop().run_in_executor(
+            carrier(), kind_of(node).run, (script, keys, args), [node], limit
+        )
+        replies = await _bounded(node, call, limit + (node.connect_timeout or limit) + 1.0)
+        return replies if isinstance(replies, Exception) else replies[0]
     except asyncio.TimeoutError:
         return TimeoutError(f"{node.name}: no reply in {limit:g}s")
     except Exception as exc:  # an error is the node's reply

@@ -25,7 +25,12 @@ The shapes served here, as the sync node has them:
   a failover demoted and whose clients the sentinels killed) or the master
   answers ``READONLY``, it is dropped and the next call asks again.
 
-Redis Cluster nodes are not served here (:mod:`.aio` carries them).
+A Redis Cluster's one-name call goes straight to the shard master of its
+slot, on that shard's connection (:func:`call_shard`), as the sync round's
+fast path sends it; what that round does in threads or in more steps is left
+to it (:data:`CARRY`): a slot map not read yet, a batch over several slots
+(a batch on one slot goes here), a ``MOVED`` or ``ASK`` to follow, a shard
+given as a ``redis.Redis`` client.
 """
 
 from __future__ import annotations
@@ -40,12 +45,17 @@ from typing import Any
 
 import redis
 import redis.sentinel
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
+from .redis.cluster import BATCHES, Part, combine, same_slot
 from .redis.replicas import confirmed, wait_after
 from .redis.wire import as_redis_error, pack
 
-__all__ = ["call_script", "tls_served"]
+__all__ = ["CARRY", "call_script", "call_shard", "served", "tls_served"]
+
+#: What :func:`call_shard` returns for a call the sync round makes instead.
+CARRY: Any = object()
 
 _INCOMPLETE = object()
 # event loop -> node (or sentinel) -> its connection (or the task opening it)
@@ -154,6 +164,24 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(b"".join(pack(args) for args in commands))
         return futures
+
+
+def served(node: Any) -> bool:
+    """Whether a master's calls (not a Cluster's) go through this module: one
+    built from its URL, RESP2, replies undecoded."""
+    if node.lean:  # redis:// or unix:// (the rule)
+        return True
+    # Only a node named rediss:// or sentinel:// (or a rediss+cluster:// shard)
+    # was built from its URL: a client given as it is keeps its own settings.
+    if not node.name.startswith(("rediss://", "sentinel://", "rediss+cluster://")):
+        return False
+    kw = node.pool.connection_kwargs
+    return (
+        str(kw.get("protocol", 2)) == "2"
+        and not kw.get("decode_responses")
+        and kw.get("encoding", "utf-8") == "utf-8"
+        and tls_served(kw)
+    )
 
 
 def tls_served(kw: dict[str, Any]) -> bool:
@@ -372,3 +400,32 @@ async def call_script(node: Any, script: Any, keys: Any, args: Any, limit: float
     if isinstance(reply, BaseException):
         raise reply
     return reply if wait is None else confirmed(node, reply)
+
+
+async def call_shard(cluster: Any, script: Any, keys: Any, args: Any, limit: float) -> Any:
+    """A one-name script call on a Redis Cluster: on its slot's shard master, as
+    :func:`call_script`; :data:`CARRY` when the sync round must make it. A shard
+    that fails gets its cluster's slot map read again in the background, as in
+    the sync round (a failover may be under way)."""
+    batch = script.name in BATCHES
+    if not cluster.mapped or not keys or (batch and not same_slot(keys)):
+        return CARRY
+    shard = cluster.at_slot(key_slot(keys[0].encode()))
+    if not served(shard):
+        return CARRY
+    try:
+        reply = await call_script(shard, script, keys, args, limit)
+        if not batch:
+            return reply
+        # a batch on one slot: one part, its reply read as the sync round reads it
+        part = Part(cluster, shard, keys, args, list(range(len(keys))), False)
+        return combine(script.name, len(keys), [(part, reply)])
+    except ResponseError as exc:
+        if str(exc).startswith(("MOVED ", "ASK ")):
+            return CARRY  # followed there once, the map read again
+        if str(exc).startswith(("CLUSTERDOWN", "TRYAGAIN")):
+            cluster.suspect()
+        raise
+    except (ConnectionError, redis.exceptions.ConnectionError):
+        cluster.suspect()
+        raise
