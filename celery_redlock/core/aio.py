@@ -9,10 +9,13 @@ exclude each other and share one token sequence.
 
 A plain lock (``try_acquire``, ``acquire``, ``release``, ``extend``,
 ``extend_many``, ``lock``) and the claims (``claim``, ``claim_next``,
-``debounce``, ``throttle``, ``withdraw_claim``, ``claimant``) run on the event
-loop. Permits (``limit``, ``also``), rated starts (``rates``) and the other
-primitives (queues, rates, inspection: :data:`CARRIED`) are the sync client's
-calls, carried in a bounded thread pool (:func:`.nodes.aio.carrier`).
+``debounce``, ``throttle``, ``withdraw_claim``, ``claimant``) and the lock
+reads (``holder``, ``inspect``, ``inspect_key``, ``read_claim``,
+``force_release``) and the queues (``park``, ``queue_next``, ``queue_peek``)
+run on the event loop. Permits (``limit``, ``also``), rated starts
+(``rates``) and the rest (``rate``, ``release_owned_by``, scans, node info:
+:data:`CARRIED`) are the sync client's calls, carried in a bounded thread
+pool (:func:`.nodes.aio.carrier`).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .claims import Claims
 from .exceptions import LockContended, LockLost, LockNotAcquired
 from .held import Lease
+from .inspect import Inspection
 from .nodes.aio import carrier, perform_async
 from .ops import Op
+from .queues import Queues
 from .redlock import Redlock
 from .steps import Carried, On, Pause, Steps, Unwaited, dressed
 from .values import positive
@@ -43,8 +48,7 @@ logger = logging.getLogger("celery_redlock.heartbeat")
 #: The sync client's calls an AsyncRedlock offers as coroutines carried in threads.
 CARRIED = frozenset(
     {
-        "holder", "inspect", "inspect_key", "agreed", "scan", "read_claim", "force_release",
-        "node_info", "release_owned_by", "rate", "park", "queue_next", "queue_peek",
+        "agreed", "scan", "node_info", "release_owned_by", "rate",
     }
 )  # fmt: skip
 #: Plain values and key names, read from the sync client as they are.
@@ -144,6 +148,14 @@ class AsyncRedlock:
     throttle = _driven(Claims.throttling, "_claims")
     withdraw_claim = _driven(Claims.withdrawing_claim, "_claims")
     claimant = _driven(Claims.reading_claimant, "_claims")
+    holder = _driven(Inspection.reading_holder, "_inspection")
+    inspect = _driven(Inspection.inspecting, "_inspection")
+    inspect_key = _driven(Inspection.inspecting_key, "_inspection")
+    read_claim = _driven(Inspection.reading_claim, "_inspection")
+    force_release = _driven(Inspection.force_releasing, "_inspection")
+    park = _driven(Queues.parking, "_queues")
+    queue_next = _driven(Queues.handing_over, "_queues")
+    queue_peek = _driven(Queues.peeking, "_queues")
 
     async def release(self, lease: Lease, *, receipt: float | None = None,
                       withdraw_claim: bool = False, wait: bool = True) -> None:  # fmt: skip

@@ -14,6 +14,7 @@ from .nodes import mask_url, node_for
 from .ops import Count, Delete, Get, Inspect, Inspected, Scan, Value
 from .quorum import Quorum
 from .records import Holder, NodeInfo, agree
+from .steps import On, Steps, driven
 from .values import error_text
 
 __all__ = [
@@ -90,25 +91,25 @@ class Inspection:
         self.quorum = quorum
         self.keyspace = keyspace
 
-    def holder(self, name: str) -> Holder:
+    def reading_holder(self, name: str) -> Steps[Holder]:
         """The owner a quorum of nodes agrees on, and its remaining TTL.
 
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(Inspect(*self.keyspace.keys(name)))
+        replies = yield Inspect(*self.keyspace.keys(name))
         q.check(replies)
         return agree(
             [(r.holder, r.pttl_ms) for r in replies if isinstance(r, Inspected) and r.holder],
             q.needed,
         )
 
-    def inspect(self, name: str) -> list[dict[str, Any]]:
+    def inspecting(self, name: str) -> Steps[list[dict[str, Any]]]:
         """Per node: holder, PTTL (ms) and fence value of ``name``, or the node's error."""
         q = self.quorum
         # every node's view: the round waits for each (not only for a quorum)
-        replies = q.run(Inspect(*self.keyspace.keys(name)), q.nodes)
+        replies = yield On(Inspect(*self.keyspace.keys(name)), q.nodes)
         out: list[dict[str, Any]] = []
         for node, r in zip(q.nodes, replies):
             if isinstance(r, Exception):
@@ -119,9 +120,9 @@ class Inspection:
                 )
         return out
 
-    def inspect_key(
+    def inspecting_key(
         self, key: str, fence_key: str | None = None, *, skip: dict[str, str] | None = None
-    ) -> list[NodeView]:
+    ) -> Steps[list[NodeView]]:
         """Each node's copy of the Redis key ``key`` (and of ``fence_key``), in one round.
 
         Takes the full key, as :meth:`keys` or :meth:`scan` give it, so it reads
@@ -133,7 +134,7 @@ class Inspection:
         q = self.quorum
         skip = skip or {}
         live = [node for node in q.nodes if node.name not in skip]
-        replies = q.run(Inspect(key, fence_key or key), live)
+        replies = yield On(Inspect(key, fence_key or key), live)
         answers = dict(zip((node.name for node in live), replies))
         views = []
         for node in q.nodes:
@@ -199,14 +200,14 @@ class Inspection:
         names = [key[len(base) :] for key in sorted(found)[:limit]]
         return ScanResult(names, errors, truncated or len(found) > limit)
 
-    def read_claim(self, key: str) -> ClaimView:
+    def reading_claim(self, key: str) -> Steps[ClaimView]:
         """Read the claim ``{prefix}:{key}`` (see :meth:`claim`) on every node, in one round.
 
         Returns the value a quorum of the nodes holds (or None), and the values
         that may hold a quorum once the nodes that did not answer are counted.
         """
         q = self.quorum
-        replies = q.run(Get(self.keyspace.full(key)))
+        replies = yield Get(self.keyspace.full(key))
         silent = sum(1 for r in replies if isinstance(r, Exception))
         votes = Counter(r.value for r in replies if isinstance(r, Value) and r.value is not None)
         for value, count in votes.items():
@@ -215,7 +216,7 @@ class Inspection:
         maybe = frozenset(value for value, count in votes.items() if count + silent >= q.needed)
         return ClaimView(None, maybe)
 
-    def force_release(self, name: str) -> list[Deletion]:
+    def force_releasing(self, name: str) -> Steps[list[Deletion]]:
         """Delete the lock key of ``name`` on every node, whatever its holder.
 
         For an operator clearing a stuck lock: a holder still running finds
@@ -224,13 +225,20 @@ class Inspection:
         """
         q = self.quorum
         key, _ = self.keyspace.keys(name)
-        replies = q.run(Delete(key))
+        replies = yield Delete(key)
         return [
             Deletion(node.name, False, error_text(r))
             if isinstance(r, Exception)
             else Deletion(node.name, r == Count(1), None)
             for node, r in zip(q.nodes, replies)
         ]
+
+    # The sync methods; an AsyncRedlock drives the same steps on its event loop.
+    holder = driven(reading_holder)
+    inspect = driven(inspecting)
+    inspect_key = driven(inspecting_key)
+    read_claim = driven(reading_claim)
+    force_release = driven(force_releasing)
 
     def node_info(self) -> list[NodeInfo]:
         """Ask each node in turn how it is (its kind says what it reports:

@@ -83,6 +83,7 @@ from .lease import Caller, Lease, Leases, granted_on
 from .nodes import check_together
 from .ops import AcquirePermit, Granted, GrantedPermit, ReleasePrefix
 from .records import Claim, Finished, Holder, TooEarly, in_the_way, stopped_early
+from .steps import On, Pause, Steps
 from .values import checked, ms
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class Permits:
         self.keyspace = leases.keyspace
         self.fencing = leases.fencing
 
-    def try_acquire(
+    def trying(
         self,
         name: str,
         ttl: float,
@@ -118,10 +119,11 @@ class Permits:
         also: Sequence[tuple[str, int]],
         rounds: tuple[int, float],
         rated: RatedRound | None = None,
-    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+    ) -> Steps[Lease | Holder | Claim | Finished | TooEarly | RateSlot]:
         """One attempt, of up to ``rounds`` = (:attr:`Redlock.PERMIT_ROUNDS`,
-        :attr:`Redlock.PERMIT_SPLIT_PAUSE`) rounds on a split (see :meth:`Redlock.try_acquire`);
-        ``rated`` books a rated start in the same round (see :class:`.rates.RatedRound`)."""
+        :attr:`Redlock.PERMIT_SPLIT_PAUSE`) rounds on a split (see :meth:`Redlock.try_acquire`),
+        as steps (:mod:`.steps`); ``rated`` books a rated start in the same round (see
+        :class:`.rates.RatedRound`): its bookings are the sync client's own calls."""
         q, space = self.quorum, self.keyspace
         count, pause = rounds
         limit = checked("limit", settings.check_limit, limit)
@@ -151,10 +153,10 @@ class Permits:
                 prefer,
             )
             start = q.clock()
-            replies = q.run(op) if rated is None else rated.run(op, every)
+            replies = (yield op) if rated is None else rated.run(op, every)
             stop = stopped_early(replies, task_id, q.needed)
             if stop is not None:
-                self._let_go(every, owner, rated, replies)
+                yield from self._let_go(every, owner, rated, replies)
                 return stop
             ok = [r if isinstance(r, Granted) else None for r in replies]
             chosen = [_most_granted(ok, g) for g in range(len(names))]
@@ -165,14 +167,16 @@ class Permits:
                     rated.unstart(every, owner, replies)
                     return booked
                 if booked.wait > 0:
-                    q.sleep(booked.wait)
+                    yield Pause(booked.wait)
             if all(len(at) >= q.needed for _, at in chosen) and q.clock() < expires:
-                lease = self._grant(names, groups, fences, chosen, ok, owner, ttl, expires)
+                lease = yield from self._granting(
+                    names, groups, fences, chosen, ok, owner, ttl, expires
+                )
                 if lease is not None:
                     return lease
-                self.leases.release_prefix(every, owner)
+                yield from self.leases.releasing_prefix(every, owner)
                 break
-            self._let_go(every, owner, rated, replies)
+            yield from self._let_go(every, owner, rated, replies)
             q.check(replies)
             if not any(ok) or round_ + 1 == count:
                 break
@@ -180,20 +184,20 @@ class Permits:
             # (concurrent acquirers seen in different orders). Ask for the
             # index most of them picked, after a short jittered pause.
             prefer = tuple(str(index) for index, _ in chosen)
-            q.sleep(q.rng() * pause)
+            yield Pause(q.rng() * pause)
         q.check(replies)
         return in_the_way(replies, task_id)
 
     def _let_go(
         self, every: list[str], owner: str, rated: RatedRound | None, replies: list[Any]
-    ) -> None:
+    ) -> Steps[None]:
         """Free what a round that did not stand may hold (see :meth:`Leases._let_go`)."""
         if rated is None:
-            self.leases.release_prefix(every, owner, granted_on(replies))
+            yield from self.leases.releasing_prefix(every, owner, granted_on(replies))
         else:
             rated.let_go(every, owner, replies)
 
-    def _grant(
+    def _granting(
         self,
         names: list[tuple[str, int]],
         groups: list[list[str]],
@@ -203,7 +207,7 @@ class Permits:
         owner: str,
         ttl: float,
         expires: float,
-    ) -> Lease | None:
+    ) -> Steps[Lease | None]:
         """The leases of a permit attempt that every name won on a quorum: the first
         name's, the others in its ``also``. None if a token could not be issued."""
         q = self.quorum
@@ -220,13 +224,15 @@ class Permits:
             ]
             others = [n for i, n in enumerate(q.nodes) if i not in granted_all]
             if strays:
-                q.run(ReleasePrefix(tuple(strays), owner), others)
+                yield On(ReleasePrefix(tuple(strays), owner), others)
         leases = []
         for g, ((name, _), group, fence_key, (index, at)) in enumerate(
             zip(names, groups, fences, chosen)
         ):
             fences_seen = [None if r is None else _pick(r, g)[0] for r in ok]
-            lease = self._lease(name, group[index], fence_key, owner, ttl, expires, at, fences_seen)
+            lease = yield from self._leasing(
+                name, group[index], fence_key, owner, ttl, expires, at, fences_seen
+            )
             if lease is None:
                 return None
             lease.permit = index
@@ -234,7 +240,7 @@ class Permits:
         leases[0].also = tuple(leases[1:])
         return leases[0]
 
-    def _lease(
+    def _leasing(
         self,
         name: str,
         key: str,
@@ -244,7 +250,7 @@ class Permits:
         expires: float,
         granted: list[int],
         fences: list[Any],
-    ) -> Lease | None:
+    ) -> Steps[Lease | None]:
         """The lease of a permit granted on a quorum, its token issued eagerly; None if
         the token could not be written on a quorum within validity."""
         token, stands = self.fencing.settled([fences[i] for i in granted])
@@ -253,7 +259,7 @@ class Permits:
             # holders can never both land one value on a quorum (module docstring).
             assert token is not None  # fencing on: the largest value seen
             token += 1
-            written = self.fencing.write_back(
+            written = yield from self.fencing.writing_back(
                 granted, token, key, fence_key, owner, expires, strict=True
             )
             if written is None:

@@ -45,6 +45,7 @@ from .ops import (
 )
 from .quorum import Quorum
 from .records import agree
+from .steps import On, Pause, Steps, driven
 from .values import ms, positive
 
 __all__ = ["HandOver", "Parked", "QueueView", "Queues"]
@@ -114,7 +115,7 @@ class Queues:
         """The queue's two keys: the ids by ticket, and the calls."""
         return self.keyspace.coalesce_key(name, "queue"), self.keyspace.coalesce_key(name, "qcalls")
 
-    def park(
+    def parking(
         self,
         name: str,
         id: str,
@@ -123,7 +124,7 @@ class Queues:
         most: int,
         retention: float,
         supersede: bool = False,
-    ) -> Parked:
+    ) -> Steps[Parked]:
         """Put ``id`` (and ``call``, to start it again) at the back of ``name``'s queue.
 
         An id already waiting keeps its place. With ``most`` > 0, a queue that
@@ -138,7 +139,7 @@ class Queues:
         positive("retention", retention)
         q = self.quorum
         op = QueuePark(*self.queue_keys(name), id, call, most, ms(retention), "", supersede)
-        replies = q.run(op)
+        replies = yield op
         parked = [r for r in replies if isinstance(r, InQueue)]
         taken = tuple(sorted({i for r in parked for i in r.superseded}))
         if q.has_quorum(len(parked)):
@@ -146,7 +147,7 @@ class Queues:
             if sum(1 for r in parked if r.ticket == ticket) < q.needed:
                 # write the largest back: one order on a quorum (taking out nobody
                 # now: a call parked since is newer, and stays)
-                replies = q.run(replace(op, ticket=str(ticket), supersede=False))
+                replies = yield replace(op, ticket=str(ticket), supersede=False)
                 parked = [r for r in replies if isinstance(r, InQueue)]
                 agreed = [r for r in parked if r.ticket == ticket]
                 if not q.has_quorum(len(agreed)):
@@ -154,12 +155,12 @@ class Queues:
             return Parked(True, max(r.position for r in parked), ticket, superseded=taken)
         wrote = [n for n, r in zip(q.nodes, replies) if isinstance(r, InQueue)]
         if wrote:
-            q.run(self._next(name, 1, id, "", "", 1), wrote)  # kept 1 ms more
+            yield On(self._next(name, 1, id, "", "", 1), wrote)  # kept 1 ms more
         q.check(replies)
         full = [r.waiting for r in replies if isinstance(r, QueueFull)]
         return Parked(False, waiting=max(full, default=0))
 
-    def next(
+    def handing_over(
         self,
         name: str,
         *,
@@ -168,7 +169,7 @@ class Queues:
         owner: str = "",
         claim_ttl: float | None = None,
         retention: float = 1.0,
-    ) -> HandOver:
+    ) -> Steps[HandOver]:
         """Hand ``name`` to the first call waiting, if it can have it now.
 
         First takes ``drop`` (an id that started) out of the queue. Then, with
@@ -187,7 +188,7 @@ class Queues:
         op = self._next(name, limit, drop, owner, claim, ms(retention))
         removed = 0
         for attempt in range(NEXT_ROUNDS):
-            replies = q.run(op)
+            replies = yield op
             q.check(replies)
             answers = [r for r in replies if isinstance(r, QueueStep)]
             removed = max(removed, sum(1 for r in answers if r.removed))
@@ -198,7 +199,7 @@ class Queues:
             stray = [n for n, r in handed if votes < q.needed or r.id != chosen]
             for node, r in handed:
                 if node in stray:
-                    q.run(Release(op.claim_key, r.id or ""), [node])
+                    yield On(Release(op.claim_key, r.id or ""), [node])
             if votes >= q.needed:
                 mine = [r for _, r in handed if r.id == chosen]
                 call = next((r.call for r in mine if r.call), None)
@@ -206,7 +207,7 @@ class Queues:
                 return HandOver(chosen, call, waiting, removed=removed, state="handed")
             if not handed:
                 break
-            q.sleep(q.rng() * 0.005 * (attempt + 1))
+            yield Pause(q.rng() * 0.005 * (attempt + 1))
         pending = agree(
             [(r.claimant, r.pttl_ms) for r in replies if isinstance(r, HandPending)], q.needed
         )
@@ -217,14 +218,14 @@ class Queues:
             pending=pending.owner, pending_for=pending.remaining, removed=removed, state=state
         )
 
-    def peek(self, name: str) -> QueueView:
+    def peeking(self, name: str) -> Steps[QueueView]:
         """How many calls wait in ``name``'s queue, and the first of them. Read only.
 
         Raises:
             QuorumUnavailable: fewer than a quorum of nodes answered.
         """
         q = self.quorum
-        replies = q.run(QueuePeek(*self.queue_keys(name)))
+        replies = yield QueuePeek(*self.queue_keys(name))
         q.check(replies)
         answers = [r for r in replies if isinstance(r, QueueHead)]
         heads = Counter(r.first for r in answers if r.first)
@@ -234,6 +235,11 @@ class Queues:
         call = next((r.call for r in answers if r.first and r.first == first), None)
         waiting = max((r.waiting for r in answers), default=0)
         return QueueView(waiting, first, call, len(answers))
+
+    # The sync methods; an AsyncRedlock drives the same steps on its event loop.
+    park = driven(parking)
+    next = driven(handing_over)
+    peek = driven(peeking)
 
     def _next(
         self, name: str, limit: int, drop: str, owner: str, claim: str, retention_ms: int

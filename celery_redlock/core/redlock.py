@@ -338,23 +338,25 @@ class Redlock:
         caller = NOBODY  # (no task: no gate)
         if task_id is not None:
             caller = Caller(task_id, receipts, claim, own_claim, throttle, slot)
-        if plain and not rates:
-            return self._leases.acquiring(name, ttl, owner, fence, caller)
-
-        def rated_or_permits() -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
-            rated = self._rated(name, rates, booked) if rates else None
-            if isinstance(rated, RateSlot):
-                return rated
+        rounds = (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE)
+        if not rates:
             if plain:
-                steps = self._leases.acquiring(name, ttl, owner, fence, caller, rated)
-                return drive(self._quorum, steps)
-            return self._permits.try_acquire(
-                name, ttl, owner, caller, limit, also,
-                (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE), rated,
-            )  # fmt: skip
+                return self._leases.acquiring(name, ttl, owner, fence, caller)
+            return self._permits.trying(name, ttl, owner, caller, limit, also, rounds)
 
-        # the sync client's own calls (an asyncio client carries them in a thread)
-        return carried(rated_or_permits)
+        def rated() -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+            booking = self._rated(name, rates, booked)
+            if isinstance(booking, RateSlot):
+                return booking
+            if plain:
+                steps = self._leases.acquiring(name, ttl, owner, fence, caller, booking)
+            else:
+                steps = self._permits.trying(name, ttl, owner, caller, limit, also, rounds, booking)
+            return drive(self._quorum, steps)
+
+        # a rated start's bookings are the sync client's own calls (an asyncio
+        # client carries them in a thread)
+        return carried(rated)
 
     def _rated(self, name: str, rates: Sequence[RateKey], booked: bool) -> RatedRound | RateSlot:
         """The round that books a rated start of ``name``; or, when the last rated
