@@ -10,7 +10,9 @@ not the kernel's share of a syscall, not the nodes' work) for one
 ``Redlock.acquire`` + ``release`` of a 3-node fenced lock, the same key each
 time, as ``locks.py``'s cycle. Two runs of different lengths are subtracted,
 so start-up and imports cancel out; ``PYTHONHASHSEED=0`` keeps dict layouts
-alike, and the median of the repetitions is reported.
+alike, and the median of the repetitions is reported. ``--nodes`` counts the
+same cycle on other lock nodes (a PostgreSQL or an etcd node, by URL) instead
+of 3 Redis masters of its own.
 
 Each revision given is checked out in a temporary worktree and imported from
 there, so commits are compared on the same nodes in one run. With none, the
@@ -21,6 +23,7 @@ Usage::
     python benchmarks/instructions.py                      # this checkout
     python benchmarks/instructions.py 8582a6e HEAD         # two commits
     python benchmarks/instructions.py --reps 5 HEAD~3 .    # "." is the working tree
+    python benchmarks/instructions.py --nodes postgresql://postgres@127.0.0.1/bench e66c69f HEAD
 
 Needs ``valgrind`` on ``PATH`` (Debian: ``apt-get install valgrind``).
 """
@@ -28,6 +31,7 @@ Needs ``valgrind`` on ``PATH`` (Debian: ``apt-get install valgrind``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("revs", nargs="*", help="commits to compare ('.' is the working tree)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per revision (default 3)")
+    ap.add_argument(
+        "--nodes", metavar="URL,...", help="lock nodes to count on (default: 3 Redis masters)"
+    )
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not on PATH (Debian: apt-get install valgrind)")
@@ -104,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
                 ["git", "-C", ROOT, "worktree", "add", "-q", "--detach", tree, rev], check=True
             )
             trees[rev] = tree + os.sep
-        with RedisNodes(3) as nodes:
-            urls = list(nodes.urls)
+        with contextlib.ExitStack() as stack:
+            urls = args.nodes.split(",") if args.nodes else []
+            urls = urls or list(stack.enter_context(RedisNodes(3)).urls)
+            what = f"{len(urls)}-node" if args.nodes else "3-node"
             for rev, tree in trees.items():
                 count = per_cycle(tree, urls, args.reps)
-                print(
-                    f"{rev}: {count / 1000:.1f} k instructions per 3-node fenced acquire + release"
-                )
+                print(f"{rev}: {count / 1000:.1f} k instructions per {what} fenced cycle")
     finally:
         for rev, tree in trees.items():
             if rev != ".":

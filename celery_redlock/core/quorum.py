@@ -53,6 +53,7 @@ class Quorum:
     __slots__ = (
         "nodes",
         "needed",
+        "decides",
         "node_timeout",
         "connect_timeout",
         "drift_factor",
@@ -93,6 +94,8 @@ class Quorum:
                 stacklevel=3,  # the caller of Redlock(...)
             )
         self.needed = len(self.nodes) // 2 + 1
+        #: The answers that end a round early: none where the quorum is every node.
+        self.decides = self.needed if self.needed < len(self.nodes) else None
         #: The longest of the nodes' own timeouts (a mixed quorum's kinds may
         #: differ): what the pauses and the checks that stand for a round use.
         self.node_timeout = max(float(node.timeout) for node in self.nodes)
@@ -121,8 +124,8 @@ class Quorum:
         if nodes is None and timeout is None and kind is _OURS:  # every lock call: no choices
             kind = self.kind
             limit = self.node_timeout if kind is not None else None
-            return kinds.perform(op, self.nodes, limit, kind, self.needed)
-        needed = self.needed if nodes is None else None
+            return kinds.perform(op, self.nodes, limit, kind, self.decides)
+        needed = self.decides if nodes is None else None
         nodes = self.nodes if nodes is None else nodes
         kind = self.kind if kind is _OURS else kind  # one kind: its own round, nothing between
         limit = self.node_timeout if timeout is None else min(timeout, self.node_timeout)
