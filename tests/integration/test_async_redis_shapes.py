@@ -16,6 +16,7 @@ from redis.crc import key_slot
 from celery_redlock import AsyncRedlock, Holder, Lease, Redlock
 from celery_redlock.core.nodes import aio
 from celery_redlock.exceptions import QuorumUnavailable, heals
+from tests.core.integration.test_async_redlock import alternate
 from tests.support import deploy
 from tests.support.polling import wait_for
 
@@ -34,34 +35,6 @@ def uncarried(monkeypatch):
     monkeypatch.setattr(aio, "carrier", lambda: carried.append(1))  # a round there would fail
     yield
     assert not carried, "the rounds run on the loop, not in the carrier threads"
-
-
-def alternate(sync: Redlock, rl: AsyncRedlock, name: str, turns: int = 2) -> list[int]:
-    """Sync and async holders in turn, each seeing the other hold: the tokens in order."""
-
-    async def main() -> list[int]:
-        tokens = []
-        for _ in range(turns):
-            held = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: sync.acquire(name, ttl=5)
-            )
-            assert held is not None
-            tokens.append(held.fencing_token)
-            got = await rl.try_acquire(name, ttl=5)
-            assert isinstance(got, Holder) and got.owner == held.owner
-            sync.release(held)
-            lease = await rl.acquire(name, ttl=5)
-            assert lease is not None
-            tokens.append(lease.fencing_token)
-            other = sync.try_acquire(name, ttl=5)
-            assert isinstance(other, Holder) and other.owner == lease.owner
-            assert await rl.extend(lease, 4)
-            await rl.release(lease)
-        return tokens
-
-    tokens = asyncio.run(main())
-    assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
-    return tokens
 
 
 def refusal(attempt) -> dict:
@@ -218,12 +191,7 @@ def test_a_demoted_master_sends_the_next_round_to_the_new_one(sentinels, uncarri
     try:
         lease = loop.run_until_complete(rl.acquire("job", ttl=30))
         assert lease is not None
-        old = sentinels.primary
-        with sentinels.sentinels[0].client() as client:
-            client.execute_command("SENTINEL", "FAILOVER", sentinels.SERVICE)
-        new = sentinels.wait_for_failover(old)
-        wait_for(lambda: deploy.link_up(old), timeout=20, what="the old master to follow")
-        wait_for(lambda: deploy.confirms_writes(new), timeout=10, what="the new replica")
+        new = sentinels.fail_over()
         assert loop.run_until_complete(rl.extend(lease))  # one call: no round lost to the move
         with new.client() as client:
             assert client.get(lease.key) == lease.owner

@@ -277,6 +277,17 @@ class SentinelDeployment:
 
         return wait_for(promoted, timeout=timeout, interval=0.05, what="the failover")
 
+    def fail_over(self) -> RedisNode:
+        """A failover that keeps the old master alive (``SENTINEL FAILOVER``): the new
+        master, once the old one follows it and it has a replica confirming writes."""
+        old = self.primary
+        with self.sentinels[0].client() as client:
+            client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
+        new = self.wait_for_failover(old)
+        wait_for(lambda: link_up(old), timeout=20, what="the old master to follow")
+        wait_for(lambda: confirms_writes(new), timeout=10, what="the new master's replica")
+        return new
+
     def close(self) -> None:
         for node in [*self.sentinels, *self.data]:
             node.close()

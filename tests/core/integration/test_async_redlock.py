@@ -77,25 +77,25 @@ def test_the_asyncio_heartbeat_keeps_a_short_lease_a_sync_client_never_takes(red
     assert isinstance(sync.try_acquire("kept", ttl=1), Lease), "released after the block"
 
 
-@pytest.mark.parametrize("fleet", ["redis_nodes3", "postgres_node1"])
-def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(fleet, request):
-    nodes = request.getfixturevalue(fleet)
-    rl = AsyncRedlock(nodes.urls)
-    sync = Redlock(nodes.urls)
+def alternate(sync: Redlock, rl: AsyncRedlock, name: str, turns: int = 2) -> list[int]:
+    """Sync and async holders in turn, each seeing the other hold: the tokens in order,
+    asserted strictly growing (one sequence)."""
 
     async def main() -> list[int]:
         tokens = []
-        for _ in range(3):
-            held = sync.acquire("both", ttl=5)
+        for _ in range(turns):
+            held = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: sync.acquire(name, ttl=5)
+            )
             assert held is not None
             tokens.append(held.fencing_token)
-            got = await rl.try_acquire("both", ttl=5)
+            got = await rl.try_acquire(name, ttl=5)
             assert isinstance(got, Holder) and got.owner == held.owner
             sync.release(held)
-            lease = await rl.acquire("both", ttl=5)
+            lease = await rl.acquire(name, ttl=5)
             assert lease is not None
             tokens.append(lease.fencing_token)
-            other = sync.try_acquire("both", ttl=5)
+            other = sync.try_acquire(name, ttl=5)
             assert isinstance(other, Holder) and other.owner == lease.owner
             assert await rl.extend(lease, 4)
             await rl.release(lease)
@@ -103,6 +103,13 @@ def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(fleet, r
 
     tokens = asyncio.run(main())
     assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+    return tokens
+
+
+@pytest.mark.parametrize("fleet", ["redis_nodes3", "postgres_node1"])
+def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(fleet, request):
+    nodes = request.getfixturevalue(fleet)
+    assert len(alternate(Redlock(nodes.urls), AsyncRedlock(nodes.urls), "both", 3)) == 6
 
 
 def test_a_lazy_token_is_issued_on_the_loop_and_carried_calls_answer(redis_nodes3):
