@@ -153,18 +153,22 @@ def test_shared_rate_across_tasks(two_workers: WorkerHandle, topology: Topology)
     """One rate, "crl-rate" 10/s: two tasks name it in lock_also (per-key locks of their
     own), a third is the name's own task: 10 starts per window across the three."""
     run = harness.new_run()
+    began = time.time()
     for i in range(10):
         two_workers.task("rate_also_a").delay(f"a-{i}", run=run)
         two_workers.task("rate_also_b").delay(f"b-{i % 3}", run=run)
         two_workers.task("rate_named").delay("ignored", run=run)
+    published = time.time() - began
     got = starts(two_workers, run, 30, timeout=30)
     assert len(got) == 30
     records = two_workers.records(run, "start")
     assert_rate(records, 10, 1.0)
-    # booked at publish 0.1 s apart: the span is the bookings' 2.9 s, a loaded host's
-    # late deliveries aside, each of which gives its slot up (one interval further on)
+    # booked at publish 0.1 s apart: the span is the bookings' 2.9 s (or the publishing's,
+    # where a loaded host's booking rounds took longer), a loaded host's late deliveries
+    # aside, each of which gives its slot up (one interval further on)
     wasted = wasted_slots(records, two_workers.records(f"{run}:retries", None), grace=0.1 / 2)
-    assert max(got) - min(got) <= 2.9 + 2.0 + wasted / 10, (max(got) - min(got), wasted)
+    span = max(got) - min(got)
+    assert span <= max(2.9, published) + 2.0 + wasted / 10, (span, published, wasted)
     by_key = {}
     for r in two_workers.records(run, "end"):
         by_key.setdefault(r["lease_key"], []).append((r["start"], r["end"]))

