@@ -293,7 +293,10 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
         rec.push(run, phase="start", **fields)
         go = (lambda: rec.client.exists(go_key)) if go_key else None
         _sleep_until(fields["start"] + duration, go)
-        fields.update(end=time.time(), lost=lease.lost, remaining=lease.remaining())
+        fields.update(
+            end=time.time(), lost=lease.lost, lost_reason=lease.lost_reason,
+            remaining=lease.remaining(),
+        )  # fmt: skip
         rec.push(run, phase="end", **fields)
         return {"token": token, "pid": fields["pid"]}
 
@@ -484,7 +487,14 @@ def add_tasks(app: Celery, recorder: str, min_ttl: float = 0.0) -> Celery:
     def once_raise(self, key, run, duration=1.0, note=None, fencing_token=None):
         return body(self, key, run, duration, fencing_token, note=note)
 
-    @task(name="lockapp.once_replace", lock_enqueue="until_started", lock_on_enqueued="replace")
+    # a 5 s holder whose heartbeat a loaded host starved past a 2 s TTL lost its lease
+    # (and the next call ran beside it): the test is of replacement, not of renewal
+    @task(
+        name="lockapp.once_replace",
+        lock_enqueue="until_started",
+        lock_on_enqueued="replace",
+        lock_ttl=10.0,
+    )
     def once_replace(self, key, run, duration=1.0, note=None, fencing_token=None):
         return body(self, key, run, duration, fencing_token, note=note)
 
