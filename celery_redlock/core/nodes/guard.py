@@ -115,6 +115,11 @@ class Breaker:
         """Whether calls are skipped now (the while is not over)."""
         return bool(self.backoff) and time.monotonic() < self.retry_at
 
+    def check(self, name: str) -> None:
+        """Raises TimeoutError, naming the node, while its calls are skipped."""
+        if self.skipping():
+            raise TimeoutError(self.why(name))
+
     def why(self, name: str, what: str = "calls") -> str:
         """What a skipped call answers, naming the node."""
         left = max(self.retry_at - time.monotonic(), 0.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 
+import pytest
 from freezegun import freeze_time
 
 from celery_redlock.core.nodes.guard import BREAKER_MAX, FORKS, Breaker, ProcessLocal
@@ -18,8 +19,11 @@ def test_a_timeout_opens_the_breaker_for_its_budget_and_a_reply_closes_it():
         breaker.timed_out(0.25)
         assert breaker.skipping() and "within 0.25s" in breaker.why("n1", "connects")
         assert breaker.why("n1").startswith("n1: skipped for a while: its calls timed out")
+        with pytest.raises(TimeoutError, match="n1: skipped for a while"):
+            breaker.check("n1")
         clock.tick(0.3)
         assert not breaker.skipping()  # the while is over: the next call tries
+        breaker.check("n1")
         breaker.answered()
         breaker.timed_out(0.25)
         assert breaker.backoff == 0.25  # closed in between: it starts again

@@ -57,8 +57,7 @@ class ZookeeperStore(Store):
         """The connected client, a new session getting ``node``'s connect budget
         (TimeoutError: none in time, or the node is skipped for a while)."""
         node = node or self.node
-        if self.breaker.skipping():
-            raise TimeoutError(self.breaker.why(node.name))
+        self.breaker.check(node.name)
         with self.lock:
             if self.session is None or _loop_ended(self.session):  # a dead one: socket closed
                 self.session = node.new_client()
