@@ -101,8 +101,10 @@ class ZookeeperStore(Store):
         return NodeError(f"{self.name}: {type(exc).__name__} {exc}".rstrip())
 
     def clock(self) -> float:
-        """The ensemble's time, never behind it: what a deadline and ``TIME`` take."""
-        return self._past() + self._rtt
+        """The ensemble's time, never behind it: what a deadline and ``TIME`` take
+        (the write was stamped within the round trip, and ``mtime`` drops the
+        stamp's microseconds: up to a millisecond more)."""
+        return self._past() + self._rtt + 0.001
 
     def _past(self) -> float:
         """The ensemble's time, never ahead of it: what expiry is judged by."""
