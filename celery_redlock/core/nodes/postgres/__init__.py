@@ -79,22 +79,18 @@ def run(
 def statements(call: Call, nodes: Sequence[PostgresNode]) -> list[tuple[Any, list[Any]]]:
     """Each node's statement of ``call`` and its parameters (the sync and the async calls')."""
     script, keys, args = call
-    # a replicated call sets its commit's wait in run(): the general statement
-    plain = None if any(node.min_replicas for node in nodes) else _plain(script.name, keys, args)
-    if plain is not None:
-        attr, params = plain
-        return [(getattr(node, attr), params) for node in nodes]
+    # a lock's acquire that no gate applies to and its plain release have statements
+    # of their own; a replicated call sets its commit's wait in run(): the general one
+    own = _OWN.get((script.name, len(keys), len(args)))
+    if own is not None and not any(node.min_replicas for node in nodes):
+        params = [v.encode() if v.__class__ is str else _text(v).encode() for v in (*keys, *args)]
+        return [(getattr(node, own), params) for node in nodes]
     params = [script.name.encode(), text_array(keys), text_array(args)]
     return [(node.run_sql, [*params, b"t" if node.min_replicas else b"f"]) for node in nodes]
 
 
-def _plain(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, list[Any]] | None:
-    """The statement of its own (the node's attribute) and its parameters for a
-    lock's acquire that no gate applies to or its plain release; None for any other."""
-    values = (*keys, *args)
-    if (name, len(keys), len(args)) in (("acquire", 2, 4), ("release", 1, 1)):
-        return f"{name}_sql", [_text(v).encode() for v in values]
-    return None
+#: (script, KEYS, ARGV) -> the node's attribute holding the statement of its own.
+_OWN = {("acquire", 2, 4): "acquire_sql", ("release", 1, 1): "release_sql"}
 
 
 def send(op: Any, nodes: Sequence[PostgresNode], keys: Any, args: Any) -> list[int]:

@@ -14,7 +14,6 @@ sends the call, and every later one to that node, unprepared.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import select
 import time
@@ -31,7 +30,7 @@ from ...exceptions import NodeError as _NodeError
 from .. import cut_at, mask_url
 from ..guard import FORKS, Breaker
 from .schema import REVISION, VERSION, check_sql, install_sql
-from .wire import redis_shaped, results_read
+from .wire import json_value, redis_shaped, results_read
 
 __all__ = ["NodeError", "PostgresNode", "gather"]
 
@@ -41,6 +40,7 @@ _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 #: The reply to a call sent as a prepared statement its server connection lacks.
 UNPREPARED = object()
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
 
 class NodeError(_NodeError):
@@ -228,13 +228,13 @@ def reply_of(result: Any, name: str) -> Any:
     """The JSON of a call's one value (its first result), or its error."""
     if result is None:
         return NodeError(f"{name}: no result")
-    if result.status != pq.ExecStatus.TUPLES_OK:
+    if result.status != _TUPLES_OK:
         if result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":  # no such statement
             return UNPREPARED
         message = (result.error_message or b"").decode(errors="replace").strip()
         return NodeError(f"{name}: {message or pq.ExecStatus(result.status).name}")
     raw = result.get_value(0, 0)
-    return None if raw is None else json.loads(raw)
+    return None if raw is None else json_value(raw)
 
 
 class _Call:
@@ -450,7 +450,7 @@ def last_value(results: list[Any]) -> Any:
     if isinstance(last, Exception) or last is None or not last.ntuples:
         return last
     raw = last.get_value(0, 0)
-    return None if raw is None else json.loads(raw)
+    return None if raw is None else json_value(raw)
 
 
 def _wait(conn: Any, event: int, deadline: float) -> bool:
