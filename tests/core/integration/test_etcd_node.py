@@ -5,6 +5,7 @@ client clock decides, and the lease a key hangs on."""
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 from celery_redlock.core import Lease, Redlock, check_ttl
 from celery_redlock.core.nodes.etcd import EtcdNode
+from celery_redlock.core.nodes.etcd.exchange import Connection
 from celery_redlock.exceptions import ConfigurationError, QuorumUnavailable
 from celery_redlock.testing.etcd import EtcdCluster, api
 from celery_redlock.testing.nodes import free_port
@@ -232,3 +234,27 @@ def test_a_renewal_of_more_leases_than_one_txn_takes_goes_in_parts(etcd_node1):
     assert got == [1] * 250 + [0]
     with etcd_node1[0].client() as c:
         assert 20_000 < c.pttl(leases[-1].key) <= 30_000
+
+
+def test_a_large_reply_comes_in_chunks_and_is_read_whole(etcd_node1, monkeypatch):
+    """etcd's gateway writes a reply past a few KB in chunks: a scan of many keys."""
+    chunked = []
+    read_chunks = Connection._chunks
+    monkeypatch.setattr(Connection, "_chunks", lambda self: chunked.append(1) or read_chunks(self))
+    host, _, port = etcd_node1.urls[0].split("//")[1].split(",")[0].rpartition(":")
+    conn = Connection(host, int(port))
+    conn.connect(2.0)
+    b = base64.b64encode
+    for i in range(300):
+        put = {"key": b(b"big/%03d" % i).decode(), "value": b(b"x" * 100).decode()}
+        assert conn.post("/v3/kv/put", json.dumps(put).encode(), None, 2.0)[0] == 200
+    assert not chunked  # small replies carry their length
+    span = {"key": b(b"big/").decode(), "range_end": b(b"big0").decode()}
+    status, body = conn.post("/v3/kv/range", json.dumps(span).encode(), None, 2.0)
+    assert status == 200 and chunked
+    assert [base64.b64decode(kv["key"]) for kv in json.loads(body)["kvs"]] == [
+        b"big/%03d" % i for i in range(300)
+    ]
+    # the connection goes on after a chunked reply
+    assert conn.post("/v3/kv/deleterange", json.dumps(span).encode(), None, 2.0)[0] == 200
+    conn.close()

@@ -1,7 +1,7 @@
 """One etcd cluster as a lock node: its URL, its members, and its requests.
 
 Requests go to etcd's HTTP/JSON gateway (``/v3/...``) on one keep-alive
-connection per member and thread (the standard library's ``http.client``),
+connection per member and thread (:mod:`.exchange`),
 each one bounded by the call's own deadline, connect included; nothing
 retries but a reused connection the member had closed (once, at once: every
 operation is safe to send twice).
@@ -17,7 +17,6 @@ out, "not answering".
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import ssl
@@ -31,6 +30,7 @@ from .. import mask_url
 from ..guard import Breaker
 from ..util import OneNode, host_ports, refuse_min_replicas, url_options
 from ..virtual.store import Store
+from .exchange import Connection
 
 __all__ = ["EtcdNode", "NodeError", "b64", "unb64"]
 
@@ -112,7 +112,7 @@ class EtcdNode(OneNode):
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _conns(self) -> dict[str, http.client.HTTPConnection]:
+    def _conns(self) -> dict[str, Connection]:
         conns = getattr(self._local, "conns", None)
         if conns is None or self._local.pid != os.getpid():
             # a forked child inherits its parent thread's connections: their sockets are
@@ -136,13 +136,11 @@ class EtcdNode(OneNode):
 
         Raises:
             TimeoutError: no reply within ``left`` (or no connection within ``connect``).
-            OSError, http.client.HTTPException: the connection failed.
+            OSError: the connection failed.
         """
         conns = self._conns()
         data = json.dumps(body, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json"}
-        if auth and self._token:
-            headers["Authorization"] = self._token
+        token = self._token if auth else None
         for fresh in (False, True):
             conn = conns.get(endpoint)
             reused = conn is not None and conn.sock is not None and not fresh
@@ -150,21 +148,13 @@ class EtcdNode(OneNode):
                 if conn is not None:
                     conn.close()
                 host, _, port = endpoint.rpartition(":")
-                conn = (
-                    http.client.HTTPSConnection(host, int(port), context=self._context())
-                    if self.tls
-                    else http.client.HTTPConnection(host, int(port))
-                )
+                conn = Connection(host, int(port), self._context() if self.tls else None)
                 conns[endpoint] = conn
             try:
                 if conn.sock is None:
-                    conn.timeout = connect
-                    conn.connect()
-                conn.sock.settimeout(left)
-                conn.request("POST", f"/v3/{path}", data, headers)
-                reply = conn.getresponse()
-                return reply.status, reply.read()
-            except (TimeoutError, OSError, http.client.HTTPException) as exc:
+                    conn.connect(connect)
+                return conn.post(f"/v3/{path}", data, token, left)
+            except OSError as exc:
                 conn.close()
                 if isinstance(exc, TimeoutError) or not reused:
                     raise
@@ -220,7 +210,7 @@ class EtcdNode(OneNode):
                     again.add(endpoint)
                     pending.append(endpoint)
                 continue
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:
                 errors.append(f"{endpoint}: {_reason(exc)}")
                 unverified += isinstance(exc, ssl.SSLCertVerificationError)
                 continue
@@ -302,7 +292,7 @@ class EtcdNode(OneNode):
             status, data = self._request(endpoint, path, {}, left, left, True)
         except TimeoutError:
             raise TimeoutError(f"{self.name}: {endpoint} timed out") from None
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             raise NodeError(
                 f"{self.name}: {endpoint}: {_reason(exc)}",
                 self.name,
