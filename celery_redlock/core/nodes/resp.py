@@ -46,18 +46,17 @@ from typing import Any
 import redis
 import redis.sentinel
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
 
 from .redis.cluster import BATCHES, Part, combine, same_slot
 from .redis.replicas import confirmed, wait_after
-from .redis.wire import as_redis_error, pack
+from .redis.wire import Partial, as_redis_error, demoted, pack, parse
 
 __all__ = ["CARRY", "call_script", "call_shard", "served", "tls_served"]
 
 #: What :func:`call_shard` returns for a call the sync round makes instead.
 CARRY: Any = object()
 
-_INCOMPLETE = object()
 # event loop -> node (or sentinel) -> its connection (or the task opening it)
 _conns: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
 
@@ -70,45 +69,6 @@ _TLS_DEFAULTS = {
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 # TLS settings an SSLContext alone does not carry out: such a node stays carried
 _NOT_SERVED = ("ssl_validate_ocsp", "ssl_validate_ocsp_stapled", "ssl_ocsp_context")
-
-
-def _error(text: bytes) -> ResponseError:
-    message = text.decode(errors="replace")
-    return NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
-
-
-def parse(buf: bytearray, pos: int) -> tuple[Any, int]:
-    """One reply from ``buf`` at ``pos``: (value, next position), or (_INCOMPLETE, pos)."""
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        return _INCOMPLETE, pos
-    kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
-    after = end + 2
-    if kind == b":":
-        return int(line), after
-    if kind == b"$":
-        n = int(line)
-        if n < 0:
-            return None, after
-        if len(buf) < after + n + 2:
-            return _INCOMPLETE, pos
-        return bytes(buf[after : after + n]), after + n + 2
-    if kind == b"*":
-        n = int(line)
-        if n < 0:
-            return None, after
-        items = []
-        for _ in range(n):
-            item, after = parse(buf, after)
-            if item is _INCOMPLETE:
-                return _INCOMPLETE, pos
-            items.append(item)
-        return items, after
-    if kind == b"+":
-        return line, after
-    if kind == b"-":
-        return _error(line), after
-    raise ResponseError(f"unexpected reply type {kind!r}")
 
 
 class Connection(asyncio.Protocol):
@@ -127,17 +87,17 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
-        pos = 0
+        whole, pos = bytes(buf), 0  # the sync node's parser reads bytes
         try:
             while self.waiting:
-                value, pos = parse(buf, pos)
-                if value is _INCOMPLETE:
-                    break
+                value, pos = parse(whole, pos)
                 future = self.waiting.popleft()
                 if not future.done():
                     future.set_result(value)
-        except Exception as exc:  # a reply out of step: this connection is done for
-            self._fail(exc)
+        except Partial:  # the rest of the reply is still to come
+            pass
+        except Exception as exc:  # a reply out of step, or one redis-py counts as the
+            self._fail(exc)  # connection's failure (LOADING): this connection is done for
             return
         del buf[:pos]
 
@@ -393,7 +353,7 @@ async def call_script(node: Any, script: Any, keys: Any, args: Any, limit: float
         reply = await _sent(conn, evalsha, wait, limit)
     if isinstance(reply, NoScriptError):
         reply = await _sent(conn, ("EVAL", script.text, len(keys), *keys, *args), wait, limit)
-    if isinstance(reply, ResponseError) and "READONLY" in str(reply) and not node.lean:
+    if demoted(reply) and not node.lean:
         # a failover demoted the master under this connection: the next one asks again
         conn._fail(reply)
         raise redis.exceptions.ConnectionError(f"the node is a replica now: {reply}")
@@ -420,11 +380,10 @@ async def call_shard(cluster: Any, script: Any, keys: Any, args: Any, limit: flo
         # a batch on one slot: one part, its reply read as the sync round reads it
         part = Part(cluster, shard, keys, args, list(range(len(keys))), False)
         return combine(script.name, len(keys), [(part, reply)])
-    except ResponseError as exc:
-        if str(exc).startswith(("MOVED ", "ASK ")):
-            return CARRY  # followed there once, the map read again
-        if str(exc).startswith(("CLUSTERDOWN", "TRYAGAIN")):
-            cluster.suspect()
+    except AskError:  # MOVED or ASK
+        return CARRY  # followed there once, the map read again
+    except (ClusterDownError, TryAgainError):
+        cluster.suspect()
         raise
     except (ConnectionError, redis.exceptions.ConnectionError):
         cluster.suspect()

@@ -46,7 +46,7 @@ from typing import Any
 import redis
 from redis._parsers import BaseParser, Encoder
 from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
-from redis.exceptions import InvalidResponse, RedisError, ResponseError
+from redis.exceptions import InvalidResponse, ReadOnlyError, RedisError, ResponseError
 
 from ...exceptions import NodeError
 from .node import Node
@@ -59,6 +59,7 @@ __all__ = [
     "Command",
     "Partial",
     "as_redis_error",
+    "demoted",
     "host_error",
     "pack",
     "parse",
@@ -209,7 +210,7 @@ def read(call: Call, deadline: float) -> Any:
     except (RedisError, OSError) as exc:
         call.node.discard(call.conn)
         return as_redis_error(exc, call.node.name)
-    if isinstance(got[0], ResponseError) and "READONLY" in str(got[0]):
+    if demoted(got[0]):
         # The master we are connected to is a replica now (a failover demoted
         # it; a script's write reports it as ERR on Redis 6): drop the
         # connection, so the next one asks the sentinels where the master is.
@@ -314,6 +315,14 @@ def pack(args: Sequence[Any]) -> bytes:
             arg = _ENCODER.encode(arg)  # redis-py's rules for the rest (floats; bool refused)
         out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
     return b"".join(out)
+
+
+def demoted(reply: Any) -> bool:
+    """Whether ``reply`` says the node is a replica now (a script's write reports
+    it inside an ``ERR`` on Redis 6)."""
+    return isinstance(reply, ReadOnlyError) or (
+        isinstance(reply, ResponseError) and "READONLY" in str(reply)
+    )
 
 
 class Partial(Exception):
