@@ -239,8 +239,8 @@ def test_a_renewal_of_more_leases_than_one_txn_takes_goes_in_parts(etcd_node1):
 def test_a_large_reply_comes_in_chunks_and_is_read_whole(etcd_node1, monkeypatch):
     """etcd's gateway writes a reply past a few KB in chunks: a scan of many keys."""
     chunked = []
-    read_chunks = Connection._chunks
-    monkeypatch.setattr(Connection, "_chunks", lambda self: chunked.append(1) or read_chunks(self))
+    read_chunk = Connection._chunk
+    monkeypatch.setattr(Connection, "_chunk", lambda self: chunked.append(1) or read_chunk(self))
     host, _, port = etcd_node1.urls[0].split("//")[1].split(",")[0].rpartition(":")
     conn = Connection(host, int(port))
     conn.connect(2.0)

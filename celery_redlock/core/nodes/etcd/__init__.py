@@ -66,9 +66,8 @@ class EtcdKind(VirtualKind):
             if ttl < node.min_ttl:
                 raise ConfigurationError(
                     f"{option}={ttl:g}s is below the minimum lease TTL of etcd node {node.name} "
-                    f"({node.min_ttl} s: etcd grants no lease shorter, "
-                    "1.5 x its election timeout rounded up); use a TTL of at least "
-                    f"{node.min_ttl} s"
+                    f"({node.min_ttl} s: etcd grants no lease shorter, 1.5 x its election "
+                    f"timeout rounded up); use a TTL of at least {node.min_ttl} s"
                 )
 
     def node_info(self, node: EtcdNode, ask: Ask) -> list[NodeInfo]:
@@ -83,8 +82,7 @@ class EtcdKind(VirtualKind):
             members = node.post("cluster/member/list", {}, deadline).get("members", [])
         except Exception as exc:  # noqa: BLE001 - shown as the node's error
             return [NodeInfo(node.name, error_text(exc), latency, kind="etcd")]
-        # the cluster takes writes as a whole (its members agree among themselves): one
-        # node with no replicas in the Redis sense, whichever member answered
+        # one node, its members agreeing among themselves: no replicas in the Redis sense
         leader = str(status.get("leader") or "")
         names = {str(m.get("ID")): m.get("name") or str(m.get("ID")) for m in members}
         leader_name = names.get(leader, leader) if leader.strip("0") else None  # 0: none

@@ -1,11 +1,8 @@
 """HTTP/1.1 on one kept-alive connection to an etcd member: a POST of JSON, its reply.
 
-Written here rather than taken from ``http.client``, which parses every reply's
-headers as an e-mail message (``email.feedparser``): half of the instructions
-of an etcd lock call went there (``benchmarks/instructions.py``). A reply is
-read as etcd's gateway writes it: a status line, headers, and a body of
-``Content-Length`` bytes or in chunks (a large range reply).
-"""
+Not ``http.client``, which parses every reply's headers as an e-mail message: half of
+an etcd lock call's instructions went there (``benchmarks/instructions.py``). A body
+comes by ``Content-Length`` or in chunks (a large range)."""
 
 from __future__ import annotations
 
@@ -15,13 +12,12 @@ from typing import Any
 
 __all__ = ["BadReply", "Connection"]
 
-#: The longest status or header line read (an etcd reply's are short).
-_LINE = 65536
-_ENDS = (b"\r\n", b"\n")
+_LINE = 65536  # the longest status or header line read
+_ENDS = (b"\r\n", b"\n", b"")
 
 
 class BadReply(OSError):
-    """A reply that is not HTTP/1.1: the connection is closed and the call fails."""
+    """A reply that is not HTTP/1.1 (the connection is closed)."""
 
 
 class Connection:
@@ -52,25 +48,22 @@ class Connection:
             self.sock = self.reader = None
 
     def post(self, path: str, body: bytes, token: str | None, timeout: float) -> tuple[int, bytes]:
-        """POST ``body`` (JSON) to ``path``: (status, reply body), within ``timeout``
-        per socket operation.
-
-        Raises:
-            OSError: the connection failed, timed out (``TimeoutError``) or
-                answered what is not HTTP (:class:`BadReply`); it is closed.
-        """
-        sock = self.sock
-        assert sock is not None, "connect() first"
+        """(status, reply body) of a POST of ``body``, ``timeout`` seconds per socket
+        operation. Raises OSError (``TimeoutError``, :class:`BadReply`, a reset),
+        the connection closed."""
+        assert self.sock is not None, "connect() first"
+        auth = f"Authorization: {token}\r\n" if token else ""
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
-        if token:
-            head += f"Authorization: {token}\r\n"
         try:
-            sock.settimeout(timeout)
-            sock.sendall(head.encode() + b"\r\n" + body)
+            self.sock.settimeout(timeout)
+            self.sock.sendall(head.encode() + body)
             return self._reply()
+        except ValueError as exc:  # a length that is no number
+            self.close()
+            raise BadReply(f"not an HTTP reply: {exc}") from None
         except BaseException:
             self.close()
             raise
@@ -84,50 +77,38 @@ class Connection:
         if not version.startswith(b"HTTP/1.") or not rest[:3].isdigit():
             raise BadReply(f"not an HTTP reply: {line[:60]!r}")
         length, chunked, close = -1, False, False
-        while True:
-            line = read(_LINE)
-            if line in _ENDS:
-                break
-            if not line:
-                raise ConnectionResetError("the reply's headers were cut short")
+        while (line := read(_LINE)) not in _ENDS:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
             if name == b"content-length":
-                length = _number(value, 10)
+                length = int(value)
             elif name == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
             elif name == b"connection":
                 close = b"close" in value.lower()
+        if not line:
+            raise ConnectionResetError("the reply's headers were cut short")
         if chunked:
-            body = self._chunks()
+            body = b"".join(iter(self._chunk, b""))
+            while read(_LINE) not in _ENDS:
+                pass  # trailers, then the blank line
         elif length >= 0:
             body = self._exactly(length)
-        else:  # neither: the body runs to the connection's end
+        else:  # the body runs to the connection's end
             body, close = self.reader.read(), True
         if close:
             self.close()
         return int(rest[:3]), body
+
+    def _chunk(self) -> bytes:
+        size = int(self.reader.readline(_LINE).split(b";")[0], 16)
+        data = self._exactly(size)
+        if size:
+            self._exactly(2)  # the chunk's CRLF
+        return data
 
     def _exactly(self, size: int) -> bytes:
         data = self.reader.read(size)
         if len(data) < size:
             raise ConnectionResetError("the reply was cut short")
         return bytes(data)
-
-    def _chunks(self) -> bytes:
-        read, parts = self.reader.readline, list[bytes]()
-        while True:
-            size = _number(read(_LINE).split(b";")[0], 16)
-            if size == 0:
-                while read(_LINE) not in (*_ENDS, b""):
-                    pass  # trailers, then the blank line
-                return b"".join(parts)
-            parts.append(self._exactly(size))
-            self._exactly(2)  # the chunk's CRLF
-
-
-def _number(text: bytes, base: int) -> int:
-    try:
-        return int(text.strip(), base)
-    except ValueError:
-        raise BadReply(f"not a length: {text[:40]!r}") from None

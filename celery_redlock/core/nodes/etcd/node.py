@@ -96,7 +96,7 @@ class EtcdNode(OneNode):
         self.cluster_id: str | None = None
         self._local = threading.local()
         self._order = list(self.endpoints)
-        self._skip: dict[str, float] = {}
+        self._skip: dict[str, float] = {}  # member -> passed over until
         self._checked = False
         self._ssl: ssl.SSLContext | None = None
         self.breaker = Breaker()  # on its calls: see post
@@ -187,9 +187,13 @@ class EtcdNode(OneNode):
         self._check(deadline)
         return self._post(path, body, deadline)
 
-    def _post(self, path: str, body: dict, deadline: float, auth: bool = True) -> dict:
+    def _post(
+        self, path: str, body: dict, deadline: float, auth: bool = True, member: str = ""
+    ) -> dict:
         now = time.monotonic()
-        order = sorted(self._order, key=lambda e: self._skip.get(e, 0.0) > now)
+        order = (
+            [member] if member else sorted(self._order, key=lambda e: self._skip.get(e, 0) > now)
+        )
         errors: list[str] = []
         unverified = 0  # members whose TLS certificate was not verified: no outage
         pending, again = list(order), set()
@@ -215,7 +219,7 @@ class EtcdNode(OneNode):
                 unverified += isinstance(exc, ssl.SSLCertVerificationError)
                 continue
             self._skip.pop(endpoint, None)
-            if endpoint != self._order[0]:
+            if endpoint != self._order[0] and not member:
                 self._order.remove(endpoint)
                 self._order.insert(0, endpoint)
             return self._reply(status, data, path)
@@ -241,17 +245,15 @@ class EtcdNode(OneNode):
             raise NodeError(f"{self.name}: not an etcd reply (HTTP {status})") from None
         if status != 200:
             message = data.get("error") or data.get("message") or str(data)
-            if "user name is empty" in message or "invalid auth token" in message:
-                raise NodeError(
-                    f"{self.name}: the cluster requires authentication: give user:password@ "
-                    f"in the URL ({message})",
-                    self.name,
-                    heals=False,
-                )
-            if "authentication failed" in message:
-                raise NodeError(
-                    f"{self.name}: authentication failed ({message})", self.name, heals=False
-                )
+            why = (
+                "the cluster requires authentication: give user:password@ in the URL"
+                if "user name is empty" in message or "invalid auth token" in message
+                else "authentication failed"
+                if "authentication failed" in message
+                else ""
+            )
+            if why:  # no outage: a fix
+                raise NodeError(f"{self.name}: {why} ({message})", self.name, heals=False)
             raise NodeError(f"{self.name}: {message}")
         return data
 
@@ -273,7 +275,7 @@ class EtcdNode(OneNode):
             if len(self.endpoints) > 1:
                 for endpoint in self.endpoints:
                     try:
-                        got = self._one(endpoint, "maintenance/status", deadline)
+                        got = self._post("maintenance/status", {}, deadline, member=endpoint)
                     except (TimeoutError, NodeError):
                         continue  # a member down now: the others still tell
                     clusters[endpoint] = got["header"]["cluster_id"]
@@ -285,20 +287,6 @@ class EtcdNode(OneNode):
                         "cluster as a node of its own"
                     )
             self._checked = True
-
-    def _one(self, endpoint: str, path: str, deadline: float) -> dict:
-        left = max(deadline - time.monotonic(), 0.001)
-        try:
-            status, data = self._request(endpoint, path, {}, left, left, True)
-        except TimeoutError:
-            raise TimeoutError(f"{self.name}: {endpoint} timed out") from None
-        except OSError as exc:
-            raise NodeError(
-                f"{self.name}: {endpoint}: {_reason(exc)}",
-                self.name,
-                heals=not isinstance(exc, ssl.SSLCertVerificationError),
-            ) from None
-        return self._reply(status, data, path)
 
 
 def _reason(exc: BaseException) -> str:

@@ -19,17 +19,7 @@ from redis.exceptions import NoScriptError, RedisError
 from .. import cut_at
 from .opening import Opening, connect_budget, connect_within
 from .unwaited import MAX_OWED
-from .wire import (
-    LAST_LOOK,
-    PENDING,
-    Call,
-    Command,
-    as_redis_error,
-    host_error,
-    read,
-    start,
-    step,
-)
+from .wire import LAST_LOOK, PENDING, Call, Command, as_redis_error, host_error, read, start, step
 
 __all__ = ["closed_by_server", "collect", "read_other"]
 
