@@ -92,8 +92,8 @@ class Connection:
             body = b"".join(iter(self._chunk, b""))
             while read(_LINE) not in _ENDS:
                 pass  # trailers, then the blank line
-        elif length >= 0:
-            body = self._exactly(length)
+        elif length >= 0 or rest[:3] in (b"204", b"304"):  # the latter with no body
+            body = self._exactly(max(length, 0))
         else:  # the body runs to the connection's end
             body, close = self.reader.read(), True
         if close:
