@@ -80,7 +80,7 @@ from .queues import Queues
 from .quorum import Quorum
 from .rates import RatedRound, Rates
 from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
-from .steps import Steps, carried, drive, driven
+from .steps import Steps, carried, dressed, drive, driven
 from .values import checked, positive
 from .windows import RateKey
 
@@ -338,10 +338,10 @@ class Redlock:
         caller = NOBODY  # (no task: no gate)
         if task_id is not None:
             caller = Caller(task_id, receipts, claim, own_claim, throttle, slot)
+        if not rates and plain:  # the usual call
+            return self._leases.acquiring(name, ttl, owner, fence, caller)
         rounds = (self.PERMIT_ROUNDS, self.PERMIT_SPLIT_PAUSE)
         if not rates:
-            if plain:
-                return self._leases.acquiring(name, ttl, owner, fence, caller)
             return self._permits.trying(name, ttl, owner, caller, limit, also, rounds)
 
         def rated() -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
@@ -419,8 +419,19 @@ class Redlock:
             return _lease_of(attempt())
         return self._leases.retrying(attempt, timeout, retry_delay, retry_delay_max)
 
+    def _acquire(self, name: str, *, ttl: float, blocking: bool = False, **options: Any) -> Any:
+        """:meth:`_acquiring`, in this thread; one attempt, the usual call, is its
+        steps alone, without the retry loop's around them."""
+        if blocking or options.get("timeout") is not None:
+            return drive(self._quorum, self._acquiring(name, ttl=ttl, blocking=blocking, **options))
+        options.pop("retry_delay", None)
+        options.pop("retry_delay_max", None)
+        options.pop("timeout", None)
+        once = drive(self._quorum, self._trying(name, ttl=ttl, **options))
+        return once if isinstance(once, Lease) else None
+
     try_acquire = driven(_trying, "_quorum")
-    acquire = driven(_acquiring, "_quorum")
+    acquire = dressed(_acquire, _acquiring, "Redlock.acquire")
 
     @contextmanager
     def lock(self, name: str, *, ttl: float, timeout: float | None = None) -> Iterator[Lease]:
