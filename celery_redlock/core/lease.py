@@ -219,9 +219,14 @@ class Leases:
                 return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
         yield from self._let_go(key, owner, rated, replies)
         q.check(replies)
-        if splits and rated is None and gates is None and split(replies, q.needed):
+        # a quorum granted too late to stand (a first call's connects, a stalled
+        # host): nobody holds the name, so never "held", and tried again like a split
+        late = len(granted) >= q.needed
+        if splits and rated is None and gates is None and (late or split(replies, q.needed)):
             yield Pause(q.rng() * q.node_timeout)  # out of step with the other contenders
             return (yield from self.acquiring(name, ttl, owner, fence, caller, rated, splits - 1))
+        if late:
+            raise q.too_late(granted, start)
         return in_the_way(replies, caller.task_id)
 
     def _let_go(

@@ -186,6 +186,8 @@ class Permits:
             prefer = tuple(str(index) for index, _ in chosen)
             yield Pause(q.rng() * pause)
         q.check(replies)
+        if all(len(at) >= q.needed for _, at in chosen):  # too late to stand: nobody holds it
+            raise q.too_late(sorted({i for _, at in chosen for i in at}), start)
         return in_the_way(replies, task_id)
 
     def _let_go(

@@ -167,6 +167,16 @@ class Quorum:
         if not self.has_quorum(len(self.nodes) - len(errors)):
             raise QuorumUnavailable(errors, self.needed, len(self.nodes))
 
+    def too_late(self, granted: Sequence[int], started: float) -> QuorumUnavailable:
+        """The error of a round started at ``started`` whose grants, on the nodes of
+        indexes ``granted`` (a quorum), came too late to stand (the round outlasted
+        the lease's validity, or its token could not be written back in time): they
+        are let go, nobody holds the name, and it is no contention but an outage."""
+        took = self.clock() - started
+        why = f"granted too late to stand (the round took {took:.2f}s)"
+        late = {self.nodes[i].name: TimeoutError(f"{self.nodes[i].name}: {why}") for i in granted}
+        return QuorumUnavailable(late, self.needed, len(self.nodes))
+
     def expires(self, start: float, ttl: float) -> float:
         """When a lease granted by a round started at ``start`` stops being valid."""
         return start + ttl - (ttl * self.drift_factor + DRIFT_FLOOR)

@@ -119,6 +119,24 @@ def test_a_slow_node_past_the_timeout_is_not_answering():
             rl.acquire("slow", ttl=5)
 
 
+@pytest.mark.parametrize("limit", [1, 2], ids=["lock", "permits"])
+def test_a_grant_too_late_to_stand_is_no_holder_but_an_outage(limit):
+    """A quorum that grants after the lease's validity ran out (a slow first
+    connect, a stalled host) leaves nobody holding the name: the attempt is made
+    again, and then fails as not answering in time, never as "held by None"
+    (which a task's ``drop`` would take for a duplicate)."""
+    with MemoryNodes(3) as nodes:
+        rl = Redlock(nodes.urls, node_timeout=2.0)
+        nodes[0].slow(0.4)
+        nodes[1].slow(0.4)
+        with pytest.raises(QuorumUnavailable, match="granted too late to stand"):
+            rl.try_acquire("late", ttl=0.3, limit=limit)
+        left = [key for keys in nodes.keys("*").values() for key in keys]
+        assert left and all(":fence:" in key for key in left)  # only the fence values
+        nodes.heal()
+        assert rl.acquire("late", ttl=5, limit=limit) is not None
+
+
 def test_a_node_clock_ahead_expires_its_keys_by_it():
     with MemoryNodes(3) as nodes:
         rl = Redlock(nodes.urls, node_timeout=1.0)

@@ -24,6 +24,7 @@ from celery_redlock.core import (
     full_jitter,
     make_owner,
 )
+from celery_redlock.core.lease import SPLIT_RETRIES
 from celery_redlock.core.nodes import redis as redis_kind
 from celery_redlock.core.nodes import scripts
 from celery_redlock.core.nodes.redis import first as redis_first
@@ -140,7 +141,9 @@ def test_validity_uses_the_time_before_the_round_trip(servers, clock, monkeypatc
 def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
     servers, clock, monkeypatch, slow_script
 ):
-    """A quorum granted, but the validity ran out (in phase 1, or in the fence phase)."""
+    """A quorum granted, but the validity ran out (in phase 1, or in the fence
+    phase): that grant is withdrawn, nobody holds the name, and the attempt is
+    made again; every attempt too late is an outage, never a holder."""
     real = redis_kind.run
     scripts_run = []
 
@@ -156,15 +159,23 @@ def test_validity_spent_during_acquire_means_no_lease_and_no_lock_key(
     lock_key, fence_key = rl.keys("job")
     # one node ahead of the others: the nodes disagree, so a fence phase is due
     peek(servers)[0].set(fence_key, "5000000000000000")
-    assert rl.acquire("job", ttl=TTL) is None
-    assert slow_script in scripts_run and scripts_run[-1] == "release"
-    for client in peek(servers):
-        assert client.exists(lock_key) == 0  # withdrawn from every node
-    fences = [client.get(fence_key) for client in peek(servers)]
-    if slow_script == "acquire":  # phase 1 moved the values on; nothing was written back
-        assert fences[0] == "5000000000000001" and fences[1] == fences[2] != fences[0]
-    else:  # written back, but not issued: a value on a quorum that nobody saw is harmless
-        assert fences == ["5000000000000001"] * 3
+    if slow_script == "acquire":  # every attempt too late: not answering in time
+        with pytest.raises(QuorumUnavailable, match="granted too late to stand"):
+            rl.acquire("job", ttl=TTL)
+        attempts = scripts_run.count("acquire")
+        assert attempts == 1 + SPLIT_RETRIES and scripts_run[-1] == "release"
+        for client in peek(servers):
+            assert client.exists(lock_key) == 0  # withdrawn from every node
+        # phase 1 moved the values on each time; nothing was written back
+        fences = [client.get(fence_key) for client in peek(servers)]
+        assert fences[0] == str(5000000000000000 + attempts) and fences[1] == fences[2]
+    else:  # written back too late, but the nodes agree from then on: the next attempt stands
+        assert scripts_run.count("fence") == 0
+        lease = rl.acquire("job", ttl=TTL)
+        assert scripts_run.count("fence") == 1 and "release" in scripts_run
+        assert lease is not None and lease.fencing_token == 5000000000000002
+        fences = [client.get(fence_key) for client in peek(servers)]
+        assert fences == ["5000000000000002"] * 3
 
 
 def test_one_round_when_the_nodes_agree_and_a_write_back_when_they_do_not(servers):
