@@ -66,7 +66,9 @@ logger = logging.getLogger("celery_redlock.heartbeat")
 
 THREAD_NAME = "celery_redlock-heartbeat"
 
+# held.NO_QUORUM's and held.LAPSED's texts: this module imports nothing of the core at load
 _NO_QUORUM = "the renewal reached fewer than a quorum of nodes"
+_LAPSED = "its validity ran out before it was renewed"
 
 OnLost = Callable[["Lease"], None]
 
@@ -206,7 +208,7 @@ class Heartbeat:
                 try:
                     lapsed = lease.lost  # marked lost elsewhere, or validity <= 0
                     reason = (
-                        "its validity ran out before it was renewed"
+                        _LAPSED
                         if lease.remaining() <= 0
                         else lease.lost_reason or "it was marked lost elsewhere"
                     )

@@ -14,7 +14,7 @@ from .records import Holder
 if TYPE_CHECKING:
     from .fencing import Fencing
 
-__all__ = ["FREED", "NO_QUORUM", "TOO_LATE", "Client", "Lease"]
+__all__ = ["FREED", "LAPSED", "NO_QUORUM", "TOO_LATE", "Client", "Lease"]
 
 #: Why a renewal did not keep a lease (its :attr:`Lease.lost_reason`; the heartbeat logs it).
 NO_QUORUM = "the renewal reached fewer than a quorum of nodes"
@@ -23,6 +23,8 @@ FREED = (
     "there while held (an operator's release, or a node that lost its data)"
 )
 TOO_LATE = "the renewal came after its validity ran out"
+#: Why the heartbeat let a lease go without a renewal: it woke too late (a stalled host).
+LAPSED = "its validity ran out before it was renewed"
 
 
 class Client(Protocol):

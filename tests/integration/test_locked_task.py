@@ -17,7 +17,7 @@ from celery import Celery, current_task, states
 from celery.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TaskRevokedError
 
 from celery_redlock import ConfigurationError, Lease, LockedTask, current_lease, metrics, plan_of
-from celery_redlock.core.held import NO_QUORUM
+from celery_redlock.core.held import LAPSED, NO_QUORUM, TOO_LATE
 from celery_redlock.redlock import make_owner
 from tests.support.harness import (
     Topology,
@@ -351,11 +351,11 @@ def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle,
         # host delivered after the holder's release (it rightly runs then)
         assert r["start"] >= end["end"], (r, end)
     assert end["end"] - end["start"] >= 3 * ttl
-    # Kept, unless a renewal round found no quorum in time (a loaded host past the node
-    # timeout: the heartbeat then gives the lease up at once, by design); never lost
-    # for another reason (its validity running out, a key freed), and no later run
-    # started while it ran (above).
-    assert end["lost"] is False or end["lost_reason"] == NO_QUORUM, end
+    # Kept, unless the host was too loaded to renew it in time (a renewal round that
+    # found no quorum in time, or a heartbeat thread that woke after the validity ran
+    # out: the heartbeat then gives the lease up at once, by design); never lost
+    # because its key was freed or taken, and no later run started while it ran (above).
+    assert end["lost"] is False or end["lost_reason"] in (NO_QUORUM, LAPSED, TOO_LATE), end
     assert end["remaining"] > 0 or end["lost"]
     # duplicates were sent (and dropped) in every TTL period of the run
     for period in range(3):

@@ -627,3 +627,9 @@ def test_hold_wakes_the_thread_only_for_a_lease_due_before_its_next_wake_up():
             redlock.release(lease)
     finally:
         hb.stop(timeout=5)
+
+
+def test_the_heartbeats_reasons_read_as_the_leases():
+    from celery_redlock.core import heartbeat, held
+
+    assert (heartbeat._NO_QUORUM, heartbeat._LAPSED) == (held.NO_QUORUM, held.LAPSED)
