@@ -419,16 +419,27 @@ class Redlock:
             return _lease_of(attempt())
         return self._leases.retrying(attempt, timeout, retry_delay, retry_delay_max)
 
-    def _acquire(self, name: str, *, ttl: float, blocking: bool = False, **options: Any) -> Any:
-        """:meth:`_acquiring`, in this thread; one attempt, the usual call, is its
-        steps alone, without the retry loop's around them."""
-        if blocking or options.get("timeout") is not None:
-            return drive(self._quorum, self._acquiring(name, ttl=ttl, blocking=blocking, **options))
-        options.pop("retry_delay", None)
-        options.pop("retry_delay_max", None)
-        options.pop("timeout", None)
-        once = drive(self._quorum, self._trying(name, ttl=ttl, **options))
-        return once if isinstance(once, Lease) else None
+    def _acquire(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        blocking: bool = False,
+        timeout: float | None = None,
+        retry_delay: float = 0.05,
+        retry_delay_max: float = 1.0,
+        **attempt: Any,
+    ) -> Lease | None:
+        """:meth:`_acquiring`, in this thread; one attempt (the usual call) drives
+        :meth:`_trying`'s steps alone, without the retry loop's generator around them."""
+        if blocking or timeout is not None:
+            steps = self._acquiring(
+                name, ttl=ttl, blocking=blocking, timeout=timeout,
+                retry_delay=retry_delay, retry_delay_max=retry_delay_max, **attempt,
+            )  # fmt: skip
+            return drive(self._quorum, steps)
+        once = drive(self._quorum, self._trying(name, ttl=ttl, **attempt))
+        return once if isinstance(once, Lease) else None  # as _lease_of reads it
 
     try_acquire = driven(_trying, "_quorum")
     acquire = dressed(_acquire, _acquiring, "Redlock.acquire")

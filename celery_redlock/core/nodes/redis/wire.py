@@ -210,7 +210,7 @@ def read(call: Call, deadline: float) -> Any:
     except (RedisError, OSError) as exc:
         call.node.discard(call.conn)
         return as_redis_error(exc, call.node.name)
-    if isinstance(got[0], ResponseError) and demoted(got[0]):
+    if isinstance(got[0], ResponseError) and demoted(got[0]):  # (no call on every reply)
         # The master we are connected to is a replica now (a failover demoted
         # it; a script's write reports it as ERR on Redis 6): drop the
         # connection, so the next one asks the sentinels where the master is.
