@@ -6,6 +6,7 @@ finished. Both ride in the acquire and release rounds (see ``celery_redlock.core
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from unittest.mock import ANY
@@ -13,7 +14,16 @@ from unittest.mock import ANY
 import pytest
 
 from celery_redlock.exceptions import QuorumUnavailable
-from celery_redlock.redlock import Claim, Finished, Holder, Lease, Redlock, TooEarly, make_owner
+from celery_redlock.redlock import (
+    Claim,
+    Finished,
+    Holder,
+    Lease,
+    Redlock,
+    TooEarly,
+    full_jitter,
+    make_owner,
+)
 from tests.support.healthy import healthy, healthy_under
 from tests.support.kinds import needs_three
 
@@ -113,17 +123,21 @@ def test_concurrent_claims_elect_one_claimant(rl, nodes3):
     # where it saw it, and may still have been named by a thread that read it
     # on a majority a moment before (seen beside busy loops with 2 s). What
     # is tested here is the election, not that timeout: none is reached.
+    # A split withdraws every claim of it; callers try again after a jittered
+    # pause, as the enqueue path does, or eight threads can keep splitting.
     rl = healthy(nodes3.urls, key_prefix="crl-claims", node_timeout=30)  # the fixture cleans up
     winners: list[str] = []
     barrier = threading.Barrier(8)
 
     def claim(i: int) -> None:
         barrier.wait()
-        for _ in range(50):
+        rng = random.Random(i).random
+        for attempt in range(200):
             result = rl.claim_next(NAME, f"t{i}", ttl=30)
             if result.claimant is not None:
                 winners.append(result.claimant)
                 return
+            time.sleep(full_jitter(attempt, 0.002, 0.05, rng))
 
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
     for t in threads:
