@@ -347,6 +347,11 @@ def test_heartbeat_keeps_the_lock_three_times_past_its_ttl(worker: WorkerHandle,
     later = ran[1:]
     assert {r["id"] for r in later} == {i for i, o in outcomes.items() if o == "ran"}
     for r in later:
+        if end["lost"]:
+            # given up by a host too loaded to renew it in time (checked below): the
+            # name was free from then on, and a later run holds a larger token
+            assert r["token"] > end["token"], (r, end)
+            continue
         # never while the holder ran; retried after an outage, or a message a busy
         # host delivered after the holder's release (it rightly runs then)
         assert r["start"] >= end["end"], (r, end)

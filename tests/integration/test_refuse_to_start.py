@@ -135,7 +135,13 @@ def test_a_password_changed_at_run_time_keeps_the_tasks(
     harness.WORKER_LOGS.register(pytestconfig)
     queue = f"refuse-password-{uuid.uuid4().hex[:8]}"
     # One outage attempt allowed: a task handled as an outage would fail at the second.
-    conf = {"redlock_retry_max_attempts": 1, "redlock_retry_backoff_max": 0.4}
+    # The node's timeouts are generous: a connect a loaded host made late would be an outage.
+    conf = {
+        "redlock_retry_max_attempts": 1,
+        "redlock_retry_backoff_max": 0.4,
+        "redlock_node_timeout": 5.0,
+        "redlock_connect_timeout": 5.0,
+    }
     env = _env(backend, queue, password_node, **conf)
     app = refuseapp.make_app(env, main="refuse-client")
     proc = harness.PreforkWorker(queue, env, str(tmp_path), [queue], 2, app=APP).start()

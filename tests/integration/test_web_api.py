@@ -365,8 +365,9 @@ def ten_thousand_keys_paged_on(
     if is_etcd(nodes):
         for node in nodes:
             with node.client() as keys:
+                # ten minutes: a loaded host's pass over a ZooKeeper ensemble took two
                 keys.set_many(
-                    {n: f"task-{i}|0|host|{i}|abcdef" for i, n in enumerate(names)}, 120_000
+                    {n: f"task-{i}|0|host|{i}|abcdef" for i, n in enumerate(names)}, 600_000
                 )
     else:
         assert redlock.holder("web.settle:{none}").owner is None  # the schema is there
