@@ -179,20 +179,85 @@ class Leases:
         nobody holding a quorum (concurrent contenders split the nodes), is made
         again after a random pause, up to ``splits`` times: reported as held,
         a split would have every contender drop its work while none runs."""
-        q, space = self.quorum, self.keyspace
-        key, fence_key = space.keys(name)
-        gates = None if caller.task_id is None else caller.gates(space, name)
+        op = self._acquire_op(name, ttl, owner, fence, caller)
+        start = self.quorum.clock()
+        replies = (yield op) if rated is None else rated.run(op, (op.key,))
+        outcome = self._concluding(name, op, ttl, fence, caller, start, replies, rated, splits)
+        return (yield from outcome)
+
+    def acquire(
+        self, name: str, ttl: float, owner: str, fence: bool
+    ) -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
+        """:meth:`acquiring` with no gate and no rate, in this thread: its round run here
+        and, when the replies grant the lease as they stand (the rule), the lease
+        made at once; any other outcome is the steps' to settle, from that round."""
+        q = self.quorum
+        op = self._acquire_op(name, ttl, owner, fence, NOBODY)
+        start = q.clock()
+        replies = q.run(op)
+        lease = self._standing(name, op, ttl, fence, start, replies)
+        if lease is not None:
+            return lease
+        return drive(q, self._concluding(name, op, ttl, fence, NOBODY, start, replies))
+
+    def _acquire_op(
+        self, name: str, ttl: float, owner: str, fence: bool, caller: Caller
+    ) -> Acquire:
+        key, fence_key = self.keyspace.keys(name)
+        gates = None if caller.task_id is None else caller.gates(self.keyspace, name)
         # A lazy lease moves no fence value: its token is issued on the first read.
         fencing = self.fencing.arg if fence else ""
-        op = Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
-        start = q.clock()
-        replies = (yield op) if rated is None else rated.run(op, (key,))
+        return Acquire(key, fence_key, owner, ms(ttl), fencing, time.time_ns() // 1000, gates)
+
+    def _standing(
+        self, name: str, op: Acquire, ttl: float, fence: bool, start: float, replies: list[Any]
+    ) -> Lease | None:
+        """The lease an acquire round started at ``start`` grants as its replies stand: a
+        quorum granted it in time and agrees on its token (or the token is lazy, or
+        fencing off); else None."""
+        q = self.quorum
+        first = replies[0]
+        alike = first.__class__ is Granted and replies.count(first) == len(replies)  # the rule
+        granted = range(len(replies)) if alike else granted_on(replies)
+        expires = q.expires(start, ttl)
+        if len(granted) < q.needed or q.clock() >= expires:
+            return None
+        key, fence_key, owner = op.key, op.fence_key, op.owner
+        fencing = self.fencing
+        if not fence and fencing.fencing:  # lazy: issued on the first read of its token
+            pending = tuple(granted)
+            return Lease(
+                self.redlock, name, key, fence_key, owner, ttl, None, expires, pending, fencing
+            )
+        if alike:  # every node granted at one fence value: the token stands
+            token = None if first.fence is None else int(first.fence)
+        else:
+            token, stands = fencing.settled([replies[i].fence for i in granted])
+            if not stands:  # the nodes disagree: phase 2 writes the token back
+                return None
+        return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+
+    def _concluding(
+        self,
+        name: str,
+        op: Acquire,
+        ttl: float,
+        fence: bool,
+        caller: Caller,
+        start: float,
+        replies: list[Any],
+        rated: RatedRound | None = None,
+        splits: int = SPLIT_RETRIES,
+    ) -> Steps[Lease | Holder | Claim | Finished | TooEarly | RateSlot]:
+        """What an acquire round started at ``start`` that answered ``replies`` comes
+        to (see :meth:`acquiring`)."""
+        q = self.quorum
+        key, owner, gates = op.key, op.owner, op.gates
         # Only the gates answer "finished" or "too early".
         stop = None if gates is None else stopped_early(replies, caller.task_id, q.needed)
         if stop is not None:
             yield from self._let_go(key, owner, rated, replies)
             return stop
-        granted = granted_on(replies)
         expires = q.expires(start, ttl)
         if rated is not None and q.has_quorum(rated.free(replies)) and q.clock() < expires:
             booked = rated.settle()
@@ -201,22 +266,19 @@ class Leases:
                 return booked
             if booked.wait > 0:
                 yield Pause(booked.wait)
+        lease = self._standing(name, op, ttl, fence, start, replies)
+        if lease is not None:
+            return lease
+        granted = granted_on(replies)
         if len(granted) >= q.needed and q.clock() < expires:
-            if not fence and self.fencing.fencing:  # lazy: issued on the first read of its token
-                pending = tuple(granted)
-                return Lease(
-                    self.redlock, name, key, fence_key, owner, ttl, None, expires, pending,
-                    self.fencing,
-                )  # fmt: skip
-            token, stands = self.fencing.settled([replies[i].fence for i in granted])
-            if not stands:  # the nodes disagree: phase 2 writes the token back
-                assert token is not None  # fencing on: the largest value seen
-                written = yield from self.fencing.writing_back(
-                    granted, token, key, fence_key, owner, expires
-                )
-                stands = written is not None
-            if stands:
-                return Lease(self.redlock, name, key, fence_key, owner, ttl, token, expires)
+            # the nodes disagree on the token: phase 2 writes the largest back
+            token, _ = self.fencing.settled([replies[i].fence for i in granted])
+            assert token is not None  # fencing on: the largest value seen
+            written = yield from self.fencing.writing_back(
+                granted, token, key, op.fence_key, owner, expires
+            )
+            if written is not None:
+                return Lease(self.redlock, name, key, op.fence_key, owner, ttl, token, expires)
         yield from self._let_go(key, owner, rated, replies)
         q.check(replies)
         # a quorum granted too late to stand (a first call's connects, a stalled

@@ -426,19 +426,29 @@ class Redlock:
         ttl: float,
         blocking: bool = False,
         timeout: float | None = None,
+        owner: str | None = None,
         retry_delay: float = 0.05,
         retry_delay_max: float = 1.0,
-        **attempt: Any,
+        fence: bool = True,
+        limit: int = 1,
+        also: Sequence[tuple[str, int]] = (),
     ) -> Lease | None:
-        """:meth:`_acquiring`, in this thread; one attempt (the usual call) drives
-        :meth:`_trying`'s steps alone, without the retry loop's generator around them."""
+        """:meth:`_acquiring`, in this thread; one attempt on a plain lock (the usual
+        call) is :meth:`.Leases.acquire`, its steps driven only past a lease that
+        stands as the round granted it."""
         if blocking or timeout is not None:
             steps = self._acquiring(
-                name, ttl=ttl, blocking=blocking, timeout=timeout,
-                retry_delay=retry_delay, retry_delay_max=retry_delay_max, **attempt,
+                name, ttl=ttl, blocking=blocking, timeout=timeout, owner=owner,
+                retry_delay=retry_delay, retry_delay_max=retry_delay_max, fence=fence,
+                limit=limit, also=also,
             )  # fmt: skip
             return drive(self._quorum, steps)
-        once = drive(self._quorum, self._trying(name, ttl=ttl, **attempt))
+        if limit == 1 and limit.__class__ is int and not also:  # a plain lock (the rule)
+            positive("ttl", ttl)
+            once = self._leases.acquire(name, ttl, owner or make_owner(), fence)
+        else:
+            attempt = self._trying(name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also)
+            once = drive(self._quorum, attempt)
         return once if isinstance(once, Lease) else None  # as _lease_of reads it
 
     try_acquire = driven(_trying, "_quorum")
