@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -86,6 +87,32 @@ def per_cycle(tree: str, urls: list[str], reps: int, short: int = 200, long: int
     return statistics.median(counts)
 
 
+@contextlib.contextmanager
+def worktrees(revs: list[str]) -> Iterator[dict[str, str]]:
+    """Each revision checked out in a temporary worktree ("." is this checkout's
+    working tree): revision -> its tree's path (ending in a separator); removed after."""
+    scratch = tempfile.mkdtemp(prefix="crl-revs-")
+    trees: dict[str, str] = {}
+    try:
+        for rev in revs:
+            if rev == ".":
+                trees[rev] = ROOT + os.sep
+                continue
+            tree = os.path.join(scratch, re.sub(r"\W", "_", rev))
+            subprocess.run(
+                ["git", "-C", ROOT, "worktree", "add", "-q", "--detach", tree, rev], check=True
+            )
+            trees[rev] = tree + os.sep
+        yield trees
+    finally:
+        for rev, tree in trees.items():
+            if rev != ".":
+                subprocess.run(
+                    ["git", "-C", ROOT, "worktree", "remove", "--force", tree], check=False
+                )
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -98,33 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not on PATH (Debian: apt-get install valgrind)")
-    revs = args.revs or ["."]
-    scratch = tempfile.mkdtemp(prefix="crl-instructions-")
-    trees: dict[str, str] = {}
-    try:
-        for rev in revs:
-            if rev == ".":
-                trees[rev] = ROOT + os.sep
-                continue
-            tree = os.path.join(scratch, re.sub(r"\W", "_", rev))
-            subprocess.run(
-                ["git", "-C", ROOT, "worktree", "add", "-q", "--detach", tree, rev], check=True
-            )
-            trees[rev] = tree + os.sep
-        with contextlib.ExitStack() as stack:
-            urls = args.nodes.split(",") if args.nodes else []
-            urls = urls or list(stack.enter_context(RedisNodes(3)).urls)
-            what = f"{len(urls)}-node" if args.nodes else "3-node"
-            for rev, tree in trees.items():
-                count = per_cycle(tree, urls, args.reps)
-                print(f"{rev}: {count / 1000:.1f} k instructions per {what} fenced cycle")
-    finally:
+    with worktrees(args.revs or ["."]) as trees, contextlib.ExitStack() as stack:
+        urls = args.nodes.split(",") if args.nodes else []
+        urls = urls or list(stack.enter_context(RedisNodes(3)).urls)
+        what = f"{len(urls)}-node" if args.nodes else "3-node"
         for rev, tree in trees.items():
-            if rev != ".":
-                subprocess.run(
-                    ["git", "-C", ROOT, "worktree", "remove", "--force", tree], check=False
-                )
-        shutil.rmtree(scratch, ignore_errors=True)
+            count = per_cycle(tree, urls, args.reps)
+            print(f"{rev}: {count / 1000:.1f} k instructions per {what} fenced cycle")
     return 0
 
 
