@@ -426,29 +426,25 @@ class Redlock:
         ttl: float,
         blocking: bool = False,
         timeout: float | None = None,
-        owner: str | None = None,
         retry_delay: float = 0.05,
         retry_delay_max: float = 1.0,
-        fence: bool = True,
-        limit: int = 1,
-        also: Sequence[tuple[str, int]] = (),
+        **attempt: Any,
     ) -> Lease | None:
         """:meth:`_acquiring`, in this thread; one attempt on a plain lock (the usual
         call) is :meth:`.Leases.acquire`, its steps driven only past a lease that
         stands as the round granted it."""
         if blocking or timeout is not None:
             steps = self._acquiring(
-                name, ttl=ttl, blocking=blocking, timeout=timeout, owner=owner,
-                retry_delay=retry_delay, retry_delay_max=retry_delay_max, fence=fence,
-                limit=limit, also=also,
+                name, ttl=ttl, blocking=blocking, timeout=timeout,
+                retry_delay=retry_delay, retry_delay_max=retry_delay_max, **attempt,
             )  # fmt: skip
             return drive(self._quorum, steps)
-        if limit == 1 and limit.__class__ is int and not also:  # a plain lock (the rule)
+        if attempt.keys() <= _PLAIN:  # a plain lock (the rule)
             positive("ttl", ttl)
-            once = self._leases.acquire(name, ttl, owner or make_owner(), fence)
-        else:
-            attempt = self._trying(name, ttl=ttl, owner=owner, fence=fence, limit=limit, also=also)
-            once = drive(self._quorum, attempt)
+            owner = attempt.get("owner") or make_owner()
+            once = self._leases.acquire(name, ttl, owner, attempt.get("fence", True))
+        else:  # its other options are checked by the attempt's signature
+            once = drive(self._quorum, self._trying(name, ttl=ttl, **attempt))
         return once if isinstance(once, Lease) else None  # as _lease_of reads it
 
     try_acquire = driven(_trying, "_quorum")
@@ -492,6 +488,10 @@ class Redlock:
         """Close this process's idle connections to the nodes (they reopen on use)."""
         for node in self.nodes:
             node.close()
+
+
+#: The options of an attempt that leave it a plain lock's.
+_PLAIN = frozenset({"owner", "fence"})
 
 
 def _lease_of(attempt: Steps[object]) -> Steps[Lease | None]:
