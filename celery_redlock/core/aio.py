@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .claims import Claims
-from .exceptions import LockContended, LockLost, LockNotAcquired
+from .exceptions import LockLost, LockNotAcquired
 from .held import Lease
 from .inspect import Inspection
 from .nodes.aio import carrier, perform_async
@@ -207,12 +207,7 @@ class AsyncRedlock:
         cancels the task running the block."""
         lease = await self.acquire(name, ttl=ttl, blocking=True, timeout=timeout)
         if lease is None:
-            holder = await self._carry(self.sync.holder, name)
-            if holder.owner:
-                raise LockContended(
-                    f"lock {name!r} is held by {holder.owner}", name, holder.owner, holder.remaining
-                )
-            raise LockNotAcquired(f"lock {name!r} not acquired within {timeout}s", name)
+            raise LockNotAcquired.of(name, timeout, await self._carry(self.sync.holder, name))
         body = asyncio.current_task() if cancel_on_loss else None
         beat = asyncio.ensure_future(self._heartbeat(lease, ttl / 3, body))
         try:

@@ -33,6 +33,7 @@ Celery-flavoured leaf, ``ImproperlyConfigured``, lives in the Celery layer
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "AlreadyEnqueued",
@@ -157,6 +158,15 @@ class LockError(RedlockError):
 
 class LockNotAcquired(LockError):
     """A blocking acquire ran out of time."""
+
+    @staticmethod
+    def of(name: str, timeout: float | None, holder: Any) -> LockNotAcquired:
+        """The error of a blocking acquire of ``name`` that ran out of ``timeout``, with
+        the lock's ``holder`` as the quorum saw it then (:class:`.records.Holder`)."""
+        if holder.owner:
+            message = f"lock {name!r} is held by {holder.owner}"
+            return LockContended(message, name, holder.owner, holder.remaining)
+        return LockNotAcquired(f"lock {name!r} not acquired within {timeout}s", name)
 
 
 class LockContended(LockNotAcquired):

@@ -294,6 +294,20 @@ class Rates:
         keys += [self.rate_key(other, other_rate) for other, other_rate in pairs]
         return self.reserve(keys, now_ms=None if now is None else int(now * 1000))
 
+    def booking(self, name: str, keys: Sequence[RateKey], booked: bool) -> RatedRound | RateSlot:
+        """The round that books a rated start of ``name``; or, when the last rated
+        round fell short of a quorum, the start booked on its own first (after a
+        read of the nodes): its slot when it is for later."""
+        check_together(self.quorum.nodes, [name, *(k.key for k in keys)], "rates")
+        if self.unsure and not booked:
+            slot = self.reserve(keys)
+            if not slot.due:
+                return slot
+            if slot.wait > 0:
+                self.quorum.sleep(slot.wait)
+            booked = True
+        return RatedRound(self, keys, booked)
+
     def reserve(
         self, keys: Sequence[RateKey], *, now_ms: int | None = None, rounds: int | None = None
     ) -> RateSlot:

@@ -69,16 +69,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import settings
 from .claims import Claims
-from .exceptions import ConfigurationError, LockContended, LockNotAcquired
+from .exceptions import ConfigurationError, LockNotAcquired
 from .fencing import Fencing
 from .inspect import Inspection
 from .keyspace import KeySpace
 from .lease import NOBODY, Caller, Lease, Leases
-from .nodes import Node, NodeSpec, check_together
+from .nodes import Node, NodeSpec
 from .permits import Permits
 from .queues import Queues
 from .quorum import Quorum
-from .rates import RatedRound, Rates
+from .rates import Rates
 from .records import Claim, Finished, Holder, RateSlot, TooEarly, make_owner
 from .steps import Steps, carried, dressed, drive, driven
 from .values import checked, positive
@@ -345,7 +345,7 @@ class Redlock:
             return self._permits.trying(name, ttl, owner, caller, limit, also, rounds)
 
         def rated() -> Lease | Holder | Claim | Finished | TooEarly | RateSlot:
-            booking = self._rated(name, rates, booked)
+            booking = self._rates.booking(name, rates, booked)
             if isinstance(booking, RateSlot):
                 return booking
             if plain:
@@ -357,20 +357,6 @@ class Redlock:
         # a rated start's bookings are the sync client's own calls (an asyncio
         # client carries them in a thread)
         return carried(rated)
-
-    def _rated(self, name: str, rates: Sequence[RateKey], booked: bool) -> RatedRound | RateSlot:
-        """The round that books a rated start of ``name``; or, when the last rated
-        round fell short of a quorum, the start booked on its own first (after a
-        read of the nodes): its slot when it is for later."""
-        check_together(self._quorum.nodes, [name, *(k.key for k in rates)], "rates")
-        if self._rates.unsure and not booked:
-            booking = self._rates.reserve(rates)
-            if not booking.due:
-                return booking
-            if booking.wait > 0:
-                self.sleep(booking.wait)
-            booked = True
-        return RatedRound(self._rates, rates, booked)
 
     def _acquiring(
         self,
@@ -455,12 +441,7 @@ class Redlock:
         """Hold the lock for the ``with`` block (blocking; :class:`LockNotAcquired` on timeout)."""
         lease = self.acquire(name, ttl=ttl, blocking=True, timeout=timeout)
         if lease is None:
-            holder = self.holder(name)
-            if holder.owner:
-                raise LockContended(
-                    f"lock {name!r} is held by {holder.owner}", name, holder.owner, holder.remaining
-                )
-            raise LockNotAcquired(f"lock {name!r} not acquired within {timeout}s", name)
+            raise LockNotAcquired.of(name, timeout, self.holder(name))
         try:
             yield lease
         finally:
@@ -468,10 +449,7 @@ class Redlock:
 
     def extend(self, lease: Lease, ttl: float | None = None) -> bool:
         """Set the lease's TTL to ``ttl`` (default: its own) on every node; never adds.
-
-        Returns False, and marks the lease lost, when it had already lapsed or
-        fewer than a quorum of nodes still hold it.
-        """
+        False, and the lease marked lost, when it had lapsed or no quorum still holds it."""
         return self.extend_many([lease], ttl)[0]
 
     def extend_many(self, leases: Sequence[Lease], ttl: float | None = None) -> list[bool]:

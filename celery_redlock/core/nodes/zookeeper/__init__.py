@@ -24,11 +24,14 @@ __all__ = ["KIND", "NodeError", "ZookeeperKind", "ZookeeperNode"]
 
 
 def _srvr(hostport: str, timeout: float) -> dict[str, str]:
-    """A member's answer to the ``srvr`` four-letter word, as fields."""
+    """A member's answer to ``srvr`` as fields (``Mode: down`` where it does not answer)."""
     host, _, port = hostport.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(b"srvr")
-        text = b"".join(iter(lambda: sock.recv(4096), b"")).decode(errors="replace")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(b"srvr")
+            text = b"".join(iter(lambda: sock.recv(4096), b"")).decode(errors="replace")
+    except OSError:
+        return {"Mode": "down"}
     return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
 
 
@@ -68,11 +71,7 @@ class ZookeeperKind(NodeKind):
             return [NodeInfo(node.name, error_text(down), latency, kind="zookeeper")]
         modes, version = {}, "?"
         for hostport in node.hosts:
-            try:
-                fields = _srvr(hostport, min(node.timeout, 1.0))
-            except OSError:
-                modes[hostport] = "down"
-                continue
+            fields = _srvr(hostport, min(node.timeout, 1.0))
             modes[hostport] = fields.get("Mode", "?")
             version = fields.get("Zookeeper version", version).split("-", 1)[0]
         leader = next((h for h, m in modes.items() if m in ("leader", "standalone")), None)

@@ -37,9 +37,8 @@ def _loop_ended(client: Any) -> bool:
 
 
 class ZookeeperStore(Store):
-    """One ensemble's kazoo session in this process, its keys' cache, its clock,
-    and its turn: a process's calls to one ensemble go one at a time, so its
-    threads never conflict on a commit (a conflict costs two round trips more)."""
+    """One ensemble's kazoo session in this process, its keys' cache, clock and turn: a
+    process's calls to it go one at a time (a conflict on a commit costs two round trips)."""
 
     #: The keys one commit may touch (a multi is one request, under ``jute.maxbuffer``).
     max_keys: int | None = 1000
@@ -49,8 +48,7 @@ class ZookeeperStore(Store):
         self.session: Any = None  # kazoo's client, started at the first call
         self.breaker, self.lock, self.turn = Breaker(), threading.Lock(), threading.Lock()
         # the last mtime seen (s), when its reply came (monotonic s), its round trip
-        self._mtime, self._at, self._rtt = 0.0, 0.0, 0.0
-        self._clock_lock = threading.Lock()
+        self._mtime, self._at, self._rtt, self._clock_lock = 0.0, 0.0, 0.0, threading.Lock()
         self.conflicts = 0  # commits that found a key changed, and ran again
 
     def client(self, deadline: float, node: Any = None) -> Any:
@@ -101,9 +99,8 @@ class ZookeeperStore(Store):
         return NodeError(f"{self.name}: {type(exc).__name__} {exc}".rstrip())
 
     def clock(self) -> float:
-        """The ensemble's time, never behind it: what a deadline and ``TIME`` take
-        (the write was stamped within the round trip, and ``mtime`` drops the
-        stamp's microseconds: up to a millisecond more)."""
+        """The ensemble's time, never behind it, for deadlines and ``TIME``: stamped within
+        the round trip, plus a millisecond (``mtime`` drops the stamp's microseconds)."""
         return self._past() + self._rtt + 0.001
 
     def _past(self) -> float:
@@ -172,9 +169,8 @@ class ZookeeperStore(Store):
 
         stale = (ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
                  ke.RuntimeInconsistency)  # fmt: skip
-        for exc in failed:
-            if not isinstance(exc, stale):
-                raise self._error(exc)
+        for exc in (exc for exc in failed if not isinstance(exc, stale)):
+            raise self._error(exc)
         self.conflicts += 1
         root = client.exists_async(self.root)  # flushed away? asked beside the reads
         fresh = self._fetch(list(reads), deadline)
