@@ -405,33 +405,17 @@ class Redlock:
             return _lease_of(attempt())
         return self._leases.retrying(attempt, timeout, retry_delay, retry_delay_max)
 
-    def _acquire(
-        self,
-        name: str,
-        *,
-        ttl: float,
-        blocking: bool = False,
-        timeout: float | None = None,
-        retry_delay: float = 0.05,
-        retry_delay_max: float = 1.0,
-        **attempt: Any,
-    ) -> Lease | None:
+    def _acquire(self, name: str, *, ttl: float, **options: Any) -> Lease | None:
         """:meth:`_acquiring`, in this thread; one attempt on a plain lock (the usual
         call) is :meth:`.Leases.acquire`, its steps driven only past a lease that
         stands as the round granted it."""
-        if blocking or timeout is not None:
-            steps = self._acquiring(
-                name, ttl=ttl, blocking=blocking, timeout=timeout,
-                retry_delay=retry_delay, retry_delay_max=retry_delay_max, **attempt,
-            )  # fmt: skip
-            return drive(self._quorum, steps)
-        if attempt.keys() <= _PLAIN:  # a plain lock (the rule)
+        if options.keys() <= _PLAIN and not options.get("blocking") and "timeout" not in options:
             positive("ttl", ttl)
-            owner = attempt.get("owner") or make_owner()
-            once = self._leases.acquire(name, ttl, owner, attempt.get("fence", True))
-        else:  # its other options are checked by the attempt's signature
-            once = drive(self._quorum, self._trying(name, ttl=ttl, **attempt))
-        return once if isinstance(once, Lease) else None  # as _lease_of reads it
+            owner = options.get("owner") or make_owner()
+            once = self._leases.acquire(name, ttl, owner, options.get("fence", True))
+            return once if isinstance(once, Lease) else None  # as _lease_of reads it
+        # any other call: its options are checked by the signature of the steps
+        return drive(self._quorum, self._acquiring(name, ttl=ttl, **options))
 
     try_acquire = driven(_trying, "_quorum")
     acquire = dressed(_acquire, _acquiring, "Redlock.acquire")
@@ -468,8 +452,8 @@ class Redlock:
             node.close()
 
 
-#: The options of an attempt that leave it a plain lock's.
-_PLAIN = frozenset({"owner", "fence"})
+#: The options of an acquire that leave it one attempt on a plain lock (not blocking).
+_PLAIN = frozenset({"owner", "fence", "blocking"})
 
 
 def _lease_of(attempt: Steps[object]) -> Steps[Lease | None]:
