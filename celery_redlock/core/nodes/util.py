@@ -134,6 +134,11 @@ class OneNode:
     def members(self) -> list[Any]:
         return [self]
 
+    def connecting(self) -> bool:
+        """Whether its next call opens its connection (or session) first: a round
+        gives it its connect budget on top of the call's timeout."""
+        return False
+
 
 def node_error(error: BaseException) -> BaseException:
     """A node's error as the core sees it: the core's own errors (a :class:`NodeError`,

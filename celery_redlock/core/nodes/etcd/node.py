@@ -76,12 +76,8 @@ class EtcdNode(OneNode):
         self.name = mask_url(url)
         where = f"etcd node {self.name}"
         parts = urlsplit(url)
-        refuse_min_replicas(
-            where,
-            min_replicas,
-            "every etcd write is committed by a majority of the cluster's members "
-            "before it answers",
-        )
+        refuse_min_replicas(where, min_replicas, "every etcd write is committed by a majority "
+                            "of the cluster's members before it answers")  # fmt: skip
         self.endpoints = host_ports(where, parts.netloc, "etcd's client port, usually 2379")
         options = url_options(where, parts.query, ("prefix", "ca", "cert", "key"))
         self.tls = parts.scheme == "etcds"
@@ -90,8 +86,7 @@ class EtcdNode(OneNode):
         self.user = unquote(parts.username) if parts.username else None
         self.password = unquote(parts.password) if parts.password else None
         self.identity: tuple = ("etcd", tuple(sorted(self.endpoints)), self.prefix)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
+        self.timeout, self.connect_timeout = timeout, connect_timeout
         self.min_ttl = DEFAULT_MIN_TTL
         self.cluster_id: str | None = None
         self._local = threading.local()
@@ -102,6 +97,9 @@ class EtcdNode(OneNode):
         self.breaker = Breaker()  # on its calls: see post
         self._token: str | None = None
         self._lock = threading.Lock()
+
+    def connecting(self) -> bool:  # its first call checks the cluster, on a new connection
+        return not self._checked or not any(c.sock for c in self._conns().values())
 
     def close(self) -> None:
         conns = getattr(self._local, "conns", None)

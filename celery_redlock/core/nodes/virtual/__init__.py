@@ -104,9 +104,14 @@ class VirtualKind(Kind):
     def round(
         self, nodes: Sequence[Any], call: Call, timeout: float, needed: int | None = None
     ) -> list[Any]:
+        """``call`` on each node; a node still to connect gets its connect budget, then
+        ``timeout`` (as a Redis or PostgreSQL node's new connection does)."""
+
         def guarded(node: Any, deadline: float) -> Any:
             return self.on_node(node, call, deadline)
 
+        opening = [n.connect_timeout or timeout for n in nodes if n.connecting()]
+        timeout += max(opening, default=0.0)
         return each(nodes, guarded, timeout, self.inline(nodes), needed)
 
     def run(

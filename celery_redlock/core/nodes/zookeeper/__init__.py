@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from ...records import NodeInfo, ZookeeperInfo
@@ -45,13 +44,6 @@ class ZookeeperKind(NodeKind):
     node_timeout = 2.0
     #: Seconds a new session gets to open by default (a handshake with a member).
     connect_timeout = 2.0
-
-    def round(
-        self, nodes: Sequence[Any], call: Call, timeout: float, needed: int | None = None
-    ) -> list[Any]:
-        """A node without a session yet gets its connect budget, then ``timeout``."""
-        opening = [n.connect_timeout or timeout for n in nodes if not n.has_session()]
-        return super().round(nodes, call, timeout + max(opening, default=0.0), needed)
 
     def on_node(self, node: Any, call: Call, deadline: float) -> Any:
         """The call in its session's turn, within the node's timeout from then."""

@@ -80,6 +80,6 @@ class ZookeeperNode(OneNode):
             store.session.stop()
             store.session.close()
 
-    def has_session(self) -> bool:
+    def connecting(self) -> bool:
         session = self.store.session
-        return session is not None and session.connected
+        return session is None or not session.connected
