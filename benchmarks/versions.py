@@ -43,7 +43,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from instructions import RedisNodes, worktrees  # noqa: E402  (next to this file)
+from instructions import worktrees  # noqa: E402  (next to this file)
+
+from celery_redlock.testing import RedisNodes  # noqa: E402
 
 #: A name as a module says it: the package, not a longer name that starts with it.
 _PACKAGE = re.compile(r"\bcelery_redlock\b")

@@ -207,7 +207,7 @@ class AsyncRedlock:
         cancels the task running the block."""
         lease = await self.acquire(name, ttl=ttl, blocking=True, timeout=timeout)
         if lease is None:
-            raise LockNotAcquired.of(name, timeout, await self._carry(self.sync.holder, name))
+            raise LockNotAcquired.of(name, timeout, await self.holder(name))
         body = asyncio.current_task() if cancel_on_loss else None
         beat = asyncio.ensure_future(self._heartbeat(lease, ttl / 3, body))
         try:

@@ -409,7 +409,7 @@ class Redlock:
         """:meth:`_acquiring`, in this thread; one attempt on a plain lock (the usual
         call) is :meth:`.Leases.acquire`, its steps driven only past a lease that
         stands as the round granted it."""
-        if options.keys() <= _PLAIN and not options.get("blocking") and "timeout" not in options:
+        if options.keys() <= _PLAIN and not options.get("blocking"):
             positive("ttl", ttl)
             owner = options.get("owner") or make_owner()
             once = self._leases.acquire(name, ttl, owner, options.get("fence", True))

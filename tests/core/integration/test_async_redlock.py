@@ -9,6 +9,7 @@ import time
 import pytest
 
 from celery_redlock import AsyncRedlock, Holder, Lease, Redlock
+from celery_redlock.exceptions import LockContended
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +113,21 @@ def test_sync_and_async_exclude_each_other_and_share_one_token_sequence(fleet, r
     # the test is of exclusion and tokens: a loaded host's slow call is not an outage here
     sync, aio = Redlock(nodes.urls, node_timeout=2.0), AsyncRedlock(nodes.urls, node_timeout=2.0)
     assert len(alternate(sync, aio, "both", 3)) == 6
+
+
+def test_an_async_lock_held_by_another_raises_contended_naming_the_holder(redis_nodes3):
+    held = Redlock(redis_nodes3.urls).acquire("taken", ttl=10)
+    assert held is not None
+    rl = AsyncRedlock(redis_nodes3.urls)
+
+    async def main() -> None:
+        async with rl.lock("taken", ttl=5, timeout=0.2):
+            raise AssertionError("the lock is held by another")
+
+    with pytest.raises(LockContended) as raised:
+        asyncio.run(main())
+    assert raised.value.holder == held.owner and 0 < raised.value.remaining <= 10
+    Redlock(redis_nodes3.urls).release(held)
 
 
 def test_a_lazy_token_is_issued_on_the_loop_and_carried_calls_answer(redis_nodes3):

@@ -169,8 +169,9 @@ class ZookeeperStore(Store):
 
         stale = (ke.BadVersionError, ke.NodeExistsError, ke.NoNodeError, ke.RolledBackError,
                  ke.RuntimeInconsistency)  # fmt: skip
-        for exc in (exc for exc in failed if not isinstance(exc, stale)):
-            raise self._error(exc)
+        refused = [exc for exc in failed if not isinstance(exc, stale)]
+        if refused:  # not a conflict: the ensemble's own error
+            raise self._error(refused[0])
         self.conflicts += 1
         root = client.exists_async(self.root)  # flushed away? asked beside the reads
         fresh = self._fetch(list(reads), deadline)
